@@ -1,0 +1,34 @@
+# All dependencies come from Debian packages (tools/install-deps.sh installs them) and, optionally,
+# the CUDA toolkit under /usr/local/cuda. Nothing is downloaded at build time.
+
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+find_package(absl REQUIRED CONFIG)
+find_package(TBB REQUIRED CONFIG)
+pkg_check_modules(liburing REQUIRED IMPORTED_TARGET GLOBAL liburing>=2.0)
+pkg_check_modules(libxxhash REQUIRED IMPORTED_TARGET GLOBAL libxxhash)
+if(BUILD_TESTING)
+  find_package(Catch2 2 REQUIRED CONFIG)
+endif()
+
+# CUDA: on by default where the toolkit is found; otherwise the CUDA parts are left out.
+if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+  set(CUDAToolkit_ROOT /usr/local/cuda)
+endif()
+find_package(CUDAToolkit QUIET)
+option(STRATA_WITH_CUDA "Build the CUDA device backend" ${CUDAToolkit_FOUND})
+if(STRATA_WITH_CUDA AND NOT CUDAToolkit_FOUND)
+  message(FATAL_ERROR "STRATA_WITH_CUDA=ON but no CUDA toolkit was found; install it under "
+                      "/usr/local/cuda, set CUDAToolkit_ROOT, or configure with -DSTRATA_WITH_CUDA=OFF")
+endif()
+if(STRATA_WITH_CUDA)
+  message(STATUS "strata: CUDA ${CUDAToolkit_VERSION} found in ${CUDAToolkit_LIBRARY_ROOT}; "
+                 "building the CUDA backend")
+  find_library(STRATA_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(STRATA_NCCL_LIBRARY)
+    message(STATUS "strata: NCCL found at ${STRATA_NCCL_LIBRARY}")
+  endif()
+else()
+  message(STATUS "strata: CUDA toolkit not found: the CUDA backend is left out "
+                 "(host backend only)")
+endif()

@@ -1,0 +1,48 @@
+# Build options and the flags every strata target gets.
+
+set(STRATA_SANITIZE "" CACHE STRING
+    "Sanitizers for the whole build: empty, 'address,undefined' or 'thread'")
+set_property(CACHE STRATA_SANITIZE PROPERTY STRINGS "" "address,undefined" "thread")
+
+if(STRATA_SANITIZE)
+  if(NOT STRATA_SANITIZE MATCHES "^(address,undefined|undefined,address|address|undefined|thread)$")
+    message(FATAL_ERROR "STRATA_SANITIZE='${STRATA_SANITIZE}' is not supported; "
+                        "use 'address,undefined' or 'thread'")
+  endif()
+  add_compile_options(-fsanitize=${STRATA_SANITIZE} -fno-omit-frame-pointer
+                      -fno-sanitize-recover=all)
+  add_link_options(-fsanitize=${STRATA_SANITIZE})
+  if(STRATA_SANITIZE STREQUAL "thread")
+    # Debian's Abseil is not built with TSan, so strata::MutexLock tells TSan about lock edges.
+    add_compile_definitions(STRATA_TSAN=1)
+  endif()
+endif()
+
+# Warnings are errors on our own code only (not on third-party headers, which are SYSTEM).
+function(strata_target_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow -Wconversion
+                         -Wno-sign-conversion -Wnon-virtual-dtor -Woverloaded-virtual -Werror)
+endfunction()
+
+# One library per layer folder. Sources may be empty until the layer's issue lands.
+function(strata_add_layer name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  if(ARG_SOURCES)
+    add_library(${name} STATIC ${ARG_SOURCES})
+    target_include_directories(${name}
+      PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+             $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+      PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+    target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+    strata_target_warnings(${name})
+  else()
+    add_library(${name} INTERFACE)
+    target_include_directories(${name}
+      INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+                $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+    target_link_libraries(${name} INTERFACE ${ARG_PUBLIC_DEPS})
+  endif()
+  set_target_properties(${name} PROPERTIES EXPORT_NAME ${name})
+  add_library(strata::${name} ALIAS ${name})
+  set_property(GLOBAL APPEND PROPERTY STRATA_LAYER_TARGETS ${name})
+endfunction()
