@@ -1,0 +1,432 @@
+#include "strata/host_device.h"
+
+#include <absl/container/btree_map.h>
+#include <absl/container/btree_set.h>
+#include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "strata/mutex.h"
+#include "strata/size.h"
+
+namespace strata {
+namespace {
+
+using Op = absl::AnyInvocable<void() &&>;
+
+// Address ranges the device knows: its allocations and the host ranges registered with it.
+class RangeSet {
+ public:
+  absl::Status add(const void* data, uint64_t bytes, std::string_view what) {
+    MutexLock lock(&mu_);
+    const auto start = reinterpret_cast<uintptr_t>(data);
+    if (touches_locked(start, bytes)) {
+      return absl::AlreadyExistsError(
+          absl::StrFormat("%s [%p, +%d) overlaps a range already registered with the host device",
+                          what, data, bytes));
+    }
+    ranges_.emplace(start, bytes);
+    total_ += bytes;
+    return absl::OkStatus();
+  }
+  void remove(const void* data) {
+    MutexLock lock(&mu_);
+    auto it = ranges_.find(reinterpret_cast<uintptr_t>(data));
+    if (it != ranges_.end()) {
+      total_ -= it->second;
+      ranges_.erase(it);
+    }
+  }
+  // True when [data, data + bytes) lies inside one range.
+  bool contains(const void* data, uint64_t bytes) const {
+    MutexLock lock(&mu_);
+    return find_locked(reinterpret_cast<uintptr_t>(data), bytes) != ranges_.end();
+  }
+  // True when [data, data + bytes) touches any range.
+  bool touches(const void* data, uint64_t bytes) const {
+    MutexLock lock(&mu_);
+    return touches_locked(reinterpret_cast<uintptr_t>(data), bytes);
+  }
+  uint64_t total() const {
+    MutexLock lock(&mu_);
+    return total_;
+  }
+
+ private:
+  bool touches_locked(uintptr_t start, uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = ranges_.lower_bound(start + bytes);  // first range starting at or after the end
+    if (it == ranges_.begin()) return false;
+    --it;
+    return it->first + it->second > start;
+  }
+  absl::btree_map<uintptr_t, uint64_t>::const_iterator find_locked(uintptr_t start,
+                                                                   uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = ranges_.upper_bound(start);
+    if (it == ranges_.begin()) return ranges_.end();
+    --it;
+    if (start + bytes <= it->first + it->second) return it;
+    return ranges_.end();
+  }
+
+  mutable absl::Mutex mu_;
+  absl::btree_map<uintptr_t, uint64_t> ranges_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One copy direction, shared by all streams: copies queue behind each other at its bandwidth.
+class Link {
+ public:
+  explicit Link(double bytes_per_second) : bytes_per_second_(bytes_per_second) {}
+  // Reserves the link for `bytes` and returns when the transfer would have finished.
+  absl::Time reserve(uint64_t bytes) {
+    if (bytes_per_second_ <= 0) return absl::InfinitePast();
+    MutexLock lock(&mu_);
+    const absl::Time start = std::max(absl::Now(), free_at_);
+    free_at_ = start + absl::Seconds(static_cast<double>(bytes) / bytes_per_second_);
+    return free_at_;
+  }
+
+ private:
+  const double bytes_per_second_;
+  absl::Mutex mu_;
+  absl::Time free_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// State shared by the device and everything it made, so late work never touches a dead device.
+struct Shared {
+  explicit Shared(const HostDeviceOptions& o)
+      : options(o),
+        h2d(o.h2d_bytes_per_second),
+        d2h(o.d2h_bytes_per_second),
+        d2d(o.d2d_bytes_per_second) {}
+  const HostDeviceOptions options;
+  RangeSet device_memory;
+  RangeSet registered_host;
+  Link h2d, d2h, d2d;
+};
+
+struct EventState {
+  absl::Mutex mu;
+  absl::CondVar done;
+  uint64_t latest ABSL_GUARDED_BY(mu) = 0;                // sequence of the latest record
+  absl::btree_set<uint64_t> pending ABSL_GUARDED_BY(mu);  // records not yet reached
+};
+
+class HostEvent final : public Event {
+ public:
+  explicit HostEvent(std::shared_ptr<const Shared> shared) : owner(std::move(shared)) {}
+  const std::shared_ptr<const Shared> owner;
+  const std::shared_ptr<EventState> state = std::make_shared<EventState>();
+};
+
+// A FIFO of work executed by one worker thread, like a CUDA stream.
+class HostStream final : public Stream {
+ public:
+  explicit HostStream(std::shared_ptr<Shared> shared)
+      : owner(std::move(shared)), worker_([this] { run(); }) {}
+  ~HostStream() override {
+    {
+      MutexLock lock(&mu_);
+      stopping_ = true;
+      work_.SignalAll();
+    }
+    worker_.join();  // drains the queue first, as cudaStreamDestroy lets queued work finish
+  }
+
+  void enqueue(Op op) {
+    MutexLock lock(&mu_);
+    queue_.push_back(std::move(op));
+    ++submitted_;
+    work_.Signal();
+  }
+
+  void drain() {
+    MutexLock lock(&mu_);
+    const uint64_t target = submitted_;
+    while (completed_ < target) wait(&idle_, &mu_);
+  }
+
+  const std::shared_ptr<Shared> owner;  // keeps the links alive for queued copies
+
+ private:
+  void run() {
+    for (;;) {
+      Op op;
+      {
+        MutexLock lock(&mu_);
+        while (queue_.empty() && !stopping_) wait(&work_, &mu_);
+        if (queue_.empty()) return;
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::move(op)();
+      MutexLock lock(&mu_);
+      ++completed_;
+      idle_.SignalAll();
+    }
+  }
+
+  absl::Mutex mu_;
+  absl::CondVar work_;
+  absl::CondVar idle_;
+  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;  // last: starts after every member it uses exists
+};
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+class HostDeviceMemory final : public DeviceMemory {
+ public:
+  HostDeviceMemory(std::shared_ptr<Shared> shared, std::unique_ptr<void, FreeDeleter> memory,
+                   uint64_t bytes)
+      : DeviceMemory(memory.get(), bytes), shared_(std::move(shared)), memory_(std::move(memory)) {}
+  ~HostDeviceMemory() override { shared_->device_memory.remove(data()); }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::unique_ptr<void, FreeDeleter> memory_;
+};
+
+class HostRangeRegistration final : public HostRegistration {
+ public:
+  HostRangeRegistration(std::shared_ptr<Shared> shared, const void* data)
+      : shared_(std::move(shared)), data_(data) {}
+  ~HostRangeRegistration() override { shared_->registered_host.remove(data_); }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  const void* data_;
+};
+
+class HostDevice final : public Device {
+ public:
+  explicit HostDevice(const HostDeviceOptions& options)
+      : shared_(std::make_shared<Shared>(options)) {}
+
+  Backend backend() const override { return Backend::kHost; }
+
+  std::string description() const override {
+    const auto& o = shared_->options;
+    if (o.h2d_bytes_per_second > 0 || o.d2h_bytes_per_second > 0 || o.d2d_bytes_per_second > 0) {
+      return absl::StrFormat(
+          "host (simulated device, throttled: H2D %.2f GB/s, D2H %.2f GB/s, "
+          "D2D %.2f GB/s; 0 = unthrottled)",
+          o.h2d_bytes_per_second / 1e9, o.d2h_bytes_per_second / 1e9, o.d2d_bytes_per_second / 1e9);
+    }
+    return "host (simulated device in host memory)";
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceMemory>> allocate_device_memory(uint64_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("device allocation of 0 bytes");
+    const uint64_t in_use = shared_->device_memory.total();
+    if (bytes > shared_->options.memory_bytes - std::min(in_use, shared_->options.memory_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "host device: cannot allocate %s of device memory: %s of %s in use; lower "
+          "STRATA_GPU_BYTES",
+          format_bytes(bytes), format_bytes(in_use), format_bytes(shared_->options.memory_bytes)));
+    }
+    const uint64_t rounded = (bytes + 4095) / 4096 * 4096;
+    std::unique_ptr<void, FreeDeleter> memory(std::aligned_alloc(4096, rounded));
+    if (memory == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "host device: cannot allocate %s of host memory for the simulated device; lower "
+          "STRATA_GPU_BYTES",
+          format_bytes(bytes)));
+    }
+    if (auto status = shared_->device_memory.add(memory.get(), bytes, "device allocation");
+        !status.ok()) {
+      return status;
+    }
+    return std::make_unique<HostDeviceMemory>(shared_, std::move(memory), bytes);
+  }
+
+  absl::StatusOr<std::unique_ptr<HostRegistration>> register_host(void* data,
+                                                                  uint64_t bytes) override {
+    if (data == nullptr || bytes == 0) {
+      return absl::InvalidArgumentError("register_host needs a non-null, non-empty range");
+    }
+    if (shared_->device_memory.touches(data, bytes)) {
+      return absl::InvalidArgumentError("register_host: the range is device memory");
+    }
+    if (auto status = shared_->registered_host.add(data, bytes, "host registration");
+        !status.ok()) {
+      return status;
+    }
+    return std::make_unique<HostRangeRegistration>(shared_, data);
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> create_stream() override {
+    return std::make_unique<HostStream>(shared_);
+  }
+
+  absl::StatusOr<std::unique_ptr<Event>> create_event() override {
+    return std::make_unique<HostEvent>(shared_);
+  }
+
+  absl::Status copy_async(void* dst, const void* src, uint64_t bytes, CopyKind kind,
+                          Stream& stream) override {
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    if (bytes == 0) return absl::OkStatus();
+    if (dst == nullptr || src == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s copy of %d bytes with a null pointer", to_string(kind), bytes));
+    }
+    const bool dst_device = kind != CopyKind::kDeviceToHost;
+    const bool src_device = kind != CopyKind::kHostToDevice;
+    if (auto status = check_side(dst, bytes, dst_device, "destination", kind); !status.ok()) {
+      return status;
+    }
+    if (auto status = check_side(src, bytes, src_device, "source", kind); !status.ok()) {
+      return status;
+    }
+    const auto d = reinterpret_cast<uintptr_t>(dst);
+    const auto s = reinterpret_cast<uintptr_t>(src);
+    if (d < s + bytes && s < d + bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s copy of %d bytes between overlapping ranges; cudaMemcpyAsync does not support "
+          "overlap: copy in steps no larger than the distance between them",
+          to_string(kind), bytes));
+    }
+    Link* link = kind == CopyKind::kHostToDevice   ? &shared_->h2d
+                 : kind == CopyKind::kDeviceToHost ? &shared_->d2h
+                                                   : &shared_->d2d;
+    host_stream->enqueue([dst, src, bytes, link] {
+      const absl::Time finish = link->reserve(bytes);
+      std::memcpy(dst, src, bytes);
+      const absl::Duration left = finish - absl::Now();
+      if (left > absl::ZeroDuration()) absl::SleepFor(left);
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status launch_host_callback(Stream& stream,
+                                    absl::AnyInvocable<void() &&> callback) override {
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    if (!callback) return absl::InvalidArgumentError("launch_host_callback: empty callback");
+    host_stream->enqueue(std::move(callback));
+    return absl::OkStatus();
+  }
+
+  absl::Status record(Event& event, Stream& stream) override {
+    auto* host_event = own(event);
+    auto* host_stream = own(stream);
+    if (host_event == nullptr) return foreign("event");
+    if (host_stream == nullptr) return foreign("stream");
+    std::shared_ptr<EventState> state = host_event->state;
+    uint64_t sequence;
+    {
+      MutexLock lock(&state->mu);
+      sequence = ++state->latest;
+      state->pending.insert(sequence);
+    }
+    host_stream->enqueue([state, sequence] {
+      MutexLock lock(&state->mu);
+      state->pending.erase(sequence);
+      state->done.SignalAll();
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status wait(Stream& stream, Event& event) override {
+    auto* host_event = own(event);
+    auto* host_stream = own(stream);
+    if (host_event == nullptr) return foreign("event");
+    if (host_stream == nullptr) return foreign("stream");
+    std::shared_ptr<EventState> state = host_event->state;
+    uint64_t sequence;
+    {
+      MutexLock lock(&state->mu);
+      sequence = state->latest;
+      if (!state->pending.contains(sequence)) return absl::OkStatus();  // already complete
+    }
+    host_stream->enqueue([state, sequence] {
+      MutexLock lock(&state->mu);
+      while (state->pending.contains(sequence)) strata::wait(&state->done, &state->mu);
+    });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> query(Event& event) override {
+    auto* host_event = own(event);
+    if (host_event == nullptr) return foreign("event");
+    EventState& state = *host_event->state;
+    MutexLock lock(&state.mu);
+    return !state.pending.contains(state.latest);
+  }
+
+  absl::Status synchronize(Event& event) override {
+    auto* host_event = own(event);
+    if (host_event == nullptr) return foreign("event");
+    EventState& state = *host_event->state;
+    MutexLock lock(&state.mu);
+    const uint64_t sequence = state.latest;
+    while (state.pending.contains(sequence)) strata::wait(&state.done, &state.mu);
+    return absl::OkStatus();
+  }
+
+  absl::Status synchronize(Stream& stream) override {
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    host_stream->drain();
+    return absl::OkStatus();
+  }
+
+ private:
+  HostStream* own(Stream& stream) const {
+    auto* s = dynamic_cast<HostStream*>(&stream);
+    return s != nullptr && s->owner == shared_ ? s : nullptr;
+  }
+  HostEvent* own(Event& event) const {
+    auto* e = dynamic_cast<HostEvent*>(&event);
+    return e != nullptr && e->owner == shared_ ? e : nullptr;
+  }
+  static absl::Status foreign(std::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the %s was not created by this host device", what));
+  }
+
+  // Device-side pointers must lie inside one device allocation; host-side ones outside all.
+  absl::Status check_side(const void* p, uint64_t bytes, bool device_side, std::string_view side,
+                          CopyKind kind) const {
+    if (device_side && !shared_->device_memory.contains(p, bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s copy: %s [%p, +%d) is not inside one device allocation",
+                          to_string(kind), side, p, bytes));
+    }
+    if (!device_side && shared_->device_memory.touches(p, bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s copy: %s [%p, +%d) is device memory, not host memory",
+                          to_string(kind), side, p, bytes));
+    }
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> make_host_device(HostDeviceOptions options) {
+  if (options.h2d_bytes_per_second < 0 || options.d2h_bytes_per_second < 0 ||
+      options.d2d_bytes_per_second < 0) {
+    return absl::InvalidArgumentError("host device bandwidths must be >= 0 (0 = unthrottled)");
+  }
+  if (options.memory_bytes == 0) {
+    return absl::InvalidArgumentError("host device memory_bytes must be > 0");
+  }
+  return std::make_unique<HostDevice>(options);
+}
+
+}  // namespace strata

@@ -1,0 +1,139 @@
+// Device behaviour that must hold on every backend: each test runs on HostDevice and, tagged
+// [cuda], on a real GPU when one is visible. Device memory is only touched through copies.
+#include <absl/synchronization/notification.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "device_fixtures.h"
+
+namespace strata {
+namespace {
+
+std::vector<std::byte> pattern(size_t bytes, uint32_t seed) {
+  std::vector<std::byte> out(bytes);
+  std::mt19937 rng(seed);
+  for (auto& b : out) b = static_cast<std::byte>(rng());
+  return out;
+}
+
+STRATA_BOTH_BACKENDS("Round trip host -> device -> device -> host", "[device]") {
+  constexpr uint64_t kBytes = (4 << 20) + 123;  // not a multiple of anything
+  auto memory = device.allocate_device_memory(2 * kBytes);
+  auto pinned = device.allocate_pinned(2 * kBytes, "test buffer");
+  auto stream = device.create_stream();
+  REQUIRE(memory.ok());
+  REQUIRE(pinned.ok());
+  REQUIRE(stream.ok());
+  CHECK(reinterpret_cast<uintptr_t>((*pinned)->data()) % PinnedHostMemory::kAlignment == 0);
+  auto* dev = static_cast<std::byte*>((*memory)->data());
+  auto* host = static_cast<std::byte*>((*pinned)->data());
+  const auto source = pattern(kBytes, 7);
+  std::memcpy(host, source.data(), kBytes);
+
+  REQUIRE(device.copy_async(dev, host, kBytes, CopyKind::kHostToDevice, **stream).ok());
+  REQUIRE(device.copy_async(dev + kBytes, dev, kBytes, CopyKind::kDeviceToDevice, **stream).ok());
+  REQUIRE(device.copy_async(host + kBytes, dev + kBytes, kBytes, CopyKind::kDeviceToHost, **stream)
+              .ok());
+  REQUIRE(device.synchronize(**stream).ok());
+  CHECK(std::memcmp(host + kBytes, source.data(), kBytes) == 0);
+}
+
+STRATA_BOTH_BACKENDS("Work on one stream runs in issue order", "[device]") {
+  constexpr uint64_t kBytes = 1 << 20;
+  constexpr int kRounds = 32;
+  auto memory = device.allocate_device_memory(kBytes);
+  auto pinned = device.allocate_pinned(uint64_t{kRounds + 1} * kBytes, "test buffer");
+  auto stream = device.create_stream();
+  REQUIRE(memory.ok());
+  REQUIRE(pinned.ok());
+  REQUIRE(stream.ok());
+  auto* host = static_cast<std::byte*>((*pinned)->data());
+  for (int i = 0; i < kRounds; ++i) std::memset(host + uint64_t(i) * kBytes, i + 1, kBytes);
+  // Each round overwrites the same device range and reads it back: any reordering shows.
+  for (int i = 0; i < kRounds; ++i) {
+    REQUIRE(device
+                .copy_async((*memory)->data(), host + uint64_t(i) * kBytes, kBytes,
+                            CopyKind::kHostToDevice, **stream)
+                .ok());
+    REQUIRE(device
+                .copy_async(host + uint64_t(kRounds) * kBytes, (*memory)->data(), kBytes,
+                            CopyKind::kDeviceToHost, **stream)
+                .ok());
+    REQUIRE(device.synchronize(**stream).ok());
+    CHECK(host[uint64_t(kRounds) * kBytes] == std::byte(i + 1));
+    CHECK(host[uint64_t(kRounds + 1) * kBytes - 1] == std::byte(i + 1));
+  }
+}
+
+STRATA_BOTH_BACKENDS("An event orders work across streams", "[device]") {
+  constexpr uint64_t kBytes = 8 << 20;
+  auto memory = device.allocate_device_memory(kBytes);
+  auto pinned = device.allocate_pinned(2 * kBytes, "test buffer");
+  auto upload = device.create_stream();
+  auto download = device.create_stream();
+  auto landed = device.create_event();
+  REQUIRE(memory.ok());
+  REQUIRE(pinned.ok());
+  REQUIRE(upload.ok());
+  REQUIRE(download.ok());
+  REQUIRE(landed.ok());
+  auto* host = static_cast<std::byte*>((*pinned)->data());
+  const auto source = pattern(kBytes, 11);
+  std::memcpy(host, source.data(), kBytes);
+
+  absl::Notification gate;  // holds the upload so the download would overtake it if unordered
+  REQUIRE(device.launch_host_callback(**upload, [&gate] { gate.WaitForNotification(); }).ok());
+  REQUIRE(
+      device.copy_async((*memory)->data(), host, kBytes, CopyKind::kHostToDevice, **upload).ok());
+  REQUIRE(device.record(**landed, **upload).ok());
+  REQUIRE(device.wait(**download, **landed).ok());
+  REQUIRE(
+      device
+          .copy_async(host + kBytes, (*memory)->data(), kBytes, CopyKind::kDeviceToHost, **download)
+          .ok());
+  CHECK_FALSE(*device.query(**landed));
+  gate.Notify();
+  REQUIRE(device.synchronize(**download).ok());
+  CHECK(*device.query(**landed));
+  CHECK(std::memcmp(host + kBytes, source.data(), kBytes) == 0);
+}
+
+STRATA_BOTH_BACKENDS("A host callback runs after earlier work on its stream", "[device]") {
+  constexpr uint64_t kBytes = 1 << 20;
+  auto memory = device.allocate_device_memory(kBytes);
+  auto pinned = device.allocate_pinned(2 * kBytes, "test buffer");
+  auto stream = device.create_stream();
+  REQUIRE(memory.ok());
+  REQUIRE(pinned.ok());
+  REQUIRE(stream.ok());
+  auto* host = static_cast<std::byte*>((*pinned)->data());
+  std::memset(host, 0x5a, kBytes);
+  std::memset(host + kBytes, 0, kBytes);
+  bool saw_data = false;
+  REQUIRE(
+      device.copy_async((*memory)->data(), host, kBytes, CopyKind::kHostToDevice, **stream).ok());
+  REQUIRE(
+      device.copy_async(host + kBytes, (*memory)->data(), kBytes, CopyKind::kDeviceToHost, **stream)
+          .ok());
+  REQUIRE(device
+              .launch_host_callback(**stream,
+                                    [&] { saw_data = host[2 * kBytes - 1] == std::byte{0x5a}; })
+              .ok());
+  REQUIRE(device.synchronize(**stream).ok());
+  CHECK(saw_data);
+}
+
+STRATA_BOTH_BACKENDS("Overlapping device-to-device copies are refused", "[device]") {
+  auto memory = device.allocate_device_memory(1 << 20);
+  auto stream = device.create_stream();
+  REQUIRE(memory.ok());
+  REQUIRE(stream.ok());
+  auto* base = static_cast<std::byte*>((*memory)->data());
+  CHECK(absl::IsInvalidArgument(
+      device.copy_async(base, base + 256, 4096, CopyKind::kDeviceToDevice, **stream)));
+}
+
+}  // namespace
+}  // namespace strata
