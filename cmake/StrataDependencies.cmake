@@ -22,7 +22,7 @@ if(STRATA_WITH_CUDA AND NOT CUDAToolkit_FOUND)
                       "/usr/local/cuda, set CUDAToolkit_ROOT, or configure with -DSTRATA_WITH_CUDA=OFF")
 endif()
 if(STRATA_WITH_CUDA)
-  message(STATUS "strata: CUDA ${CUDAToolkit_VERSION} found in ${CUDAToolkit_LIBRARY_ROOT}; "
+  message(STATUS "strata: CUDA ${CUDAToolkit_VERSION} found in ${CUDAToolkit_BIN_DIR}; "
                  "building the CUDA backend")
   find_library(STRATA_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
   if(STRATA_NCCL_LIBRARY)
