@@ -1,0 +1,399 @@
+#include "strata/machine_info.h"
+
+#include <absl/status/status.h>
+#include <absl/strings/ascii.h>
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_split.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "text.h"
+
+namespace strata {
+namespace {
+
+using text::cat;
+using text::join;
+using text::lower;
+using text::ltrim;
+using text::rtrim;
+using text::to_absl;
+using text::to_std;
+using text::trim;
+using text::upper;
+
+std::optional<std::string> read_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+std::optional<uint64_t> read_number(const std::string& path) {
+  std::optional<std::string> text = read_text(path);
+  uint64_t value = 0;
+  if (!text || !absl::SimpleAtoi(to_absl(trim(*text)), &value)) return std::nullopt;
+  return value;
+}
+
+// "Name: value" lines of /proc files.
+std::optional<std::string> proc_field(const std::string& text, std::string_view name) {
+  for (absl::string_view piece : absl::StrSplit(text, '\n')) {
+    const std::string_view line = to_std(piece);
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    if (trim(line.substr(0, colon)) == name) {
+      return std::string(trim(line.substr(colon + 1)));
+    }
+  }
+  return std::nullopt;
+}
+
+std::string errno_text(int err) { return cat(std::strerror(err), " (errno ", err, ")"); }
+
+// The cgroup memory limit and usage files that apply to this process, v2 first, then v1.
+struct CgroupMemory {
+  std::string limit_file;
+  uint64_t limit = std::numeric_limits<uint64_t>::max();
+  std::optional<uint64_t> usage;
+};
+
+CgroupMemory cgroup_memory() {
+  CgroupMemory result;
+  const std::optional<std::string> self = read_text("/proc/self/cgroup");
+  if (!self) return result;
+  for (absl::string_view line : absl::StrSplit(*self, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (parts.size() != 3) continue;
+    std::vector<std::pair<std::string, std::string>> candidates;  // limit file, usage file
+    if (parts[0] == "0" && parts[1].empty()) {
+      for (const std::string& dir :
+           {cat("/sys/fs/cgroup", parts[2]), std::string("/sys/fs/cgroup")}) {
+        candidates.emplace_back(dir + "/memory.max", dir + "/memory.current");
+      }
+    } else if (parts[1].find("memory") != std::string::npos) {
+      for (const std::string& dir :
+           {cat("/sys/fs/cgroup/memory", parts[2]), std::string("/sys/fs/cgroup/memory")}) {
+        candidates.emplace_back(dir + "/memory.limit_in_bytes", dir + "/memory.usage_in_bytes");
+      }
+    }
+    for (const auto& [limit_file, usage_file] : candidates) {
+      // memory.max reads "max" when unlimited; v1 reads a huge number, ignored below.
+      const std::optional<uint64_t> limit = read_number(limit_file);
+      if (limit && *limit < result.limit) {
+        result.limit = *limit;
+        result.limit_file = limit_file;
+        result.usage = read_number(usage_file);
+        break;
+      }
+    }
+  }
+  return result;
+}
+
+void probe_memory(MachineInfo& m) {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  m.physical_memory_bytes = pages > 0 && page_size > 0
+                                ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size)
+                                : 0;
+  m.physical_memory_source = "sysconf(_SC_PHYS_PAGES)";
+  m.available_memory_bytes = m.physical_memory_bytes;
+  if (std::optional<std::string> meminfo = read_text("/proc/meminfo")) {
+    uint64_t kib = 0;
+    std::optional<std::string> field = proc_field(*meminfo, "MemAvailable");
+    if (field && absl::SimpleAtoi(absl::StripSuffix(*field, " kB"), &kib)) {
+      m.available_memory_bytes = std::min(m.physical_memory_bytes, kib * 1024);
+    }
+  }
+  // In a container the machine's memory is not what the process may use.
+  const CgroupMemory cgroup = cgroup_memory();
+  if (cgroup.limit < m.physical_memory_bytes) {
+    m.physical_memory_bytes = cgroup.limit;
+    m.physical_memory_source = cgroup.limit_file;
+    const uint64_t used = std::min(cgroup.usage.value_or(0), cgroup.limit);
+    m.available_memory_bytes = std::min(m.available_memory_bytes, cgroup.limit - used);
+  }
+}
+
+void probe_cpu(MachineInfo& m) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    m.cpu_count = static_cast<uint32_t>(CPU_COUNT(&set));
+  } else {
+    m.cpu_count = static_cast<uint32_t>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  }
+  m.cpu_model = "unknown";
+  if (std::optional<std::string> cpuinfo = read_text("/proc/cpuinfo")) {
+    for (std::string_view name : {"model name", "Model", "cpu model"}) {
+      if (std::optional<std::string> field = proc_field(*cpuinfo, name)) {
+        m.cpu_model = *field;
+        break;
+      }
+    }
+  }
+}
+
+void probe_memlock(MachineInfo& m) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0) {
+    m.memlock_limit_bytes = limit.rlim_cur == RLIM_INFINITY ? std::numeric_limits<uint64_t>::max()
+                                                            : static_cast<uint64_t>(limit.rlim_cur);
+  }
+  // CAP_IPC_LOCK is bit 14 of the effective capability set.
+  if (std::optional<std::string> status = read_text("/proc/self/status")) {
+    uint64_t caps = 0;
+    std::optional<std::string> field = proc_field(*status, "CapEff");
+    if (field && absl::SimpleHexAtoi(*field, &caps)) m.has_cap_ipc_lock = (caps >> 14) & 1;
+  }
+}
+
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  ~FdCloser() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+class RingCloser {
+ public:
+  explicit RingCloser(io_uring* ring) : ring_(ring) {}
+  RingCloser(const RingCloser&) = delete;
+  RingCloser& operator=(const RingCloser&) = delete;
+  ~RingCloser() { io_uring_queue_exit(ring_); }
+
+ private:
+  io_uring* ring_;
+};
+
+std::string setup_failure(int err) {
+  std::string why;
+  if (err == EPERM) {
+    why =
+        "blocked by a seccomp filter (Docker's default profile) or by the "
+        "kernel.io_uring_disabled sysctl";
+    if (std::optional<uint64_t> disabled = read_number("/proc/sys/kernel/io_uring_disabled")) {
+      why += cat(" (it is ", *disabled, " here)");
+    }
+  } else if (err == ENOSYS) {
+    why =
+        "the kernel has no io_uring (older than 5.1, built without it, or a sandbox such as "
+        "gVisor)";
+  } else if (err == ENOMEM) {
+    why = "not enough locked memory for the ring (raise RLIMIT_MEMLOCK: ulimit -l)";
+  } else {
+    why = "unexpected error";
+  }
+  return cat("io_uring_queue_init failed: ", errno_text(err), ": ", why);
+}
+
+// Submits the prepared SQE and reaps its completion; returns the CQE result.
+int submit_and_wait(io_uring* ring) {
+  int ret = io_uring_submit(ring);
+  if (ret < 0) return ret;
+  io_uring_cqe* cqe = nullptr;
+  do {
+    ret = io_uring_wait_cqe(ring, &cqe);
+  } while (ret == -EINTR);
+  if (ret < 0) return ret;
+  const int res = cqe->res;
+  io_uring_cqe_seen(ring, cqe);
+  return res;
+}
+
+void probe_io_uring(MachineInfo& m) {
+  io_uring ring{};
+  const int init = io_uring_queue_init(4, &ring, 0);
+  if (init < 0) {
+    m.io_uring_detail = setup_failure(-init);
+    return;
+  }
+  RingCloser ring_closer(&ring);
+
+  io_uring_prep_nop(io_uring_get_sqe(&ring));
+  if (const int res = submit_and_wait(&ring); res < 0) {
+    m.io_uring_detail = cat("a NOP request failed: ", errno_text(-res));
+    return;
+  }
+  // A real read: some sandboxes (gVisor) accept the ring but only a few opcodes.
+  FdCloser file(memfd_create("strata-io-uring-probe", MFD_CLOEXEC));
+  constexpr std::string_view kPattern = "strata-probe";
+  if (file.get() < 0 || write(file.get(), kPattern.data(), kPattern.size()) !=
+                            static_cast<ssize_t>(kPattern.size())) {
+    m.io_uring_detail = cat("could not create the probe file: ", errno_text(errno));
+    return;
+  }
+  std::string buffer(kPattern.size(), '\0');
+  io_uring_prep_read(io_uring_get_sqe(&ring), file.get(), buffer.data(),
+                     static_cast<unsigned>(buffer.size()), 0);
+  const int res = submit_and_wait(&ring);
+  if (res < 0) {
+    m.io_uring_detail = cat(
+        "a READ request failed: ", errno_text(-res),
+        res == -EINVAL ? ": the kernel or sandbox lacks IORING_OP_READ (needs Linux 5.6+)" : "");
+    return;
+  }
+  if (buffer != kPattern) {
+    m.io_uring_detail =
+        cat("a READ request returned ", res, " bytes, not the ", kPattern.size(), " bytes written");
+    return;
+  }
+  m.io_uring_available = true;
+  m.io_uring_detail = "ring set up; NOP and READ requests completed";
+}
+
+std::string filesystem_name(int64_t type) {
+  switch (static_cast<uint64_t>(type)) {
+    case 0xEF53:
+      return "ext4";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0xF2F52010:
+      return "f2fs";
+    case 0x2FC12FC1:
+      return "zfs";
+    case 0x01021994:
+      return "tmpfs";
+    case 0x794C7630:
+      return "overlayfs";
+    case 0x6969:
+      return "nfs";
+    case 0x65735546:
+      return "fuse";
+    case 0x01021997:
+      return "9p";
+    case 0x9FA0:
+      return "proc";
+    case 0x62656572:
+      return "sysfs";
+    case 0x858458F6:
+      return "ramfs";
+    default:
+      return absl::StrFormat("unknown (0x%x)", static_cast<uint64_t>(type));
+  }
+}
+
+// The logical block size of the block device under `st_dev`; partitions inherit their disk's.
+std::optional<uint32_t> logical_block_size(dev_t device) {
+  const std::string sys = cat("/sys/dev/block/", major(device), ":", minor(device));
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::canonical(sys, ec);
+  if (ec) return std::nullopt;
+  for (const std::filesystem::path& dir : {real, real.parent_path()}) {
+    if (std::optional<uint64_t> size = read_number(dir / "queue/logical_block_size")) {
+      if (*size > 0 && *size <= (1u << 16)) return static_cast<uint32_t>(*size);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string_view to_string(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kCuda:
+      return "cuda";
+    case Backend::kHost:
+      return "host";
+  }
+  return "invalid";
+}
+
+const PathInfo* MachineInfo::find_path(std::string_view path) const {
+  for (const PathInfo& info : paths) {
+    if (info.path == path) return &info;
+  }
+  return nullptr;
+}
+
+PathInfo probe_path(const std::string& path) {
+  PathInfo info;
+  info.path = path;
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    info.problem =
+        errno == ENOENT ? "does not exist" : cat("cannot be inspected: ", errno_text(errno));
+    return info;
+  }
+  info.exists = true;
+  info.is_directory = S_ISDIR(st.st_mode);
+  if (!info.is_directory) {
+    info.problem = "is not a directory";
+    return info;
+  }
+  if (struct statvfs vfs{}; statvfs(path.c_str(), &vfs) == 0) {
+    info.free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    info.total_bytes = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+  }
+  if (struct statfs fs{}; statfs(path.c_str(), &fs) == 0) {
+    info.filesystem = filesystem_name(static_cast<int64_t>(fs.f_type));
+  }
+  if (std::optional<uint32_t> size = logical_block_size(st.st_dev)) {
+    info.logical_block_size = *size;
+    info.block_size_known = true;
+  }
+  if (access(path.c_str(), W_OK) != 0) {
+    info.problem = cat("is not writable: ", errno_text(errno));
+    return info;
+  }
+  // access() trusts permission bits; root passes it where creating a file still fails
+  // (read-only mounts seen through some layers, /proc, FUSE), so try for real.
+  std::string name = cat(path, "/.strata-probe-XXXXXX");
+  const int fd = mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) {
+    info.problem = cat("is not writable: no file can be created in it: ", errno_text(errno));
+    return info;
+  }
+  close(fd);
+  unlink(name.c_str());
+  info.writable = true;
+  return info;
+}
+
+absl::StatusOr<MachineInfo> probe_machine(const std::vector<std::string>& nvme_paths) {
+  MachineInfo m;
+  probe_memory(m);
+  if (m.physical_memory_bytes == 0) {
+    return absl::InternalError(
+        "could not read the physical memory size (sysconf(_SC_PHYS_PAGES) failed); is /proc "
+        "mounted?");
+  }
+  probe_cpu(m);
+  probe_memlock(m);
+  probe_io_uring(m);
+  for (const std::string& path : nvme_paths) m.paths.push_back(probe_path(path));
+  return m;
+}
+
+}  // namespace strata
