@@ -1,0 +1,246 @@
+#include "strata/config.h"
+
+#include <stdlib.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace strata {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+using Vars = std::map<std::string, std::string>;
+
+Config config_of(const Vars& vars) {
+  absl::StatusOr<Config> config = Config::from_variables(vars);
+  INFO(config.status().ToString());
+  REQUIRE(config.ok());
+  return *config;
+}
+
+// The error for `vars`; checks it names the variable and the value.
+std::string error_of(const Vars& vars) {
+  absl::StatusOr<Config> config = Config::from_variables(vars);
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+  const std::string message(config.status().message());
+  INFO(message);
+  for (const auto& [name, value] : vars) {
+    CHECK(message.find(name) != std::string::npos);
+    if (!value.empty()) CHECK(message.find(value) != std::string::npos);
+  }
+  return message;
+}
+
+bool contains(const std::string& text, std::string_view part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST_CASE("Config defaults match the documented table", "[config]") {
+  const Config c = config_of({{"PATH", "/usr/bin"}, {"HOME", "/root"}});  // others ignored
+  CHECK(c.backend == Backend::kAuto);
+  CHECK(c.device == 0);
+  CHECK_FALSE(c.gpu_bytes.has_value());
+  CHECK(c.cpu_bytes == SizeSetting::of_percent(25));
+  CHECK(c.nvme_paths.empty());
+  CHECK(c.nvme_bytes == SizeSetting::of_bytes(8 * kGiB));
+  CHECK(c.io_engine == IoEngineKind::kAuto);
+  CHECK(c.io_depth == 32);
+  CHECK(c.io_block == kMiB);
+  CHECK(c.staging_bytes == 256 * kMiB);
+  CHECK(c.verify);
+  CHECK(c.log == LogLevel::kWarn);
+}
+
+TEST_CASE("STRATA_BACKEND and STRATA_DEVICE", "[config]") {
+  CHECK(config_of({{"STRATA_BACKEND", "auto"}}).backend == Backend::kAuto);
+  CHECK(config_of({{"STRATA_BACKEND", "cuda"}}).backend == Backend::kCuda);
+  CHECK(config_of({{"STRATA_BACKEND", "host"}}).backend == Backend::kHost);
+  CHECK(config_of({{"STRATA_BACKEND", " CUDA "}}).backend == Backend::kCuda);
+  CHECK(config_of({{"STRATA_BACKEND", "Host"}}).backend == Backend::kHost);
+  CHECK(contains(error_of({{"STRATA_BACKEND", "gpu"}}),
+                 "STRATA_BACKEND='gpu' is not a backend: use auto, cuda or host"));
+
+  CHECK(config_of({{"STRATA_DEVICE", "0"}}).device == 0);
+  CHECK(config_of({{"STRATA_DEVICE", "3"}}).device == 3);
+  CHECK(contains(error_of({{"STRATA_DEVICE", "-1"}}),
+                 "STRATA_DEVICE='-1' is out of range: use an integer of at least 0"));
+  CHECK(contains(error_of({{"STRATA_DEVICE", "gpu0"}}), "is not a CUDA device ordinal"));
+  CHECK(contains(error_of({{"STRATA_DEVICE", "1.5"}}), "is not a CUDA device ordinal"));
+  CHECK(contains(error_of({{"STRATA_DEVICE", "99999999999"}}), "out of range"));
+}
+
+TEST_CASE("STRATA_GPU_BYTES, STRATA_CPU_BYTES, STRATA_NVME_BYTES: sizes and percentages",
+          "[config]") {
+  CHECK(config_of({{"STRATA_GPU_BYTES", "40GiB"}}).gpu_bytes == SizeSetting::of_bytes(40 * kGiB));
+  CHECK(config_of({{"STRATA_GPU_BYTES", "80%"}}).gpu_bytes == SizeSetting::of_percent(80));
+  CHECK(config_of({{"STRATA_CPU_BYTES", "1.5GB"}}).cpu_bytes ==
+        SizeSetting::of_bytes(1'500'000'000));
+  CHECK(config_of({{"STRATA_CPU_BYTES", "12.5%"}}).cpu_bytes == SizeSetting::of_percent(12.5));
+  CHECK(config_of({{"STRATA_NVME_BYTES", "512KiB"}}).nvme_bytes ==
+        SizeSetting::of_bytes(512 * 1024));
+  CHECK(config_of({{"STRATA_NVME_BYTES", "50%"}}).nvme_bytes == SizeSetting::of_percent(50));
+
+  for (const char* name : {"STRATA_GPU_BYTES", "STRATA_CPU_BYTES", "STRATA_NVME_BYTES"}) {
+    INFO(name);
+    CHECK(error_of({{name, "12XB"}}) ==
+          std::string(name) +
+              "='12XB' is not a size (unknown unit 'XB'; units are B, KiB, MiB, GiB, TiB, PiB, "
+              "KB, MB, GB, TB, PB): use a byte count with an optional unit (4096, 512KiB, "
+              "64MiB, 40GiB, 1.5GB) or a percentage (80%)");
+    CHECK(contains(error_of({{name, "-4GiB"}}), "is negative: sizes must be positive"));
+    CHECK(contains(error_of({{name, "0"}}), "is zero: sizes must be positive"));
+    CHECK(contains(error_of({{name, "99999999TiB"}}), "is too large"));
+    CHECK(contains(error_of({{name, "150%"}}), "at most 100%"));
+    CHECK(contains(error_of({{name, "0%"}}), "out of range"));
+    CHECK(contains(error_of({{name, "1..5GB"}}), "is not a size"));
+  }
+}
+
+TEST_CASE("STRATA_NVME_PATHS", "[config]") {
+  CHECK(config_of({{"STRATA_NVME_PATHS", "/mnt/nvme0"}}).nvme_paths ==
+        std::vector<std::string>{"/mnt/nvme0"});
+  CHECK(config_of({{"STRATA_NVME_PATHS", "/mnt/a,/mnt/b"}}).nvme_paths ==
+        std::vector<std::string>{"/mnt/a", "/mnt/b"});
+  CHECK(config_of({{"STRATA_NVME_PATHS", " /mnt/a , /mnt/b "}}).nvme_paths ==
+        std::vector<std::string>{"/mnt/a", "/mnt/b"});
+  CHECK(config_of({{"STRATA_NVME_PATHS", ""}}).nvme_paths.empty());  // empty: no NVMe tier
+  CHECK(config_of({{"STRATA_NVME_PATHS", "  "}}).nvme_paths.empty());
+  for (const char* bad : {"/mnt/a,,/mnt/b", ",/mnt/a", "/mnt/a,", "/mnt/a, ,/mnt/b"}) {
+    INFO(bad);
+    CHECK(contains(error_of({{"STRATA_NVME_PATHS", bad}}), "has an empty entry"));
+  }
+  CHECK(contains(error_of({{"STRATA_NVME_PATHS", "/mnt/a,/mnt/a"}}), "lists '/mnt/a' twice"));
+}
+
+TEST_CASE("STRATA_IO_ENGINE, STRATA_IO_DEPTH", "[config]") {
+  CHECK(config_of({{"STRATA_IO_ENGINE", "auto"}}).io_engine == IoEngineKind::kAuto);
+  CHECK(config_of({{"STRATA_IO_ENGINE", "io_uring"}}).io_engine == IoEngineKind::kIoUring);
+  CHECK(config_of({{"STRATA_IO_ENGINE", "IO_URING"}}).io_engine == IoEngineKind::kIoUring);
+  CHECK(config_of({{"STRATA_IO_ENGINE", "psync"}}).io_engine == IoEngineKind::kPsync);
+  CHECK(contains(error_of({{"STRATA_IO_ENGINE", "libaio"}}),
+                 "STRATA_IO_ENGINE='libaio' is not an I/O engine: use auto, io_uring or psync"));
+
+  CHECK(config_of({{"STRATA_IO_DEPTH", "1"}}).io_depth == 1);
+  CHECK(config_of({{"STRATA_IO_DEPTH", "4096"}}).io_depth == 4096);
+  CHECK(config_of({{"STRATA_IO_DEPTH", "64"}}).io_depth == 64);
+  for (const char* bad : {"0", "4097", "-3"}) {
+    CHECK(contains(error_of({{"STRATA_IO_DEPTH", bad}}),
+                   "out of range: use an integer from 1 to "
+                   "4096"));
+  }
+  CHECK(contains(error_of({{"STRATA_IO_DEPTH", "deep"}}), "is not a depth"));
+}
+
+TEST_CASE("STRATA_IO_BLOCK, STRATA_STAGING_BYTES", "[config]") {
+  CHECK(config_of({{"STRATA_IO_BLOCK", "4KiB"}}).io_block == 4096);
+  CHECK(config_of({{"STRATA_IO_BLOCK", "64MiB"}}).io_block == 64 * kMiB);
+  CHECK(config_of({{"STRATA_STAGING_BYTES", "1GiB"}}).staging_bytes == kGiB);
+  const Config both = config_of({{"STRATA_IO_BLOCK", "4MiB"}, {"STRATA_STAGING_BYTES", "4MiB"}});
+  CHECK(both.io_block == 4 * kMiB);
+  CHECK(both.staging_bytes == 4 * kMiB);
+
+  CHECK(contains(error_of({{"STRATA_IO_BLOCK", "1000"}}),
+                 "STRATA_IO_BLOCK='1000' (1000 bytes) is not allowed: use a positive multiple of "
+                 "4KiB up to 64MiB"));
+  CHECK(contains(error_of({{"STRATA_IO_BLOCK", "1.5KiB"}}),
+                 "STRATA_IO_BLOCK='1.5KiB' (1536 bytes) is not allowed"));
+  CHECK(contains(error_of({{"STRATA_IO_BLOCK", "6KiB"}}),
+                 "STRATA_IO_BLOCK='6KiB' (6144 bytes) is not allowed"));
+  CHECK(contains(error_of({{"STRATA_IO_BLOCK", "128MiB"}}), "up to 64MiB"));
+  CHECK(contains(error_of({{"STRATA_IO_BLOCK", "50%"}}),
+                 "is a percentage, which is not "
+                 "accepted here"));
+  CHECK(contains(error_of({{"STRATA_STAGING_BYTES", "12XB"}}), "is not a size"));
+  CHECK(contains(error_of({{"STRATA_STAGING_BYTES", "512KiB"}}),
+                 "STRATA_STAGING_BYTES=512KiB is smaller than STRATA_IO_BLOCK=1MiB"));
+  CHECK(contains(error_of({{"STRATA_STAGING_BYTES", "1MiB"}, {"STRATA_IO_BLOCK", "2MiB"}}),
+                 "staging must hold at least one I/O block"));
+}
+
+TEST_CASE("STRATA_VERIFY, STRATA_LOG", "[config]") {
+  for (const char* on : {"on", "ON", "1", "true", "True", "yes"}) {
+    CHECK(config_of({{"STRATA_VERIFY", on}}).verify);
+  }
+  for (const char* off : {"off", "Off", "0", "false", "no"}) {
+    CHECK_FALSE(config_of({{"STRATA_VERIFY", off}}).verify);
+  }
+  CHECK(contains(error_of({{"STRATA_VERIFY", "maybe"}}),
+                 "STRATA_VERIFY='maybe' is not a switch: use on or off"));
+
+  CHECK(config_of({{"STRATA_LOG", "error"}}).log == LogLevel::kError);
+  CHECK(config_of({{"STRATA_LOG", "warn"}}).log == LogLevel::kWarn);
+  CHECK(config_of({{"STRATA_LOG", "info"}}).log == LogLevel::kInfo);
+  CHECK(config_of({{"STRATA_LOG", "DEBUG"}}).log == LogLevel::kDebug);
+  CHECK(contains(error_of({{"STRATA_LOG", "verbose"}}),
+                 "STRATA_LOG='verbose' is not a log level: use error, warn, info or debug"));
+}
+
+TEST_CASE("A variable set to nothing is an error that names its default", "[config]") {
+  CHECK(error_of({{"STRATA_LOG", ""}}) ==
+        "STRATA_LOG is set but empty: unset it to use the default (warn) or give a value");
+  CHECK(contains(error_of({{"STRATA_GPU_BYTES", " "}}), "default (80% on cuda, 1GiB on host)"));
+}
+
+TEST_CASE("Unknown STRATA_ variables are errors with the closest name suggested", "[config]") {
+  CHECK(contains(error_of({{"STRATA_GPU_BYTE", "1GiB"}}),
+                 "STRATA_GPU_BYTE='1GiB' is not a strata variable: did you mean "
+                 "STRATA_GPU_BYTES?"));
+  CHECK(contains(error_of({{"STRATA_NVME_PATH", "/x"}}), "did you mean STRATA_NVME_PATHS?"));
+  CHECK(contains(error_of({{"STRATA_IODEPTH", "8"}}), "did you mean STRATA_IO_DEPTH?"));
+  CHECK(contains(error_of({{"STRATA_VERFIY", "on"}}), "did you mean STRATA_VERIFY?"));
+  CHECK(contains(error_of({{"STRATA_BAKCEND", "host"}}), "did you mean STRATA_BACKEND?"));
+  CHECK(contains(error_of({{"STRATA_gpu_bytes", "1GiB"}}),
+                 "did you mean STRATA_GPU_BYTES? (names are upper case)"));
+  const std::string far = error_of({{"STRATA_COMPLETELY_DIFFERENT", "1"}});
+  CHECK_FALSE(contains(far, "did you mean"));
+  CHECK(contains(far, "strata reads STRATA_BACKEND, STRATA_DEVICE,"));
+  // Variables of other programs are not ours to judge.
+  CHECK(Config::from_variables({{"STRATAX", "1"}, {"MY_STRATA_THING", "1"}}).ok());
+}
+
+TEST_CASE("Several errors are all reported, one per line, in table order", "[config]") {
+  absl::StatusOr<Config> c = Config::from_variables({{"STRATA_LOG", "loud"},
+                                                     {"STRATA_GPU_BYTES", "12XB"},
+                                                     {"STRATA_GPU_BYTE", "1"},
+                                                     {"STRATA_BACKEND", "tpu"}});
+  REQUIRE_FALSE(c.ok());
+  const std::string message(c.status().message());
+  INFO(message);
+  CHECK(message.rfind("4 configuration errors:\n", 0) == 0);
+  const size_t backend = message.find("\n  STRATA_BACKEND='tpu'");
+  const size_t gpu = message.find("\n  STRATA_GPU_BYTES='12XB'");
+  const size_t log = message.find("\n  STRATA_LOG='loud'");
+  const size_t unknown = message.find("\n  STRATA_GPU_BYTE='1' is not a strata variable");
+  REQUIRE(backend != std::string::npos);
+  REQUIRE(gpu != std::string::npos);
+  REQUIRE(log != std::string::npos);
+  REQUIRE(unknown != std::string::npos);
+  CHECK(backend < gpu);
+  CHECK(gpu < log);
+  CHECK(log < unknown);
+}
+
+TEST_CASE("from_environment reads STRATA_ variables from the process environment", "[config]") {
+  REQUIRE(setenv("STRATA_IO_DEPTH", "7", 1) == 0);
+  REQUIRE(setenv("STRATA_CPU_BYTES", "2GiB", 1) == 0);
+  absl::StatusOr<Config> c = Config::from_environment();
+  unsetenv("STRATA_IO_DEPTH");
+  unsetenv("STRATA_CPU_BYTES");
+  REQUIRE(c.ok());
+  CHECK(c->io_depth == 7);
+  CHECK(c->cpu_bytes == SizeSetting::of_bytes(2 * kGiB));
+
+  REQUIRE(setenv("STRATA_GPU_BYTES", "12XB", 1) == 0);
+  c = Config::from_environment();
+  unsetenv("STRATA_GPU_BYTES");
+  REQUIRE_FALSE(c.ok());
+  CHECK(contains(std::string(c.status().message()), "STRATA_GPU_BYTES='12XB' is not a size"));
+}
+
+}  // namespace
+}  // namespace strata
