@@ -1,0 +1,262 @@
+// strata-info: the resolved configuration and what this machine offers.
+//
+// Exit codes: 0 configuration valid; 1 configuration invalid (the message names the variable);
+// 2 bad command line.
+#include <absl/status/statusor.h>
+#include <absl/strings/str_format.h>
+
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "strata/backend.h"
+#include "strata/config.h"
+#include "strata/machine_info.h"
+#include "strata/size.h"
+
+namespace strata {
+namespace {
+
+constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
+
+std::string memlock_text(const MachineInfo& m, uint64_t staging_bytes) {
+  if (m.has_cap_ipc_lock) {
+    return "not enforced (the process has CAP_IPC_LOCK): staging buffers can be registered "
+           "with io_uring";
+  }
+  if (m.memlock_limit_bytes == kUnlimited) {
+    return "unlimited: staging buffers can be registered with io_uring";
+  }
+  const std::string limit = format_bytes(m.memlock_limit_bytes);
+  if (memlock_allows(m, staging_bytes)) {
+    return absl::StrFormat("%s: enough to register the %s of staging buffers with io_uring", limit,
+                           format_bytes(staging_bytes));
+  }
+  return absl::StrFormat(
+      "%s: too small to register the %s of staging buffers with io_uring, so NVMe I/O runs "
+      "without registered buffers (more CPU per GB); raise it with ulimit -l unlimited, docker "
+      "run --ulimit memlock=-1 or LimitMEMLOCK=infinity",
+      limit, format_bytes(staging_bytes));
+}
+
+std::string gpu_text(const MachineInfo& m) {
+  if (!m.gpu) return absl::StrFormat("none (%s)", m.backend_reason);
+  const GpuInfo& g = *m.gpu;
+  return absl::StrFormat("%s (device %d, compute capability %d.%d): %s free of %s", g.name,
+                         g.ordinal, g.cc_major, g.cc_minor, format_bytes(g.free_bytes),
+                         format_bytes(g.total_bytes));
+}
+
+std::string path_text(const PathInfo& p) {
+  if (!p.problem.empty()) return p.problem;
+  return absl::StrFormat("%s, %s free of %s, logical block %u bytes%s", p.filesystem,
+                         format_bytes(p.free_bytes), format_bytes(p.total_bytes),
+                         p.logical_block_size, p.block_size_known ? "" : " (assumed)");
+}
+
+void print_text(const MachineInfo& m, const ResolvedConfig* config, uint64_t staging_bytes) {
+  std::ostringstream out;
+  if (config != nullptr) {
+    out << "Configuration (STRATA_* variables; defaults where unset)\n";
+    std::istringstream lines(render(*config));
+    for (std::string line; std::getline(lines, line);) out << "  " << line << "\n";
+    if (!config->warnings.empty()) {
+      out << "\nWarnings\n";
+      for (const std::string& w : config->warnings) out << "  - " << w << "\n";
+    }
+    out << "\n";
+  }
+  const auto row = [&out](std::string_view name, const std::string& value) {
+    out << absl::StrFormat("  %-14s %s\n", std::string(name), value);
+  };
+  out << "Machine\n";
+  row("backend", absl::StrFormat("%s (%s)", std::string(to_string(m.backend)), m.backend_reason));
+  row("GPU", gpu_text(m));
+  row("CPU", absl::StrFormat("%s, %u CPUs available", m.cpu_model, m.cpu_count));
+  row("memory",
+      absl::StrFormat("%s physical (from %s), %s available", format_bytes(m.physical_memory_bytes),
+                      m.physical_memory_source, format_bytes(m.available_memory_bytes)));
+  row("memlock limit", memlock_text(m, staging_bytes));
+  row("io_uring", m.io_uring_available
+                      ? absl::StrFormat("available (%s)", m.io_uring_detail)
+                      : absl::StrFormat("unavailable: %s; NVMe I/O uses psync", m.io_uring_detail));
+  if (m.paths.empty()) row("NVMe paths", "none (STRATA_NVME_PATHS is empty: no NVMe tier)");
+  for (const PathInfo& p : m.paths) row(p.path, path_text(p));
+  std::cout << out.str();
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// A JSON object built field by field.
+class JsonObject {
+ public:
+  JsonObject& raw(std::string_view key, const std::string& value) {
+    text_ += absl::StrFormat("%s%s: %s", text_.empty() ? "" : ", ", json_string(key), value);
+    return *this;
+  }
+  JsonObject& str(std::string_view key, std::string_view value) {
+    return raw(key, json_string(value));
+  }
+  JsonObject& num(std::string_view key, uint64_t value) { return raw(key, std::to_string(value)); }
+  JsonObject& flag(std::string_view key, bool value) { return raw(key, value ? "true" : "false"); }
+  std::string done() const { return "{" + text_ + "}"; }
+
+ private:
+  std::string text_;
+};
+
+std::string json_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return "[" + out + "]";
+}
+
+void print_json(const MachineInfo& m, const ResolvedConfig* c, const std::string& error) {
+  JsonObject root;
+  root.flag("valid", c != nullptr);
+  if (!error.empty()) root.str("error", error);
+  if (c != nullptr) {
+    std::vector<std::string> paths;
+    for (const std::string& p : c->nvme_paths) paths.push_back(json_string(p));
+    std::vector<std::string> warnings;
+    for (const std::string& w : c->warnings) warnings.push_back(json_string(w));
+    root.raw("config", JsonObject()
+                           .str("backend", to_string(c->backend))
+                           .str("backend_reason", c->backend_reason)
+                           .num("device", static_cast<uint64_t>(c->device))
+                           .num("gpu_bytes", c->gpu_bytes)
+                           .num("cpu_bytes", c->cpu_bytes)
+                           .raw("nvme_paths", json_list(paths))
+                           .num("nvme_bytes", c->nvme_bytes)
+                           .str("io_engine", to_string(c->io_engine))
+                           .str("io_engine_reason", c->io_engine_reason)
+                           .num("io_depth", c->io_depth)
+                           .num("io_block", c->io_block)
+                           .num("staging_bytes", c->staging_bytes)
+                           .flag("verify", c->verify)
+                           .str("log", to_string(c->log))
+                           .done());
+    root.raw("warnings", json_list(warnings));
+  }
+  std::vector<std::string> paths;
+  for (const PathInfo& p : m.paths) {
+    paths.push_back(JsonObject()
+                        .str("path", p.path)
+                        .flag("exists", p.exists)
+                        .flag("is_directory", p.is_directory)
+                        .flag("writable", p.writable)
+                        .str("problem", p.problem)
+                        .num("free_bytes", p.free_bytes)
+                        .num("total_bytes", p.total_bytes)
+                        .num("logical_block_size", p.logical_block_size)
+                        .flag("block_size_known", p.block_size_known)
+                        .str("filesystem", p.filesystem)
+                        .done());
+  }
+  JsonObject machine;
+  machine.str("backend", to_string(m.backend)).str("backend_reason", m.backend_reason);
+  if (m.gpu) {
+    machine.raw("gpu", JsonObject()
+                           .num("ordinal", static_cast<uint64_t>(m.gpu->ordinal))
+                           .str("name", m.gpu->name)
+                           .num("total_bytes", m.gpu->total_bytes)
+                           .num("free_bytes", m.gpu->free_bytes)
+                           .str("compute_capability",
+                                absl::StrFormat("%d.%d", m.gpu->cc_major, m.gpu->cc_minor))
+                           .done());
+  } else {
+    machine.raw("gpu", "null");
+  }
+  machine.num("physical_memory_bytes", m.physical_memory_bytes)
+      .str("physical_memory_source", m.physical_memory_source)
+      .num("available_memory_bytes", m.available_memory_bytes)
+      .num("cpu_count", m.cpu_count)
+      .str("cpu_model", m.cpu_model)
+      .raw("memlock_limit_bytes", m.memlock_limit_bytes == kUnlimited
+                                      ? std::string("null")
+                                      : std::to_string(m.memlock_limit_bytes))
+      .flag("has_cap_ipc_lock", m.has_cap_ipc_lock)
+      .flag("io_uring_available", m.io_uring_available)
+      .str("io_uring_detail", m.io_uring_detail)
+      .raw("nvme_paths", json_list(paths));
+  root.raw("machine", machine.done());
+  std::cout << root.done() << "\n";
+}
+
+int run(int argc, char** argv) {
+  bool json = false;
+  cli::FlagSet flags("strata-info",
+                     "Prints the configuration strata resolves from the STRATA_* environment "
+                     "variables and what this machine offers (GPU, memory, memlock limit, "
+                     "io_uring, NVMe paths). Exits 1 when the configuration is invalid.");
+  flags.add_bool("json", &json, "print one JSON object instead of text");
+  std::vector<std::string> positional;
+  if (std::optional<int> exit_code = flags.parse_or_exit(argc, argv, &positional)) {
+    return *exit_code;
+  }
+  if (!positional.empty()) {
+    return flags.usage_error(
+        absl::StrFormat("unexpected argument '%s': strata-info takes none", positional.front()));
+  }
+
+  // The same steps as load_configuration(), kept apart so that the machine's facts are still
+  // printed when the configuration does not fit them.
+  const auto fail = [](const absl::Status& status) {
+    std::cerr << "strata-info: invalid configuration: " << status.message() << "\n";
+    return 1;
+  };
+  absl::StatusOr<Config> config = Config::from_environment();
+  if (!config.ok()) return fail(config.status());
+  absl::StatusOr<MachineInfo> machine = probe_machine(config->nvme_paths);
+  if (!machine.ok()) return fail(machine.status());
+  absl::StatusOr<BackendChoice> choice = choose_backend(config->backend, config->device);
+  if (!choice.ok()) return fail(choice.status());
+  machine->backend = choice->backend;
+  machine->backend_reason = choice->reason;
+  machine->gpu = choice->gpu;
+
+  absl::StatusOr<ResolvedConfig> resolved = resolve(*config, *machine);
+  const ResolvedConfig* shown = resolved.ok() ? &*resolved : nullptr;
+  if (json) {
+    print_json(*machine, shown, resolved.ok() ? "" : std::string(resolved.status().message()));
+  } else {
+    print_text(*machine, shown, config->staging_bytes);
+  }
+  if (!resolved.ok()) return fail(resolved.status());
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata
+
+int main(int argc, char** argv) { return strata::run(argc, argv); }
