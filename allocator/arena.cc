@@ -32,7 +32,8 @@ absl::StatusOr<Arena> Arena::create(uint64_t capacity, uint64_t alignment) {
   if (capacity % alignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "arena capacity ", capacity, " is not a multiple of its alignment ", alignment, "; use ",
-        capacity / alignment * alignment, " or ", align_up(capacity, alignment)));
+        capacity < alignment ? "" : absl::StrCat(capacity / alignment * alignment, " or "),
+        align_up(capacity, alignment)));
   }
   return Arena(capacity, alignment);
 }

@@ -35,6 +35,9 @@ TEST_CASE("create rejects bad capacity and alignment, naming the value", "[arena
   REQUIRE(absl::IsInvalidArgument(unaligned.status()));
   CHECK_THAT(std::string(unaligned.status().message()), Catch::Contains("1000"));
   CHECK_THAT(std::string(unaligned.status().message()), Catch::Contains("768"));
+  auto tiny = Arena::create(100, 256);
+  REQUIRE(absl::IsInvalidArgument(tiny.status()));
+  CHECK_THAT(std::string(tiny.status().message()), Catch::EndsWith("use 256"));
   CHECK(Arena::create(4096, 4096).ok());
 }
 
