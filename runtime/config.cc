@@ -105,7 +105,9 @@ absl::Status unknown_variable(std::string_view name, std::string_view value) {
   if (best_distance == 0) {
     return invalid(cat(head, "did you mean ", best, "? (names are upper case)"));
   }
-  if (best_distance <= 3) {
+  // Allow about one edit per three characters after STRATA_, so STRATA_FOO is not "LOG".
+  const size_t allowed = std::clamp<size_t>((name.size() - kPrefix.size()) / 3, 1, 3);
+  if (best_distance <= allowed) {
     return invalid(cat(head, "did you mean ", best,
                        "? Fix the name or unset it; docs/configuration.md lists them"));
   }
@@ -116,7 +118,8 @@ absl::Status unknown_variable(std::string_view name, std::string_view value) {
 // Checks a size setting's own value (not against the machine).
 void check_setting(const SizeSetting& setting, std::string_view name, Errors& errors) {
   if (setting.is_percent) {
-    errors.add(setting.resolve(100, name).status());
+    // Of the largest total, so that only the range is judged (0.5% of 100 bytes is 0 bytes).
+    errors.add(setting.resolve(std::numeric_limits<uint64_t>::max(), name).status());
   } else if (setting.bytes == 0) {
     errors.add(invalid(cat(name, "=0 is zero: sizes must be positive")));
   }

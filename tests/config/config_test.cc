@@ -81,6 +81,7 @@ TEST_CASE("STRATA_GPU_BYTES, STRATA_CPU_BYTES, STRATA_NVME_BYTES: sizes and perc
   CHECK(config_of({{"STRATA_CPU_BYTES", "1.5GB"}}).cpu_bytes ==
         SizeSetting::of_bytes(1'500'000'000));
   CHECK(config_of({{"STRATA_CPU_BYTES", "12.5%"}}).cpu_bytes == SizeSetting::of_percent(12.5));
+  CHECK(config_of({{"STRATA_CPU_BYTES", "0.5%"}}).cpu_bytes == SizeSetting::of_percent(0.5));
   CHECK(config_of({{"STRATA_NVME_BYTES", "512KiB"}}).nvme_bytes ==
         SizeSetting::of_bytes(512 * 1024));
   CHECK(config_of({{"STRATA_NVME_BYTES", "50%"}}).nvme_bytes == SizeSetting::of_percent(50));
@@ -196,6 +197,9 @@ TEST_CASE("Unknown STRATA_ variables are errors with the closest name suggested"
   CHECK(contains(error_of({{"STRATA_BAKCEND", "host"}}), "did you mean STRATA_BACKEND?"));
   CHECK(contains(error_of({{"STRATA_gpu_bytes", "1GiB"}}),
                  "did you mean STRATA_GPU_BYTES? (names are upper case)"));
+  CHECK(contains(error_of({{"STRATA_LOGS", "info"}}), "did you mean STRATA_LOG?"));
+  // Short names need a close match: STRATA_FOO is two edits from STRATA_LOG, too far.
+  CHECK_FALSE(contains(error_of({{"STRATA_FOO", "1"}}), "did you mean"));
   const std::string far = error_of({{"STRATA_COMPLETELY_DIFFERENT", "1"}});
   CHECK_FALSE(contains(far, "did you mean"));
   CHECK(contains(far, "strata reads STRATA_BACKEND, STRATA_DEVICE,"));
