@@ -252,8 +252,8 @@ absl::StatusOr<BlockHandle> Arena::allocate_compacting(
     ++counters_.failures;
     return absl::Status(moved.code(),
                         absl::StrCat("compaction to allocate ", req->bytes,
-                                     " bytes failed while moving blocks (the arena is unchanged, "
-                                     "every block is still at its old offset): ",
+                                     " bytes failed while moving blocks (the arena is unchanged: "
+                                     "it still records every block at its old offset): ",
                                      moved.message()));
   }
   if (absl::Status committed = commit_compaction(*plan); !committed.ok()) return committed;

@@ -97,7 +97,8 @@ class Arena {
 
   // Like allocate(), but when free space exists and is fragmented: plans a compaction, calls
   // `execute_moves` to copy the bytes, commits and retries. If `execute_moves` fails the arena
-  // is unchanged and its status is returned: the owner's source bytes are still in place.
+  // is unchanged and its status is returned, so `execute_moves` must fail before it copies
+  // anything (a block may slide over its own old bytes: a half-executed plan cannot be undone).
   absl::StatusOr<BlockHandle> allocate_compacting(
       uint64_t bytes, uint64_t alignment,
       absl::FunctionRef<absl::Status(const CompactionPlan&)> execute_moves);
