@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace strata {
