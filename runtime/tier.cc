@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "strata/debug.h"
 #include "strata/mutex.h"
 #include "strata/size.h"
 
@@ -107,10 +108,16 @@ uint64_t MemoryTier::capacity() const {
 
 absl::StatusOr<BlockHandle> MemoryTier::allocate(uint64_t bytes) {
   MutexLock lock(&mu_);
-  return arena_.allocate_compacting(
+  const uint64_t compactions_before = STRATA_DEBUG_CHECKS ? arena_.stats().compactions : 0;
+  auto block = arena_.allocate_compacting(
       bytes, 0, [this](const CompactionPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return execute_moves(plan);
       });
+  // Compaction rewrites the arena's structure: walk all of it in debug builds.
+  if (STRATA_DEBUG_CHECKS && arena_.stats().compactions != compactions_before) {
+    STRATA_DCHECK_OK(arena_.check_invariants());
+  }
+  return block;
 }
 
 absl::Status MemoryTier::free(BlockHandle block) {
