@@ -2,6 +2,9 @@
 
 #include <absl/strings/str_format.h>
 
+#include <filesystem>
+#include <system_error>
+
 #include "strata/host_device.h"
 
 #if defined(STRATA_HAVE_CUDA)
@@ -24,7 +27,15 @@ namespace {
 absl::StatusOr<GpuInfo> probe_cuda([[maybe_unused]] int device_ordinal) {
 #if defined(STRATA_HAVE_CUDA)
   auto count = cuda_device_count();
-  if (!count.ok()) return count.status();
+  if (!count.ok()) {
+    // Without a driver the runtime reports "driver version is insufficient", which misleads.
+    if (std::error_code error; !std::filesystem::exists("/proc/driver/nvidia/version", error)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "no NVIDIA driver is loaded (no /proc/driver/nvidia/version; CUDA says: %s)",
+          count.status().message()));
+    }
+    return count.status();
+  }
   if (*count == 0) return absl::FailedPreconditionError("no CUDA device is visible");
   if (device_ordinal < 0 || device_ordinal >= *count) {
     return absl::InvalidArgumentError(
