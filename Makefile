@@ -5,6 +5,7 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 # `make test SANITIZERS=off` skips the address/undefined and thread sanitizer runs.
 SANITIZERS ?= on
+BUILD_TYPE ?= RelWithDebInfo
 CMAKE_ARGS ?=
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
@@ -17,7 +18,7 @@ deps:
 
 # Re-configures only when the build folder has not been configured yet.
 $(BUILD)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
 
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
@@ -29,14 +30,14 @@ ifeq ($(SANITIZERS),on)
 endif
 
 test-asan: deps
-	$(MAKE) --no-print-directory build BUILD=$(BUILD)-asan \
-	  CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=address,undefined $(CMAKE_ARGS)"
+	$(MAKE) --no-print-directory build BUILD=$(BUILD)-asan BUILD_TYPE=Debug \
+	  CMAKE_ARGS="-DSTRATA_SANITIZE=address,undefined $(CMAKE_ARGS)"
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(BUILD)-asan --output-on-failure -j $(JOBS)
 
 test-tsan: deps
 	$(MAKE) --no-print-directory build BUILD=$(BUILD)-tsan \
-	  CMAKE_ARGS="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_SANITIZE=thread $(CMAKE_ARGS)"
+	  CMAKE_ARGS="-DSTRATA_SANITIZE=thread $(CMAKE_ARGS)"
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --test-dir $(BUILD)-tsan --output-on-failure -j $(JOBS)
 
