@@ -9,9 +9,9 @@ Segment, free_requested, snapshot and oom events and a free of an unknown addres
 and must be skipped. Device 1 holds one allocation. --foreign-class adds an object of a
 non-builtin class, which the converter must refuse to unpickle.
 """
+import argparse
 import fractions
 import pickle
-import sys
 
 
 def event(action, addr, size, t):
@@ -20,8 +20,11 @@ def event(action, addr, size, t):
 
 
 def main():
-    if len(sys.argv) not in (2, 3):
-        sys.exit(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("output", help="the pickle to write")
+    parser.add_argument("--foreign-class", action="store_true",
+                        help="add an object of a non-builtin class")
+    args = parser.parse_args()
     a, b, d = 0x7F0000000000, 0x7F0000000400, 0x7F0000001000
     device0 = [
         event("segment_alloc", a, 2 << 20, 1),
@@ -42,11 +45,9 @@ def main():
     ]
     device1 = [event("alloc", 0x7E0000000000, 1 << 20, 1)]
     snapshot = {"segments": [], "device_traces": [device0, device1]}
-    if len(sys.argv) == 3:
-        if sys.argv[2] != "--foreign-class":
-            sys.exit(__doc__)
+    if args.foreign_class:
         snapshot["extra"] = fractions.Fraction(1, 3)
-    with open(sys.argv[1], "wb") as f:
+    with open(args.output, "wb") as f:
         pickle.dump(snapshot, f)
 
 
