@@ -106,6 +106,8 @@ uint64_t MemoryTier::capacity() const {
   return arena_.capacity();
 }
 
+void* MemoryTier::base() const { return region_->base; }
+
 absl::StatusOr<BlockHandle> MemoryTier::allocate(uint64_t bytes) {
   MutexLock lock(&mu_);
   const uint64_t compactions_before = STRATA_DEBUG_CHECKS ? arena_.stats().compactions : 0;

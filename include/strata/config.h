@@ -18,12 +18,12 @@
 #include <utility>
 #include <vector>
 
+#include "strata/io_engine.h"
 #include "strata/machine_info.h"
 #include "strata/size.h"
 
 namespace strata {
 
-enum class IoEngineKind { kAuto, kIoUring, kPsync };
 enum class LogLevel { kError, kWarn, kInfo, kDebug };
 
 std::string_view to_string(IoEngineKind engine);

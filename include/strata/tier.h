@@ -51,6 +51,9 @@ class MemoryTier {
 
   TierKind kind() const { return kind_; }
   uint64_t capacity() const;
+  // The whole managed region [base, base + capacity()): for registering the pinned CPU tier
+  // with io_uring. Addresses inside it belong to blocks; use address() for those.
+  void* base() const;
   Device& device() const { return device_; }
 
   // Allocates `bytes`. When enough bytes are free but no hole is large enough, compacts (moving
