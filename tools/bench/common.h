@@ -1,0 +1,76 @@
+// What every offload-bench path shares: the options, a result row, and timing.
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace strata::bench {
+
+// The paths offload-bench knows, in the order it runs and prints them.
+inline constexpr std::string_view kCpuGpu = "cpu-gpu";
+inline constexpr std::string_view kGpuCpu = "gpu-cpu";
+inline constexpr std::string_view kCpuNvme = "cpu-nvme";
+inline constexpr std::string_view kNvmeCpu = "nvme-cpu";
+inline constexpr std::string_view kAllPaths[] = {kCpuGpu, kGpuCpu, kCpuNvme, kNvmeCpu};
+
+struct Options {
+  uint64_t bytes = uint64_t{256} << 20;
+  uint64_t tensor_bytes = uint64_t{64} << 20;
+  uint64_t repeat = 5;
+  bool baseline = true;
+  std::string json;
+  std::vector<std::string> paths;  // a subset of kAllPaths, in kAllPaths order
+
+  bool wants(std::string_view path) const;
+  uint64_t tensors() const { return (bytes + tensor_bytes - 1) / tensor_bytes; }
+};
+
+inline constexpr uint64_t kPage = 4096;
+inline uint64_t round_up(uint64_t bytes, uint64_t to = kPage) { return (bytes + to - 1) / to * to; }
+
+struct Summary {
+  double median = 0, min = 0, max = 0;  // GB/s (1e9 bytes/s)
+  double cpu_seconds_per_gb = 0;        // median process CPU time (all threads) per GB moved
+};
+
+struct Row {
+  std::string path;
+  uint64_t tensor_bytes = 0;
+  uint64_t total_bytes = 0;
+  uint64_t repeats = 0;
+  Summary runtime;
+  std::optional<Summary> baseline;
+  uint64_t baseline_bytes = 0;
+};
+
+// A row for `path` with the options' sizes filled in.
+Row make_row(const Options& options, std::string_view path, const Summary& runtime);
+
+using Pass = std::function<absl::Status()>;
+
+// Runs `pass` (which moves `bytes`) once to warm up, then `repeat` timed times. `prepare`, when
+// given, runs untimed before each pass.
+absl::StatusOr<Summary> measure(uint64_t bytes, uint64_t repeat, const Pass& pass,
+                                const Pass& prepare = nullptr);
+
+// The runtime and its baseline, alternated repetition by repetition (one warm-up each first), so
+// that drift on a shared machine (other tenants, host caches, thermal) hits both alike.
+struct PairedSummary {
+  Summary runtime;
+  Summary baseline;
+};
+absl::StatusOr<PairedSummary> measure_paired(uint64_t bytes, uint64_t repeat, const Pass& runtime,
+                                             const Pass& baseline, const Pass& prepare = nullptr);
+
+// Fills `bytes` with data in which every 8-byte word differs from its neighbours, so that a unit
+// written to or read from the wrong place is caught by the comparison, not only lost bytes.
+void fill_pattern(std::byte* data, uint64_t bytes, uint64_t seed);
+
+}  // namespace strata::bench

@@ -1,0 +1,34 @@
+// The directories offload-bench's NVMe paths use: STRATA_NVME_PATHS when set, otherwise a fresh
+// directory under $TMPDIR (or /tmp) that is removed when the bench ends. Every file the bench
+// and SwapSpace create there has no name (O_TMPFILE), so even after SIGKILL the temporary
+// directory is left empty, and SIGINT/SIGTERM/SIGHUP remove it too.
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <string>
+#include <vector>
+
+namespace strata::bench {
+
+class NvmeDirs {
+ public:
+  // `configured`: STRATA_NVME_PATHS (empty when unset).
+  static absl::StatusOr<NvmeDirs> choose(const std::vector<std::string>& configured);
+  NvmeDirs(NvmeDirs&& other) noexcept;
+  NvmeDirs& operator=(NvmeDirs&&) = delete;
+  ~NvmeDirs();
+
+  const std::vector<std::string>& paths() const { return paths_; }
+  bool temporary() const { return temporary_; }
+  // "/tmp/strata-bench-Ab12Cd (temporary: STRATA_NVME_PATHS is unset; removed at exit)".
+  std::string describe() const;
+
+ private:
+  NvmeDirs(std::vector<std::string> paths, bool temporary)
+      : paths_(std::move(paths)), temporary_(temporary) {}
+  std::vector<std::string> paths_;
+  bool temporary_ = false;
+};
+
+}  // namespace strata::bench

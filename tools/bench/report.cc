@@ -1,0 +1,86 @@
+#include "bench/report.h"
+
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+
+#include "bench/gpu_paths.h"
+#include "strata/backend.h"
+#include "strata/size.h"
+
+namespace strata::bench {
+namespace {
+
+std::string json_number(double v) { return absl::StrFormat("%.3f", v); }
+
+std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+bool is_gpu_path(std::string_view path) { return path == kCpuGpu || path == kGpuCpu; }
+
+}  // namespace
+
+void print_table(const Report& report, const Device& device, std::ostream& out) {
+  const bool simulated = device.backend() == Backend::kHost;
+  out << absl::StrFormat("\n%-9s %10s %10s %26s %9s %6s %15s\n", "path", "tensor", "total",
+                         "runtime GB/s med (min-max)", "baseline", "ratio", "CPU s/GB rt/base");
+  for (const Row& r : report.rows) {
+    const bool base = r.baseline.has_value();
+    out << absl::StrFormat(
+        "%-9s %10s %10s %8.2f (%7.2f-%7.2f) %9s %6s %15s%s\n", r.path, format_bytes(r.tensor_bytes),
+        format_bytes(r.total_bytes), r.runtime.median, r.runtime.min, r.runtime.max,
+        base ? absl::StrFormat("%.2f", r.baseline->median) : "-",
+        base ? absl::StrFormat("%.3f", r.runtime.median / r.baseline->median) : "-",
+        absl::StrFormat("%.3f/%s", r.runtime.cpu_seconds_per_gb,
+                        base ? absl::StrFormat("%.3f", r.baseline->cpu_seconds_per_gb) : "-"),
+        simulated && is_gpu_path(r.path) ? "  (host-simulated GPU)" : "");
+  }
+  out << "\n";
+  bool gpu_rows = false;
+  for (const Row& r : report.rows) gpu_rows |= is_gpu_path(r.path);
+  if (gpu_rows) {
+    out << "gpu baseline: " << gpu_baseline_description(device) << "\n";
+  }
+  for (const std::string& note : report.notes) out << note << "\n";
+  out << "Same bytes, same run; GB/s = 1e9 bytes/s; ratio = runtime median / baseline median; "
+         "CPU s/GB counts every thread of the process.\n";
+}
+
+std::string to_json(const Report& report, const ResolvedConfig& config, const Device& device) {
+  std::vector<std::string> results;
+  for (const Row& r : report.rows) {
+    const bool has_baseline = r.baseline.has_value();
+    results.push_back(absl::StrFormat(
+        R"({"path": %s, "tensor_bytes": %d, "total_bytes": %d, "repeats": %d, )"
+        R"("gbps_median": %s, "gbps_min": %s, "gbps_max": %s, "baseline_gbps": %s, )"
+        R"("baseline_bytes": %d, "ratio": %s})",
+        json_string(r.path), r.tensor_bytes, r.total_bytes, r.repeats,
+        json_number(r.runtime.median), json_number(r.runtime.min), json_number(r.runtime.max),
+        has_baseline ? json_number(r.baseline->median) : "null", r.baseline_bytes,
+        has_baseline ? json_number(r.runtime.median / r.baseline->median) : "null"));
+  }
+  std::vector<std::string> paths;
+  for (const std::string& path : report.nvme_paths) paths.push_back(json_string(path));
+  return absl::StrFormat(
+      R"({"version": %s, "backend": %s, "device": %s, "config": {"gpu_bytes": %d, )"
+      R"("cpu_bytes": %d, "io_engine": %s, "engine": %s, "engine_reason": %s, )"
+      R"("io_block": %d, "io_depth": %d, "verify": %s, "nvme_paths": [%s]}, "results": [%s]})",
+      json_string(STRATA_VERSION), json_string(to_string(config.backend)),
+      json_string(device.description()), config.gpu_bytes, config.cpu_bytes,
+      json_string(to_string(config.io_engine)), json_string(report.engine),
+      json_string(report.engine_reason), config.io_block, config.io_depth,
+      config.verify ? "true" : "false", absl::StrJoin(paths, ", "), absl::StrJoin(results, ", "));
+}
+
+}  // namespace strata::bench

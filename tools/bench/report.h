@@ -1,0 +1,25 @@
+// offload-bench's output: the human table and the JSON document.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "bench/common.h"
+#include "strata/config.h"
+#include "strata/device.h"
+
+namespace strata::bench {
+
+struct Report {
+  std::vector<Row> rows;
+  std::string engine;  // the I/O engine that ran (SwapStats) or the configured one
+  std::string engine_reason;
+  std::vector<std::string> nvme_paths;  // directories the NVMe paths used; empty: none ran
+  std::vector<std::string> notes;       // footer lines: what each baseline is
+};
+
+void print_table(const Report& report, const Device& device, std::ostream& out);
+std::string to_json(const Report& report, const ResolvedConfig& config, const Device& device);
+
+}  // namespace strata::bench
