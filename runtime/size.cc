@@ -244,17 +244,4 @@ std::string SizeSetting::to_string() const {
   return cat(bytes);
 }
 
-std::string format_bytes(uint64_t bytes) {
-  static constexpr std::array<std::string_view, 6> kNames = {"KiB", "MiB", "GiB",
-                                                             "TiB", "PiB", "EiB"};
-  if (bytes < kKi) return cat(bytes, " B");
-  long double value = static_cast<long double>(bytes) / kKi;
-  size_t unit = 0;
-  while (value >= 1024 && unit + 1 < kNames.size()) {
-    value /= 1024;
-    ++unit;
-  }
-  return absl::StrFormat("%.2f %s", static_cast<double>(value), kNames[unit]);
-}
-
 }  // namespace strata

@@ -13,6 +13,8 @@
 
 #include <absl/status/statusor.h>
 
+#include "strata/format_bytes.h"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -49,6 +51,5 @@ struct SizeSetting {
 absl::StatusOr<SizeSetting> parse_size_setting(std::string_view text, bool allow_percent);
 
 // Human-readable: "512 B", "4.00 KiB", "1.50 GiB".
-std::string format_bytes(uint64_t bytes);
 
 }  // namespace strata
