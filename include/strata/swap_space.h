@@ -24,13 +24,13 @@ namespace strata {
 class FaultInjector;
 
 struct SwapSpaceOptions {
-  std::vector<std::string> paths;  // directories; one swap file each
-  uint64_t bytes_per_path = 0;     // preallocated per file
+  std::vector<std::string> paths;             // directories; one swap file each
+  uint64_t bytes_per_path = 0;                // preallocated per file
   uint64_t stripe_bytes = uint64_t{1} << 20;  // STRATA_IO_BLOCK: one I/O request per unit
   uint32_t depth = 32;                        // STRATA_IO_DEPTH: requests in flight per path
   IoEngineKind engine = IoEngineKind::kAuto;
   bool verify = true;
-  std::vector<IoBuffer> fixed_buffers;  // pinned memory to register (the CPU tier)
+  std::vector<IoBuffer> fixed_buffers;    // pinned memory to register (the CPU tier)
   std::shared_ptr<FaultInjector> faults;  // tests only
 };
 
@@ -59,6 +59,8 @@ struct SwapStats {
   uint64_t extents = 0;
   uint64_t checksum_failures = 0;
   std::vector<SwapPathStats> paths;
+  // Degraded but working (buffered I/O, psync fallback, unregistered buffers): print once.
+  std::vector<std::string> warnings;
 };
 
 class SwapSpace {
@@ -98,9 +100,10 @@ class SwapSpace {
 
   SwapStats stats() const;
 
- private:
   struct Impl;
-  explicit SwapSpace(std::unique_ptr<Impl> impl);
+  explicit SwapSpace(std::unique_ptr<Impl> impl);  // use create()
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 
