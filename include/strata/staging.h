@@ -32,7 +32,14 @@ class StagingPool {
   // Carves `bytes` (rounded down to whole chunks, at least one) out of `cpu_tier`, pinned there
   // for the pool's life. `chunk_bytes` must be a multiple of 4096.
   static absl::StatusOr<std::unique_ptr<StagingPool>> create(MemoryTier& cpu_tier, uint64_t bytes,
-                                                            uint64_t chunk_bytes);
+                                                             uint64_t chunk_bytes);
+  class Key {  // passkey: only create() constructs pools
+    friend class StagingPool;
+    Key() = default;
+  };
+  StagingPool(Key, MemoryTier& tier, BlockHandle block, std::byte* base, uint64_t chunk_bytes,
+              uint64_t chunks);
+  // Waits for every lease to come back, then returns the memory to the CPU tier.
   ~StagingPool();
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
@@ -68,8 +75,6 @@ class StagingPool {
   StagingStats stats() const;
 
  private:
-  StagingPool(MemoryTier& tier, BlockHandle block, std::byte* base, uint64_t chunk_bytes,
-              uint64_t chunks);
   Lease take_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void give_back(uint32_t chunk);
 
