@@ -135,6 +135,8 @@ absl::StatusOr<NvmeResult> run_nvme_paths(const Options& options, const Resolved
                              path.direct_io ? "O_DIRECT" : "buffered (O_DIRECT refused)",
                              path.alignment);
   }
+  for (const std::string& warning : result.stats.warnings)
+    human << "nvme: warning: " << warning << "\n";
   human.flush();
   if (kPage % (*space)->alignment() != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
