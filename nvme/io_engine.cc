@@ -1,0 +1,356 @@
+#include "strata/io_engine.h"
+
+#include <absl/status/status.h>
+#include <absl/strings/str_format.h>
+#include <absl/synchronization/mutex.h>
+#include <absl/time/clock.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "io_common.h"
+#include "strata/fault_injector.h"
+#include "strata/mutex.h"
+
+namespace strata {
+
+std::string_view to_string(IoOp op) { return op == IoOp::kRead ? "read" : "write"; }
+
+namespace io {
+namespace {
+
+// What a user can do about an errno from a read or write of a swap file.
+std::string_view hint(int err) {
+  switch (err) {
+    case EIO:
+      return "; the drive reported an I/O error: check `dmesg` and the drive's health "
+             "(smartctl -a, nvme smart-log)";
+    case ENOSPC:
+      return "; the file system is full: free space there or lower STRATA_NVME_BYTES";
+    case EINVAL:
+      return "; O_DIRECT needs the buffer address, offset and length aligned to the device's "
+             "logical block size (statx STATX_DIOALIGN)";
+    case EBADF:
+      return "; the file descriptor is closed or not open for this operation";
+    case EFAULT:
+      return "; the buffer is not valid memory for the whole length";
+    default:
+      return "";
+  }
+}
+
+std::string progress(uint64_t done) {
+  return done == 0 ? std::string() : absl::StrFormat(" after %d bytes", done);
+}
+
+}  // namespace
+
+std::string errno_text(int err) {
+  char buffer[128];
+  // GNU strerror_r: returns a pointer to the text (maybe not `buffer`).
+  const char* text = strerror_r(err, buffer, sizeof buffer);
+  return absl::StrFormat("%s (errno %d)", text, err);
+}
+
+std::string describe(const IoRequest& request, const IoFile& file) {
+  return absl::StrFormat("%s of %d bytes at offset %d of %s", std::string(to_string(request.op)),
+                         request.length, request.offset, file.name);
+}
+
+absl::Status validate(std::span<const IoRequest> requests, const std::vector<IoFile>& files) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const IoRequest& r = requests[i];
+    const std::string which =
+        absl::StrFormat("I/O request %d of %d (%s at offset %d)", i, requests.size(),
+                        std::string(to_string(r.op)), r.offset);
+    if (r.file >= files.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: file index %d is out of range; the engine has %d file(s)", which,
+                          r.file, files.size()));
+    }
+    if (r.buffer == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: the buffer is null", which));
+    }
+    if (r.length == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: the length is 0; every request must move at least one byte", which));
+    }
+    if (r.offset > UINT64_MAX - r.length) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: offset + length (%d bytes) overflows", which, r.length));
+    }
+    if (!r.done) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: it has no completion callback", which));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_options(std::string_view engine, const IoEngineOptions& options) {
+  constexpr uint32_t kMaxDepth = 4096;
+  if (options.depth == 0 || options.depth > kMaxDepth) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s engine: depth %d is out of range; STRATA_IO_DEPTH must be between 1 and %d",
+        std::string(engine), options.depth, kMaxDepth));
+  }
+  for (size_t i = 0; i < options.files.size(); ++i) {
+    if (options.files[i].fd < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s engine: file %d (%s) has no open descriptor (fd %d)",
+                          std::string(engine), i, options.files[i].name, options.files[i].fd));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t now_ns() { return absl::GetCurrentTimeNanos(); }
+
+void StatsCounter::finished(IoOp op, uint64_t bytes, bool ok, int64_t submitted_ns) {
+  in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  busy_ns_.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, now_ns() - submitted_ns)),
+                     std::memory_order_relaxed);
+  if (!ok) {
+    errors_.fetch_add(1, std::memory_order_relaxed);
+  } else if (op == IoOp::kRead) {
+    reads_.fetch_add(1, std::memory_order_relaxed);
+    bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
+  } else {
+    writes_.fetch_add(1, std::memory_order_relaxed);
+    bytes_written_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+}
+
+IoStats StatsCounter::snapshot() const {
+  constexpr auto kRelaxed = std::memory_order_relaxed;
+  IoStats s;
+  s.reads = reads_.load(kRelaxed);
+  s.writes = writes_.load(kRelaxed);
+  s.bytes_read = bytes_read_.load(kRelaxed);
+  s.bytes_written = bytes_written_.load(kRelaxed);
+  s.errors = errors_.load(kRelaxed);
+  s.retries = retries_.load(kRelaxed);
+  s.short_transfers = short_transfers_.load(kRelaxed);
+  s.fixed_requests = fixed_.load(kRelaxed);
+  s.busy_ns = busy_ns_.load(kRelaxed);
+  s.max_in_flight = max_in_flight_.load(kRelaxed);
+  return s;
+}
+
+uint64_t Attempt::length() const { return std::min(request_.length - done_, kMaxAttemptBytes); }
+
+Attempt::Next Attempt::on_result(int64_t raw, FaultInjector* faults, std::string_view engine,
+                                 const IoFile& file, StatsCounter& stats) {
+  int64_t res = raw;
+  if (faults != nullptr) {
+    const FaultInjector::Decision decision = faults->apply(request_.op, request_.file, raw);
+    if (decision.delay > absl::ZeroDuration()) absl::SleepFor(decision.delay);
+    res = decision.result;
+  }
+  const std::string what = absl::StrFormat("%s %s", std::string(engine), describe(request_, file));
+  if (res < 0) {
+    const int err = static_cast<int>(-res);
+    if (err == EAGAIN || err == EINTR) {
+      if (retries_ < IoEngine::kMaxRetries) {
+        ++retries_;
+        stats.retry();
+        return Next::kResubmit;
+      }
+      error_ = absl::UnavailableError(absl::StrFormat(
+          "%s failed%s: still %s after %d retries; the device or kernel is overloaded: lower "
+          "STRATA_IO_DEPTH or check the drive",
+          what, progress(done_), errno_text(err), IoEngine::kMaxRetries));
+      return Next::kFailed;
+    }
+    // absl maps EIO to kUnknown; the drive failing to move the bytes is data loss to callers.
+    error_ = absl::Status(err == EIO ? absl::StatusCode::kDataLoss : absl::ErrnoToStatusCode(err),
+                          absl::StrFormat("%s failed%s: %s%s", what, progress(done_),
+                                          errno_text(err), std::string(hint(err))));
+    return Next::kFailed;
+  }
+  if (res == 0) {
+    if (request_.op == IoOp::kRead) {
+      error_ = absl::OutOfRangeError(absl::StrFormat(
+          "%s failed: unexpected end of file%s; the file is shorter than the request (was it "
+          "truncated, or not preallocated?)",
+          what, progress(done_)));
+    } else {
+      error_ = absl::InternalError(absl::StrFormat(
+          "%s failed%s: the kernel accepted 0 bytes, so the write cannot make progress", what,
+          progress(done_)));
+    }
+    return Next::kFailed;
+  }
+  const uint64_t want = length();
+  const uint64_t got = std::min(static_cast<uint64_t>(res), want);
+  done_ += got;
+  if (done_ == request_.length) return Next::kDone;
+  if (got < want) stats.short_transfer();
+  return Next::kResubmit;
+}
+
+void Attempt::complete(StatsCounter& stats) {
+  if (!error_.ok()) {
+    complete_with(std::move(error_), stats);
+    return;
+  }
+  stats.finished(request_.op, request_.length, true, submitted_ns_);
+  std::move(request_.done)(absl::OkStatus());
+}
+
+void Attempt::complete_with(absl::Status status, StatsCounter& stats) {
+  stats.finished(request_.op, request_.length, status.ok(), submitted_ns_);
+  std::move(request_.done)(std::move(status));
+}
+
+}  // namespace io
+
+// ---- IoWaiter -----------------------------------------------------------------------------------
+
+namespace {
+
+// A Status whose message is not shared with `s`. absl::Status shares its message through a
+// reference count inside the (uninstrumented) Abseil library, so TSan cannot see two threads
+// hand one over; the waiter keeps and returns private copies.
+absl::Status unshared(const absl::Status& s) { return absl::Status(s.code(), s.message()); }
+
+struct WaiterCore {
+  absl::Mutex mu;
+  absl::CondVar cv;
+  uint64_t pending ABSL_GUARDED_BY(mu) = 0;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+
+  void finish(absl::Status status) {
+    MutexLock lock(&mu);
+    if (!status.ok() && first_error.ok()) first_error = unshared(status);
+    if (--pending == 0) cv.SignalAll();
+  }
+};
+
+// A tracked callback. If it is destroyed without being called (its batch was rejected by
+// submit), it still counts as finished, so wait() cannot hang on a request that never ran.
+class Tracked {
+ public:
+  explicit Tracked(std::shared_ptr<WaiterCore> state) : state_(std::move(state)) {}
+  Tracked(Tracked&& other) noexcept = default;
+  Tracked& operator=(Tracked&&) = delete;
+  Tracked(const Tracked&) = delete;
+  ~Tracked() {
+    if (state_ != nullptr) {
+      state_->finish(absl::CancelledError(
+          "an I/O request was dropped without running (submit() rejected its batch)"));
+    }
+  }
+  void operator()(absl::Status status) && {
+    std::shared_ptr<WaiterCore> state = std::move(state_);
+    state->finish(std::move(status));
+  }
+
+ private:
+  std::shared_ptr<WaiterCore> state_;
+};
+
+}  // namespace
+
+struct IoWaiter::State : WaiterCore {};
+
+IoWaiter::IoWaiter() : state_(std::make_shared<State>()) {}
+
+// Waiting here keeps buffers owned next to the waiter alive until their requests finish.
+IoWaiter::~IoWaiter() { (void)wait(); }
+
+IoCallback IoWaiter::track() {
+  {
+    MutexLock lock(&state_->mu);
+    ++state_->pending;
+  }
+  return Tracked(state_);
+}
+
+absl::Status IoWaiter::wait() {
+  MutexLock lock(&state_->mu);
+  while (state_->pending != 0) strata::wait(&state_->cv, &state_->mu);
+  return unshared(state_->first_error);
+}
+
+// ---- engine choice ------------------------------------------------------------------------------
+
+namespace {
+
+// One real read through the new engine: some sandboxes accept the ring but not READ.
+absl::Status probe(IoEngine& engine, const IoEngineOptions& options) {
+  if (options.files.empty()) return absl::OkStatus();  // ring setup already read an eventfd
+  constexpr uint64_t kBytes = 4096;
+  std::unique_ptr<void, decltype(&std::free)> buffer(std::aligned_alloc(kBytes, kBytes),
+                                                     &std::free);
+  if (buffer == nullptr) return absl::ResourceExhaustedError("no memory for the probe buffer");
+  IoWaiter waiter;
+  IoRequest request{.op = IoOp::kRead,
+                    .file = 0,
+                    .offset = 0,
+                    .buffer = buffer.get(),
+                    .length = kBytes,
+                    .done = waiter.track()};
+  if (absl::Status s = engine.submit(std::span<IoRequest>(&request, 1)); !s.ok()) return s;
+  return waiter.wait();
+}
+
+}  // namespace
+
+absl::StatusOr<EngineChoice> make_io_engine(IoEngineKind kind, const IoEngineOptions& options) {
+  EngineChoice choice;
+  switch (kind) {
+    case IoEngineKind::kPsync: {
+      absl::StatusOr<std::unique_ptr<IoEngine>> engine = make_psync_engine(options);
+      if (!engine.ok()) return engine.status();
+      choice.engine = *std::move(engine);
+      choice.reason = "STRATA_IO_ENGINE=psync";
+      return choice;
+    }
+    case IoEngineKind::kIoUring: {
+      absl::StatusOr<std::unique_ptr<IoEngine>> engine = make_uring_engine(options);
+      if (!engine.ok()) {
+        return absl::Status(engine.status().code(),
+                            absl::StrFormat("STRATA_IO_ENGINE=io_uring, but io_uring cannot start: "
+                                            "%s; set STRATA_IO_ENGINE=psync (or auto to fall back "
+                                            "to it automatically)",
+                                            std::string(engine.status().message())));
+      }
+      choice.engine = *std::move(engine);
+      choice.reason = "STRATA_IO_ENGINE=io_uring";
+      return choice;
+    }
+    case IoEngineKind::kAuto:
+      break;
+  }
+  std::string refused;
+  absl::StatusOr<std::unique_ptr<IoEngine>> uring = make_uring_engine(options);
+  if (uring.ok()) {
+    if (absl::Status s = probe(**uring, options); s.ok()) {
+      choice.engine = *std::move(uring);
+      choice.reason = options.files.empty()
+                          ? "STRATA_IO_ENGINE=auto: io_uring probe passed (ring set up, eventfd "
+                            "read completed)"
+                          : absl::StrFormat(
+                                "STRATA_IO_ENGINE=auto: io_uring probe passed (4096-byte read "
+                                "of %s)",
+                                options.files[0].name);
+      return choice;
+    } else {
+      refused = absl::StrFormat("the probe read failed: %s", std::string(s.message()));
+    }
+  } else {
+    refused = std::string(uring.status().message());
+  }
+  if (uring.ok()) uring->reset();  // stop its threads before starting psync's
+  absl::StatusOr<std::unique_ptr<IoEngine>> psync = make_psync_engine(options);
+  if (!psync.ok()) return psync.status();
+  choice.engine = *std::move(psync);
+  choice.reason =
+      absl::StrFormat("STRATA_IO_ENGINE=auto: io_uring refused (%s); using psync", refused);
+  return choice;
+}
+
+}  // namespace strata
