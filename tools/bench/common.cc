@@ -101,8 +101,18 @@ absl::StatusOr<PairedSummary> measure_paired(uint64_t bytes, uint64_t repeat, co
     if (prepare) {
       if (absl::Status status = prepare(); !status.ok()) return status;
     }
-    if (absl::Status status = runtime_samples.time(runtime); !status.ok()) return status;
-    if (absl::Status status = baseline_samples.time(baseline); !status.ok()) return status;
+    // ABBA order: whichever pass runs first after the untimed gap (prepare) or right after the
+    // other's burst of I/O is the runtime in even repetitions and the baseline in odd ones, so
+    // devices with write-back caches or rate-limit buckets do not favour one side.
+    const bool runtime_first = i % 2 == 0;
+    Samples& first = runtime_first ? runtime_samples : baseline_samples;
+    Samples& second = runtime_first ? baseline_samples : runtime_samples;
+    if (absl::Status status = first.time(runtime_first ? runtime : baseline); !status.ok()) {
+      return status;
+    }
+    if (absl::Status status = second.time(runtime_first ? baseline : runtime); !status.ok()) {
+      return status;
+    }
   }
   return PairedSummary{runtime_samples.summary(), baseline_samples.summary()};
 }

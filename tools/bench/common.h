@@ -60,8 +60,9 @@ using Pass = std::function<absl::Status()>;
 absl::StatusOr<Summary> measure(uint64_t bytes, uint64_t repeat, const Pass& pass,
                                 const Pass& prepare = nullptr);
 
-// The runtime and its baseline, alternated repetition by repetition (one warm-up each first), so
-// that drift on a shared machine (other tenants, host caches, thermal) hits both alike.
+// The runtime and its baseline, alternated repetition by repetition in ABBA order (one warm-up
+// each first), so that drift on a shared machine (other tenants, host caches, thermal) hits both
+// alike. `prepare` runs untimed at the start of each repetition.
 struct PairedSummary {
   Summary runtime;
   Summary baseline;
