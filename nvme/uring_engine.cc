@@ -260,7 +260,9 @@ absl::Status Worker::start_ring(uint32_t depth, std::string* warning) {
   io_uring_prep_read(sqe, event_.get(), &wake_value_, sizeof wake_value_, 0);
   io_uring_sqe_set_data64(sqe, kWakeTag);
   wake();
-  int ret = io_uring_submit_and_wait(ring, 1);
+  int ret = 0;
+  while ((ret = io_uring_submit_and_wait(ring, 1)) == -EINTR) {
+  }
   io_uring_cqe* cqe = nullptr;
   if (ret >= 0) {
     while ((ret = io_uring_wait_cqe(ring, &cqe)) == -EINTR) {
