@@ -22,15 +22,6 @@
 
 namespace strata::testing {
 
-#if defined(STRATA_TSAN)
-// Debian's Abseil is built without NDEBUG, so every absl::Mutex::Lock updates a global
-// deadlock graph under an internal spinlock TSan cannot see; TSan then reports races inside
-// GraphCycles. TSan checks lock order itself, so the Abseil graph is switched off in TSan runs.
-inline const bool kAbslDeadlockGraphOff = [] {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  return true;
-}();
-#endif
 
 inline constexpr uint64_t kBlock = 4096;
 
