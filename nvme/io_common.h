@@ -76,7 +76,10 @@ class Attempt {
   Next on_result(int64_t raw, FaultInjector* faults, std::string_view engine, const IoFile& file,
                  StatsCounter& stats);
 
-  // Runs the callback exactly once and records the request in `stats`.
+  // Records the request as finished in `stats` (once): engines call it when the request leaves
+  // the device, which may be before its callback runs.
+  void record(StatsCounter& stats);
+  // Runs the callback exactly once and records the request in `stats` if not yet recorded.
   void complete(StatsCounter& stats);
   void complete_with(absl::Status status, StatsCounter& stats);
 
@@ -85,6 +88,7 @@ class Attempt {
   int64_t submitted_ns_ = 0;
   uint64_t done_ = 0;
   int retries_ = 0;
+  bool recorded_ = false;
   absl::Status error_;
 };
 

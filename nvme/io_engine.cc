@@ -191,17 +191,26 @@ Attempt::Next Attempt::on_result(int64_t raw, FaultInjector* faults, std::string
   return Next::kResubmit;
 }
 
+void Attempt::record(StatsCounter& stats) {
+  if (recorded_) return;
+  recorded_ = true;
+  stats.finished(request_.op, request_.length, error_.ok(), submitted_ns_);
+}
+
 void Attempt::complete(StatsCounter& stats) {
   if (!error_.ok()) {
     complete_with(std::move(error_), stats);
     return;
   }
-  stats.finished(request_.op, request_.length, true, submitted_ns_);
+  record(stats);
   std::move(request_.done)(absl::OkStatus());
 }
 
 void Attempt::complete_with(absl::Status status, StatsCounter& stats) {
-  stats.finished(request_.op, request_.length, status.ok(), submitted_ns_);
+  if (!recorded_) {
+    recorded_ = true;
+    stats.finished(request_.op, request_.length, status.ok(), submitted_ns_);
+  }
   std::move(request_.done)(std::move(status));
 }
 

@@ -166,6 +166,7 @@ class Worker {
     ready_.reserve(depth);
     queued_.reserve(depth + 1);
     reaped_.reserve(2 * (depth + 1));
+    finished_.reserve(depth);
   }
 
  private:
@@ -181,8 +182,10 @@ class Worker {
   void run();
   void take_pending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void prepare();
-  void submit(bool block);
   void reap();
+  void refill();
+  void account_submitted(int submitted, size_t before);
+  void run_completions();
   void finish(uint32_t slot);
   void die(absl::Status why);
   void drain_dead();
@@ -203,6 +206,7 @@ class Worker {
   std::vector<uint32_t> ready_;   // slots whose next attempt needs an SQE
   std::vector<uint64_t> queued_;  // tags of SQEs prepared but not yet taken by the kernel
   std::vector<std::pair<uint64_t, int32_t>> reaped_;
+  std::vector<Attempt> finished_;  // completed this round; callbacks run after the refill
   uint32_t in_kernel_ = 0;
   bool wake_armed_ = false;  // the eventfd READ is prepared or in the kernel
   uint64_t wake_value_ = 0;  // its target
@@ -313,13 +317,7 @@ void Worker::run() {
     const size_t before = queued_.size();
     const int ret = io_uring_submit_and_wait(ring_.get(), 1);
     if (ret >= 0) {
-      // The kernel takes SQEs in order.
-      for (size_t i = 0; i < static_cast<size_t>(ret) && i < before; ++i) {
-        if (queued_[i] == kWakeTag) continue;
-        state_[queued_[i]] = SlotState::kInKernel;
-        ++in_kernel_;
-      }
-      queued_.erase(queued_.begin(), queued_.begin() + std::min<size_t>(ret, before));
+      account_submitted(ret, before);
       failed_submits = 0;
     } else if (ret == -EINTR || ret == -EAGAIN || ret == -EBUSY) {
       // Unsubmitted SQEs stay in the ring for the next call. Wait for completions to free
@@ -342,8 +340,42 @@ void Worker::run() {
       break;
     }
     reap();
+    refill();
+    run_completions();
   }
   drain_dead();
+}
+
+// The kernel takes SQEs in order.
+void Worker::account_submitted(int submitted, size_t before) {
+  const size_t taken = std::min<size_t>(static_cast<size_t>(submitted), before);
+  for (size_t i = 0; i < taken; ++i) {
+    if (queued_[i] == kWakeTag) continue;
+    state_[queued_[i]] = SlotState::kInKernel;
+    ++in_kernel_;
+  }
+  queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(taken));
+}
+
+// Hands the slots just freed (and any resubmissions) to the kernel before the completion
+// callbacks run: callbacks may hash a whole stripe unit, and the drive should not idle meanwhile.
+void Worker::refill() {
+  if (finished_.empty() && ready_.empty()) return;
+  {
+    MutexLock lock(&mu_);
+    take_pending();
+  }
+  if (ready_.empty()) return;
+  prepare();
+  const size_t before = queued_.size();
+  const int ret = io_uring_submit(ring_.get());
+  // On failure the SQEs stay queued; the main loop's submit retries and handles the error.
+  if (ret >= 0) account_submitted(ret, before);
+}
+
+void Worker::run_completions() {
+  for (Attempt& done : finished_) done.complete(shared_.stats);
+  finished_.clear();
 }
 
 void Worker::prepare() {
@@ -417,11 +449,11 @@ void Worker::reap() {
 }
 
 void Worker::finish(uint32_t s) {
-  Attempt done = std::move(slots_[s]);
+  slots_[s].record(shared_.stats);  // it has left the device: stats must not count it in flight
+  finished_.push_back(std::move(slots_[s]));
   slots_[s] = Attempt();
   state_[s] = SlotState::kFree;
   free_.push_back(s);
-  done.complete(shared_.stats);
 }
 
 // The ring failed in a way retrying cannot fix: fail what the kernel never took, and from now on
@@ -463,6 +495,7 @@ void Worker::drain_dead() {
       break;
     }
     reap();
+    run_completions();
     for (uint32_t s : ready_) {  // no resubmission on a dead ring
       Attempt a = std::move(slots_[s]);
       state_[s] = SlotState::kFree;
