@@ -44,12 +44,16 @@ struct SwapSpace::Impl {
     uint64_t io_bytes;    // data_bytes rounded up to the O_DIRECT alignment
   };
 
-  // What one read or write shares across its unit requests.
+  // What one read or write shares across its unit requests. A write also counts its hashing,
+  // done by the submitting thread while the I/O is in flight, as one more part.
   struct Batch {
     Impl* impl;
     ExtentHandle extent;
     IoOp op;
     std::string tensor;
+    std::vector<Unit> units;
+    std::vector<uint64_t> checksums;  // writes: per entry of `units`, set by the submitter
+    std::vector<uint8_t> written;     // writes: per entry of `units`, set by its completion
     std::atomic<uint64_t> remaining;
     absl::Mutex mu;
     absl::Status status ABSL_GUARDED_BY(mu);
@@ -146,7 +150,8 @@ struct SwapSpace::Impl {
 
   absl::Status submit(ExtentHandle handle, uint64_t offset, void* buffer, uint64_t bytes, IoOp op,
                       IoCallback done);
-  void finish_unit(Batch& batch, const Unit& unit, std::byte* data, absl::Status status);
+  void finish_unit(Batch& batch, size_t entry, std::byte* data, absl::Status status);
+  void finish_part(Batch& batch);
 };
 
 absl::StatusOr<std::unique_ptr<SwapSpace>> SwapSpace::create(SwapSpaceOptions options) {
@@ -204,7 +209,7 @@ absl::StatusOr<std::unique_ptr<SwapSpace>> SwapSpace::create(SwapSpaceOptions op
   auto choice = make_io_engine(o.engine, engine_options);
   if (!choice.ok()) return choice.status();
   impl->engine = std::move(choice->engine);
-  impl->engine_reason = std::move(choice->reason);
+  impl->engine_reason = o.engine_reason.empty() ? std::move(choice->reason) : o.engine_reason;
   if (o.engine == IoEngineKind::kAuto && impl->engine->name() != "io_uring") {
     impl->warnings.push_back(impl->engine_reason);
   }
@@ -347,9 +352,16 @@ absl::Status SwapSpace::Impl::submit(ExtentHandle handle, uint64_t offset, void*
     }
     ++e.in_flight;
     batch->tensor = e.name;
-    batch->remaining = units->size();
+    batch->units = *std::move(units);
+    const size_t count = batch->units.size();
+    batch->remaining = count + (op == IoOp::kWrite ? 1 : 0);
+    if (op == IoOp::kWrite) {
+      batch->checksums.assign(count, 0);
+      batch->written.assign(count, 0);
+    }
     auto* base = static_cast<std::byte*>(buffer);
-    for (const Unit& u : *units) {
+    for (size_t entry = 0; entry < count; ++entry) {
+      const Unit& u = batch->units[entry];
       std::byte* data = base + (u.index * options.stripe_bytes - offset);
       IoRequest request;
       request.op = op;
@@ -357,8 +369,8 @@ absl::Status SwapSpace::Impl::submit(ExtentHandle handle, uint64_t offset, void*
       request.offset = u.file_offset;
       request.buffer = data;
       request.length = u.io_bytes;
-      request.done = [batch, u, data](absl::Status status) {
-        batch->impl->finish_unit(*batch, u, data, std::move(status));
+      request.done = [batch, entry, data](absl::Status status) {
+        batch->impl->finish_unit(*batch, entry, data, std::move(status));
       };
       requests.push_back(std::move(request));
     }
@@ -368,11 +380,23 @@ absl::Status SwapSpace::Impl::submit(ExtentHandle handle, uint64_t offset, void*
     if (auto extent = live_extent(handle); extent.ok()) --(*extent)->in_flight;
     return status;
   }
+  if (op == IoOp::kWrite) {
+    // The source is final while the write is in flight: hash it here, overlapping the I/O,
+    // rather than on the engine's threads, which should be refilling the drive.
+    const auto* base = static_cast<const std::byte*>(buffer);
+    for (size_t entry = 0; entry < batch->units.size(); ++entry) {
+      const Unit& u = batch->units[entry];
+      batch->checksums[entry] =
+          XXH3_64bits(base + (u.index * options.stripe_bytes - offset), u.data_bytes);
+    }
+    finish_part(*batch);
+  }
   return absl::OkStatus();
 }
 
-void SwapSpace::Impl::finish_unit(Batch& batch, const Unit& u, std::byte* data,
+void SwapSpace::Impl::finish_unit(Batch& batch, size_t entry, std::byte* data,
                                   absl::Status status) {
+  const Unit& u = batch.units[entry];
   const std::string& dir = files[u.path].dir();
   if (!status.ok()) {
     status = absl::Status(
@@ -381,34 +405,45 @@ void SwapSpace::Impl::finish_unit(Batch& batch, const Unit& u, std::byte* data,
                         "'%s': %s",
                         to_string(batch.op), batch.tensor, u.index, u.index * options.stripe_bytes,
                         u.data_bytes, dir, status.message()));
-  }
-  // Hashing here runs on the engine's thread for this path, so paths hash in parallel.
-  const bool hash = status.ok() && (batch.op == IoOp::kWrite || options.verify);
-  const uint64_t checksum = hash ? XXH3_64bits(data, u.data_bytes) : 0;
-  {
+  } else if (batch.op == IoOp::kWrite) {
+    batch.written[entry] = 1;  // published to the last part by `remaining`'s acq_rel
+  } else if (options.verify) {
+    // Verification runs on the engine's thread for this path (after it refilled the ring), so
+    // paths verify in parallel.
+    const uint64_t checksum = XXH3_64bits(data, u.data_bytes);
     MutexLock lock(&mu);
-    Extent& e = extents[batch.extent.index];
-    if (status.ok() && batch.op == IoOp::kWrite) {
-      e.checksums[u.index] = checksum;
-      e.valid[u.index] = 1;
-    } else if (status.ok() && options.verify && e.checksums[u.index] != checksum) {
+    const uint64_t expected = extents[batch.extent.index].checksums[u.index];
+    if (checksum != expected) {
       checksum_failures.fetch_add(1, std::memory_order_relaxed);
       status = absl::DataLossError(absl::StrFormat(
           "checksum mismatch reading tensor '%s', extent %d, stripe unit %d (bytes [%d, +%d)) "
           "from the swap file in '%s' at offset %d: the data on disk is not what was written "
           "(XXH3 %016x, expected %016x); the drive or something writing to it corrupted it",
           batch.tensor, batch.extent.index, u.index, u.index * options.stripe_bytes, u.data_bytes,
-          dir, u.file_offset, checksum, e.checksums[u.index]));
+          dir, u.file_offset, checksum, expected));
     }
   }
   if (!status.ok()) {
     MutexLock lock(&batch.mu);
     if (batch.status.ok()) batch.status = std::move(status);
   }
+  finish_part(batch);
+}
+
+// The last part to finish records a write's checksums and calls `done`.
+void SwapSpace::Impl::finish_part(Batch& batch) {
   if (batch.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   {
     MutexLock lock(&mu);
-    --extents[batch.extent.index].in_flight;
+    Extent& e = extents[batch.extent.index];
+    if (batch.op == IoOp::kWrite) {
+      for (size_t entry = 0; entry < batch.units.size(); ++entry) {
+        if (!batch.written[entry]) continue;  // failed: the unit stays unreadable
+        e.checksums[batch.units[entry].index] = batch.checksums[entry];
+        e.valid[batch.units[entry].index] = 1;
+      }
+    }
+    --e.in_flight;
   }
   absl::Status result;
   {

@@ -9,6 +9,7 @@ SwapSpaceOptions swap_space_options(const ResolvedConfig& config, const MemoryTi
   options.stripe_bytes = config.io_block;
   options.depth = config.io_depth;
   options.engine = config.io_engine;
+  options.engine_reason = config.io_engine_reason;
   options.verify = config.verify;
   if (cpu_tier != nullptr) {
     options.fixed_buffers.push_back(IoBuffer{cpu_tier->base(), cpu_tier->capacity()});

@@ -29,6 +29,9 @@ struct SwapSpaceOptions {
   uint64_t stripe_bytes = uint64_t{1} << 20;  // STRATA_IO_BLOCK: one I/O request per unit
   uint32_t depth = 32;                        // STRATA_IO_DEPTH: requests in flight per path
   IoEngineKind engine = IoEngineKind::kAuto;
+  // Why `engine` was chosen, when decided upstream (the runtime's STRATA_IO_ENGINE=auto probe);
+  // reported in stats() instead of "STRATA_IO_ENGINE=io_uring".
+  std::string engine_reason;
   bool verify = true;
   std::vector<IoBuffer> fixed_buffers;    // pinned memory to register (the CPU tier)
   std::shared_ptr<FaultInjector> faults;  // tests only
@@ -82,7 +85,8 @@ class SwapSpace {
   absl::Status free(ExtentHandle extent);
   uint64_t size(ExtentHandle extent) const;
 
-  // Asynchronous: `done` runs once, on an I/O thread, when every unit of [offset, offset + bytes)
+  // Asynchronous: `done` runs once — on an I/O thread, or on the calling thread when a write's
+  // hashing finishes last — when every unit of [offset, offset + bytes)
   // of the extent is written (checksums recorded) or read (checksums verified when
   // STRATA_VERIFY=on). `offset` must be a multiple of stripe_bytes(); the range must lie inside
   // the extent. The buffer must stay valid until `done`. A failed write leaves the source
