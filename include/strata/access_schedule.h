@@ -5,7 +5,8 @@
 //   - which accesses come next, and which of them are due for a prefetch now;
 //   - when each tensor is used next (Belady: evict the copy used furthest in the future);
 //   - which candidate to evict when there is no trace (least recently used).
-// Thread-compatible: the store calls it under its own lock.
+// Thread-compatible: the store calls it under its own lock. A moved-from schedule may only be
+// destroyed or assigned to.
 #pragma once
 
 #include <cstdint>
@@ -31,13 +32,13 @@ struct Access {
 struct DueAccess {
   Access access;
   uint64_t position = 0;  // absolute position (grows across steps)
-  uint64_t distance = 0;  // positions from now until it is acquired (>= 1)
+  uint64_t distance = 0;  // positions from now until it is acquired (1: the next expected one)
 };
 
 struct AccessScheduleOptions {
   // A prefetch is due `lead` positions before its access. Each entry starts at initial_lead; a
-  // late arrival multiplies that entry's lead by late_growth (at most max_lead), so the same
-  // access is fetched earlier next step.
+  // late arrival multiplies that entry's lead by late_growth (by at least one more; at most
+  // max_lead), so the same access is fetched earlier next step.
   uint32_t initial_lead = 2;
   uint32_t late_growth = 2;
   uint32_t max_lead = 64;
@@ -47,15 +48,15 @@ struct AccessScheduleOptions {
 
 struct AccessScheduleStats {
   uint64_t steps = 0;
-  uint64_t trace_length = 0;   // accesses in the current trace
+  uint64_t trace_length = 0;  // accesses in the current trace
   uint64_t acquires = 0;
-  uint64_t matched = 0;        // acquires that were the expected next access
-  uint64_t realigned = 0;      // deviations resolved by jumping to the nearest match
-  uint64_t unknown = 0;        // acquires of an access not in the trace
-  uint64_t rerecords = 0;      // steps whose order replaced the trace
-  uint64_t late = 0;           // late arrivals reported
+  uint64_t matched = 0;    // acquires that were the expected next access
+  uint64_t realigned = 0;  // deviations resolved by jumping to the nearest match
+  uint64_t unknown = 0;    // acquires of an access not in the trace
+  uint64_t rerecords = 0;  // steps whose order replaced the trace
+  uint64_t late = 0;       // late arrivals reported
   bool has_trace = false;
-  bool given_order = false;    // the trace came from set_order()
+  bool given_order = false;  // the trace came from set_order()
 };
 
 class AccessSchedule {
@@ -66,43 +67,59 @@ class AccessSchedule {
   AccessSchedule& operator=(AccessSchedule&&) noexcept;
 
   // Step boundaries. The first step (without set_order) records the trace; a later step whose
-  // order differed from the trace (any realignment or unknown access) replaces it at step_end.
+  // order differed from the trace (any realignment or unknown access, or another length)
+  // replaces it at step_end; an empty step keeps it. Acquires outside a step realign but never
+  // record. step_begin() ends a step left open, and starts at the trace's first entry (in the
+  // next cycle) when acquires outside a step left the position mid-trace; step_end() outside a
+  // step does nothing.
   void step_begin();
   void step_end();
-  // The order given up front: no warm-up step. Replaces any trace; positions restart.
+  // The order given up front: no warm-up step. Replaces any trace; positions restart at 0. Leads
+  // learned from late arrivals are kept. Called mid-step, that step neither records nor
+  // re-records. A later step that differs still re-records (the trace is then no longer given).
   void set_order(std::vector<Access> order);
 
   // Every acquire, in the order the trainer makes them. Advances the position: to the next
   // entry when it matches, else to the nearest matching entry within realign_window (ahead
-  // preferred on ties), else the position stays and the access counts as unknown.
+  // preferred on ties, wrapping across the step boundary), else the position stays and the
+  // access counts as unknown. A jump ahead passes the skipped entries' positions too; a jump
+  // back still advances by one, so position() never decreases.
   void on_acquire(Access access);
   // The acquire found its prefetch not yet landed (or not issued): fetch it earlier next step.
+  // Report it after on_acquire of the same access (just before it is accepted too). The lead is
+  // kept per (tensor, tier, occurrence within the step), so it survives re-recording; an access
+  // outside the trace is keyed by this step's recording.
   void on_late(Access access);
 
   // Accesses after the current position, in order, whose prefetch is due now
-  // (position - lead <= now), at most `max` of them, looking no further than one full step
-  // ahead (wrapping into the next step). Empty without a trace.
+  // (distance <= lead), at most `max` of them, looking no further than one full step ahead
+  // (wrapping into the next step). Empty without a trace. An entry stays due until it is
+  // acquired: the caller skips what is already resident or in flight.
   std::vector<DueAccess> due(size_t max) const;
 
   // Positions from now until `tensor` is next acquired (in any tier), wrapping into the next
-  // step; nullopt when the trace never uses it (or there is no trace).
+  // step: 1 for the next expected access, at most the trace length. nullopt when the trace never
+  // uses it (or there is no trace). O(log uses of the tensor).
   std::optional<uint64_t> next_use(TensorId tensor) const;
 
   // The candidate to evict: furthest next use (never-used-again first); without a trace, the
-  // least recently acquired. Ties: the lower id. `candidates` must not be empty.
+  // least recently acquired (never acquired is oldest). Ties: the lower id. `candidates` must
+  // not be empty.
   TensorId choose_victim(std::span<const TensorId> candidates) const;
 
-  // The tensor is gone: drop it from the trace and the recency data.
+  // The tensor is gone: drop it from the trace, this step's recording, the recency data and its
+  // learned leads (the store reuses ids). The position stays on the same next access.
   void forget(TensorId tensor);
 
   bool has_trace() const;
+  // The absolute position of the next expected access (grows across steps; set_order restarts
+  // it): DueAccess::position counts on the same scale.
   uint64_t position() const;
   AccessScheduleStats stats() const;
 
  private:
-  // Implementation detail: the helper who implements this chooses the representation
-  // (e.g. per-tensor sorted position lists for O(log n) next_use, leads keyed by
-  // (tensor, occurrence within the step) so they survive re-recording).
+  // The trace as a cycle with a cursor, per-tensor sorted entry indices (next_use, realignment)
+  // and leads keyed by (access, occurrence): see access_schedule.cc.
   struct State;
   std::unique_ptr<State> state_;
 };
