@@ -1,0 +1,527 @@
+// AccessSchedule: recording and re-recording the trace, realignment, due prefetches and their
+// leads, Belady and LRU victims, forget(); next_use and choose_victim against a brute force.
+#include "strata/access_schedule.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <limits>
+#include <optional>
+#include <random>
+#include <vector>
+
+namespace strata {
+namespace {
+
+Access gpu(TensorId tensor) { return Access{tensor, TierKind::kGpu}; }
+Access cpu(TensorId tensor) { return Access{tensor, TierKind::kCpu}; }
+
+std::vector<Access> gpu_order(std::initializer_list<TensorId> tensors) {
+  std::vector<Access> order;
+  for (const TensorId t : tensors) order.push_back(gpu(t));
+  return order;
+}
+
+void acquire_all(AccessSchedule& schedule, const std::vector<Access>& accesses) {
+  for (const Access& a : accesses) schedule.on_acquire(a);
+}
+
+void run_step(AccessSchedule& schedule, const std::vector<Access>& accesses) {
+  schedule.step_begin();
+  acquire_all(schedule, accesses);
+  schedule.step_end();
+}
+
+std::vector<TensorId> due_tensors(const AccessSchedule& schedule, size_t max = 100) {
+  std::vector<TensorId> tensors;
+  for (const DueAccess& d : schedule.due(max)) tensors.push_back(d.access.tensor);
+  return tensors;
+}
+
+using Tensors = std::vector<TensorId>;
+
+TEST_CASE("The first step records the trace; matching steps keep it", "[schedule]") {
+  AccessSchedule schedule;
+  CHECK_FALSE(schedule.has_trace());
+  CHECK(schedule.due(8).empty());
+  CHECK_FALSE(schedule.next_use(1).has_value());
+
+  const auto order = gpu_order({1, 2, 3, 4});
+  schedule.step_begin();
+  acquire_all(schedule, order);
+  CHECK_FALSE(schedule.has_trace());  // recorded only at step_end
+  CHECK(schedule.due(8).empty());
+  schedule.step_end();
+
+  REQUIRE(schedule.has_trace());
+  AccessScheduleStats stats = schedule.stats();
+  CHECK(stats.trace_length == 4);
+  CHECK_FALSE(stats.given_order);
+  CHECK(schedule.next_use(1) == 1);
+  CHECK(schedule.next_use(4) == 4);
+  CHECK(due_tensors(schedule) == Tensors{1, 2});
+
+  run_step(schedule, order);
+  run_step(schedule, order);
+  stats = schedule.stats();
+  CHECK(stats.steps == 3);
+  CHECK(stats.acquires == 12);
+  CHECK(stats.matched == 8);
+  CHECK(stats.realigned == 0);
+  CHECK(stats.unknown == 0);
+  CHECK(stats.rerecords == 0);
+  CHECK(stats.trace_length == 4);
+  CHECK(schedule.position() == 12);
+}
+
+TEST_CASE("set_order prefetches from the first step, with no warm-up", "[schedule]") {
+  AccessSchedule schedule;
+  schedule.set_order(gpu_order({1, 2, 3, 4}));
+  REQUIRE(schedule.has_trace());
+  CHECK(schedule.stats().given_order);
+  CHECK(schedule.position() == 0);
+
+  const std::vector<DueAccess> first = schedule.due(8);
+  REQUIRE(first.size() == 2);
+  CHECK(first[0].access == gpu(1));
+  CHECK(first[0].position == 0);
+  CHECK(first[0].distance == 1);
+  CHECK(first[1].access == gpu(2));
+  CHECK(first[1].position == 1);
+  CHECK(first[1].distance == 2);
+
+  schedule.step_begin();
+  schedule.on_acquire(gpu(1));
+  CHECK(due_tensors(schedule) == Tensors{2, 3});
+  acquire_all(schedule, gpu_order({2, 3, 4}));
+  schedule.step_end();
+  const AccessScheduleStats stats = schedule.stats();
+  CHECK(stats.matched == 4);
+  CHECK(stats.rerecords == 0);
+  CHECK(stats.given_order);
+}
+
+TEST_CASE("due() follows the leads, stops at max and one step ahead, and wraps", "[schedule]") {
+  SECTION("leads and max") {
+    AccessSchedule schedule({.initial_lead = 3});
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5}));
+    CHECK(due_tensors(schedule) == Tensors{1, 2, 3});
+    CHECK(due_tensors(schedule, 2) == Tensors{1, 2});
+    CHECK(schedule.due(0).empty());
+    // An entry stays due until it is acquired.
+    CHECK(due_tensors(schedule) == Tensors{1, 2, 3});
+
+    // Near the end of the step, the next step's first entries are due.
+    acquire_all(schedule, gpu_order({1, 2, 3, 4}));
+    const std::vector<DueAccess> due = schedule.due(8);
+    REQUIRE(due.size() == 3);
+    CHECK(due[0].access == gpu(5));
+    CHECK(due[1].access == gpu(1));
+    CHECK(due[2].access == gpu(2));
+    CHECK(due[0].position == 4);
+    CHECK(due[1].position == 5);  // the next step's first entry
+    CHECK(due[2].position == 6);
+    CHECK(due[2].distance == 3);
+  }
+  SECTION("one step ahead at most") {
+    AccessSchedule schedule({.initial_lead = 10, .max_lead = 10});
+    schedule.set_order(gpu_order({1, 2, 3}));
+    const std::vector<DueAccess> due = schedule.due(100);
+    REQUIRE(due.size() == 3);
+    for (uint64_t i = 0; i < 3; ++i) {
+      CHECK(due[i].position == i);
+      CHECK(due[i].distance == i + 1);
+    }
+  }
+  SECTION("a lead of zero is never due") {
+    AccessSchedule schedule({.initial_lead = 0});
+    schedule.set_order(gpu_order({1, 2, 3}));
+    CHECK(schedule.due(8).empty());
+  }
+}
+
+TEST_CASE("A deviation realigns to the nearest match and keeps going", "[schedule]") {
+  SECTION("a skipped layer jumps ahead") {
+    AccessSchedule schedule;
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5, 6}));
+    acquire_all(schedule, gpu_order({1, 2, 4}));  // 3 skipped
+    CHECK(schedule.stats().realigned == 1);
+    CHECK(schedule.position() == 4);  // 3 counts as passed
+    CHECK(schedule.next_use(5) == 1);
+    CHECK(due_tensors(schedule) == Tensors{5, 6});
+    acquire_all(schedule, gpu_order({5, 6}));
+    CHECK(schedule.stats().matched == 4);
+    CHECK(due_tensors(schedule) == Tensors{1, 2});
+  }
+  SECTION("a repeated access jumps back") {
+    AccessSchedule schedule;
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5, 6}));
+    acquire_all(schedule, gpu_order({1, 2, 3, 4, 3}));  // 3 is two behind, four ahead
+    CHECK(schedule.stats().realigned == 1);
+    CHECK(schedule.next_use(4) == 1);
+    CHECK(schedule.position() == 5);  // never goes back
+    schedule.on_acquire(gpu(4));
+    CHECK(schedule.stats().matched == 5);
+  }
+  SECTION("ahead wins a tie") {
+    AccessSchedule schedule;
+    schedule.set_order(gpu_order({9, 1, 9, 2}));
+    schedule.on_acquire(gpu(9));
+    schedule.on_acquire(gpu(9));  // index 0 is one behind, index 2 one ahead
+    CHECK(schedule.next_use(2) == 1);
+  }
+  SECTION("beyond the window the access is unknown") {
+    AccessSchedule schedule({.realign_window = 2});
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5, 6, 7, 8}));
+    schedule.on_acquire(gpu(5));
+    CHECK(schedule.stats().unknown == 1);
+    CHECK(schedule.position() == 0);
+    CHECK(schedule.next_use(1) == 1);
+    schedule.on_acquire(gpu(3));  // two ahead: within the window
+    CHECK(schedule.stats().realigned == 1);
+    CHECK(schedule.next_use(4) == 1);
+  }
+  SECTION("the tier is part of the match") {
+    AccessSchedule schedule;
+    schedule.set_order({gpu(1), gpu(2), cpu(1), gpu(3), gpu(4), gpu(5)});
+    schedule.on_acquire(cpu(1));  // not entry 0, which is in the GPU tier
+    const AccessScheduleStats stats = schedule.stats();
+    CHECK(stats.matched == 0);
+    CHECK(stats.realigned == 1);
+    CHECK(schedule.position() == 3);
+    CHECK(schedule.next_use(3) == 1);
+    CHECK(schedule.next_use(1) == 4);
+  }
+}
+
+TEST_CASE("An inserted unknown access keeps the position", "[schedule]") {
+  AccessSchedule schedule;
+  run_step(schedule, gpu_order({1, 2, 3, 4}));
+  schedule.step_begin();
+  schedule.on_acquire(gpu(1));
+  schedule.on_acquire(gpu(99));
+  CHECK(schedule.stats().unknown == 1);
+  CHECK(schedule.position() == 5);
+  CHECK(schedule.next_use(2) == 1);
+  CHECK(due_tensors(schedule) == Tensors{2, 3});
+  acquire_all(schedule, gpu_order({2, 3, 4}));
+  CHECK(schedule.stats().matched == 4);
+  schedule.step_end();
+  // The step differed, so it is the trace now.
+  CHECK(schedule.stats().rerecords == 1);
+  CHECK(schedule.stats().trace_length == 5);
+  CHECK(schedule.next_use(99) == 2);
+}
+
+TEST_CASE("A step whose order changed replaces the trace", "[schedule]") {
+  SECTION("reordered") {
+    AccessSchedule schedule;
+    run_step(schedule, gpu_order({1, 2, 3, 4}));
+    run_step(schedule, gpu_order({1, 3, 2, 4}));
+    CHECK(schedule.stats().rerecords == 1);
+    CHECK(schedule.next_use(3) == 2);
+    CHECK(schedule.next_use(2) == 3);
+    run_step(schedule, gpu_order({1, 3, 2, 4}));  // matches the new trace
+    const AccessScheduleStats stats = schedule.stats();
+    CHECK(stats.rerecords == 1);
+    CHECK(stats.matched == 1 + 4);  // the reordered step matched only its first access
+  }
+  SECTION("longer or shorter, every acquire matching") {
+    AccessSchedule schedule;
+    run_step(schedule, gpu_order({1, 2, 3, 4}));
+    run_step(schedule, gpu_order({1, 2, 3, 4, 1, 2}));
+    CHECK(schedule.stats().realigned == 0);
+    CHECK(schedule.stats().rerecords == 1);
+    CHECK(schedule.stats().trace_length == 6);
+    run_step(schedule, gpu_order({1, 2}));
+    CHECK(schedule.stats().rerecords == 2);
+    CHECK(schedule.stats().trace_length == 2);
+  }
+  SECTION("a given order is re-recorded too") {
+    AccessSchedule schedule;
+    schedule.set_order(gpu_order({1, 2, 3}));
+    run_step(schedule, gpu_order({1, 3, 2}));
+    const AccessScheduleStats stats = schedule.stats();
+    CHECK(stats.rerecords == 1);
+    CHECK_FALSE(stats.given_order);
+    CHECK(schedule.next_use(3) == 2);
+  }
+  SECTION("an empty step keeps the trace") {
+    AccessSchedule schedule;
+    run_step(schedule, gpu_order({1, 2, 3}));
+    run_step(schedule, {});
+    CHECK(schedule.stats().trace_length == 3);
+    CHECK(schedule.stats().rerecords == 0);
+  }
+  SECTION("acquires outside a step realign but do not record") {
+    AccessSchedule schedule;
+    run_step(schedule, gpu_order({1, 2, 3}));
+    acquire_all(schedule, gpu_order({7, 1}));
+    CHECK(schedule.stats().unknown == 1);
+    CHECK(schedule.stats().trace_length == 3);
+    CHECK_FALSE(schedule.next_use(7).has_value());
+    CHECK(schedule.position() == 4);
+    // The next step starts at the trace's start, in the next cycle.
+    schedule.step_begin();
+    CHECK(schedule.position() == 6);
+    CHECK(schedule.next_use(1) == 1);
+    acquire_all(schedule, gpu_order({1, 2, 3}));
+    schedule.step_end();
+    CHECK(schedule.stats().realigned == 0);
+    CHECK(schedule.stats().rerecords == 0);
+  }
+}
+
+TEST_CASE("A late arrival makes that entry due earlier next step", "[schedule]") {
+  SECTION("lead grows; it survives a re-record") {
+    AccessSchedule schedule({.initial_lead = 2, .late_growth = 2});
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5, 6}));
+    schedule.step_begin();
+    schedule.on_acquire(gpu(1));
+    CHECK(due_tensors(schedule) == Tensors{2, 3});  // 4 is three away: not yet
+    acquire_all(schedule, gpu_order({2, 3, 4}));
+    schedule.on_late(gpu(4));
+    acquire_all(schedule, gpu_order({5, 6}));
+    schedule.step_end();
+    CHECK(schedule.stats().late == 1);
+    // Lead 4: due already at the step's start, ahead of 3 (lead 2).
+    CHECK(due_tensors(schedule) == Tensors{1, 2, 4});
+
+    // A step with an extra layer re-records; 4 is still its first occurrence, so keeps lead 4.
+    run_step(schedule, gpu_order({1, 2, 7, 3, 4, 5, 6}));
+    REQUIRE(schedule.stats().rerecords == 1);
+    CHECK(due_tensors(schedule) == Tensors{1, 2});  // 4 is five away
+    schedule.on_acquire(gpu(1));
+    CHECK(due_tensors(schedule) == Tensors{2, 7, 4});
+  }
+  SECTION("capped at max_lead") {
+    AccessSchedule schedule({.initial_lead = 2, .late_growth = 2, .max_lead = 5});
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+    acquire_all(schedule, gpu_order({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+    for (int i = 0; i < 5; ++i) schedule.on_late(gpu(10));
+    acquire_all(schedule, gpu_order({1, 2, 3, 4}));
+    CHECK(std::ranges::count(due_tensors(schedule), TensorId{10}) == 0);  // six away
+    schedule.on_acquire(gpu(5));
+    CHECK(std::ranges::count(due_tensors(schedule), TensorId{10}) == 1);  // five away
+  }
+  SECTION("reported before its acquire") {
+    AccessSchedule schedule;
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5}));
+    acquire_all(schedule, gpu_order({1, 2}));
+    schedule.on_late(gpu(3));
+    acquire_all(schedule, gpu_order({3, 4, 5}));
+    CHECK(due_tensors(schedule) == Tensors{1, 2, 3});
+  }
+  SECTION("in the recording step") {
+    AccessSchedule schedule;
+    schedule.step_begin();
+    acquire_all(schedule, gpu_order({1, 2, 3}));
+    schedule.on_late(gpu(3));
+    schedule.on_acquire(gpu(4));
+    schedule.step_end();
+    CHECK(due_tensors(schedule) == Tensors{1, 2, 3});
+  }
+}
+
+TEST_CASE("Belady: the victim is the candidate used furthest in the future", "[schedule]") {
+  // A B C A D B
+  AccessSchedule schedule;
+  schedule.set_order(gpu_order({1, 2, 3, 1, 4, 2}));
+  const std::vector<TensorId> all{1, 2, 3, 4};
+  struct Expected {
+    uint64_t a, b, c, d;
+    TensorId victim;
+  };
+  // Before each acquire of the trace, then after the last (wrapping to the next step).
+  const std::vector<Expected> expected{
+      {1, 2, 3, 5, 4}, {3, 1, 2, 4, 4}, {2, 4, 1, 3, 2}, {1, 3, 6, 2, 3},
+      {3, 2, 5, 1, 3}, {2, 1, 4, 6, 4}, {1, 2, 3, 5, 4},
+  };
+  const auto order = gpu_order({1, 2, 3, 1, 4, 2});
+  for (size_t i = 0; i < expected.size(); ++i) {
+    INFO("position " << i);
+    const Expected& e = expected[i];
+    CHECK(schedule.next_use(1) == e.a);
+    CHECK(schedule.next_use(2) == e.b);
+    CHECK(schedule.next_use(3) == e.c);
+    CHECK(schedule.next_use(4) == e.d);
+    CHECK(schedule.choose_victim(all) == e.victim);
+    if (i < order.size()) schedule.on_acquire(order[i]);
+  }
+
+  // Never used again beats any use; among those, the lower id.
+  const std::vector<TensorId> with_unused{1, 2, 50};
+  CHECK(schedule.choose_victim(with_unused) == 50);
+  const std::vector<TensorId> two_unused{51, 3, 50};
+  CHECK(schedule.choose_victim(two_unused) == 50);
+}
+
+TEST_CASE("Without a trace the victim is the least recently acquired", "[schedule]") {
+  AccessSchedule schedule;
+  acquire_all(schedule, gpu_order({3, 1, 2}));
+  const std::vector<TensorId> three{1, 2, 3};
+  CHECK(schedule.choose_victim(three) == 3);
+  schedule.on_acquire(cpu(3));  // any tier counts
+  CHECK(schedule.choose_victim(three) == 1);
+  const std::vector<TensorId> with_new{1, 2, 3, 7};
+  CHECK(schedule.choose_victim(with_new) == 7);  // never acquired: the oldest
+  const std::vector<TensorId> both_new{8, 7};
+  CHECK(schedule.choose_victim(both_new) == 7);
+}
+
+TEST_CASE("forget() drops a tensor from the trace and the recency data", "[schedule]") {
+  SECTION("trace entries") {
+    AccessSchedule schedule;
+    schedule.set_order(gpu_order({1, 2, 3, 1, 4, 2}));
+    acquire_all(schedule, gpu_order({1, 2}));
+    schedule.forget(3);
+    CHECK(schedule.stats().trace_length == 5);
+    CHECK_FALSE(schedule.next_use(3).has_value());
+    CHECK(schedule.next_use(1) == 1);
+    CHECK(schedule.next_use(4) == 2);
+    CHECK(schedule.next_use(2) == 3);
+    acquire_all(schedule, gpu_order({1, 4, 2, 1, 2}));
+    CHECK(schedule.stats().matched == 7);
+    CHECK(schedule.stats().realigned == 0);
+  }
+  SECTION("the entry at the cursor, last in the trace") {
+    AccessSchedule schedule;
+    schedule.set_order(gpu_order({1, 2, 3}));
+    acquire_all(schedule, gpu_order({1, 2}));
+    schedule.forget(3);
+    CHECK(schedule.next_use(1) == 1);
+    schedule.forget(1);
+    schedule.forget(2);
+    CHECK_FALSE(schedule.has_trace());
+    CHECK(schedule.due(8).empty());
+  }
+  SECTION("recency") {
+    AccessSchedule schedule;
+    acquire_all(schedule, gpu_order({6, 5}));
+    const std::vector<TensorId> both{5, 6};
+    CHECK(schedule.choose_victim(both) == 6);
+    schedule.forget(5);
+    CHECK(schedule.choose_victim(both) == 5);
+  }
+  SECTION("learned leads, since the store reuses ids") {
+    AccessSchedule schedule;
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5}));
+    acquire_all(schedule, gpu_order({1, 2, 3, 4}));
+    schedule.on_late(gpu(4));
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5}));
+    CHECK(due_tensors(schedule) == Tensors{1, 2, 4});
+    schedule.forget(4);
+    schedule.set_order(gpu_order({1, 2, 3, 4, 5}));
+    CHECK(due_tensors(schedule) == Tensors{1, 2});
+  }
+}
+
+TEST_CASE("next_use counts positions from now, any tier, wrapping", "[schedule]") {
+  AccessSchedule schedule;
+  schedule.set_order({gpu(1), cpu(2), gpu(3), gpu(4)});
+  CHECK(schedule.next_use(2) == 2);
+  acquire_all(schedule, {gpu(1), cpu(2), gpu(3)});
+  CHECK(schedule.next_use(4) == 1);
+  CHECK(schedule.next_use(1) == 2);  // in the next step
+  CHECK(schedule.next_use(3) == 4);  // just used: next step's
+  CHECK_FALSE(schedule.next_use(5).has_value());
+}
+
+TEST_CASE("A moved schedule keeps its trace", "[schedule]") {
+  AccessSchedule first;
+  first.set_order(gpu_order({1, 2}));
+  AccessSchedule second(std::move(first));
+  CHECK(second.has_trace());
+  AccessSchedule third;
+  third = std::move(second);
+  CHECK(third.next_use(2) == 2);
+}
+
+// Brute force over the trace: the model the schedule must agree with.
+struct Model {
+  std::vector<Access> trace;
+  uint32_t window = 0;
+  size_t cursor = 0;
+  uint64_t position = 0;
+
+  void acquire(Access a) {
+    const size_t n = trace.size();
+    const size_t reach = std::min<size_t>(window, n - 1);
+    std::optional<size_t> ahead, behind;
+    for (size_t k = 0; k <= reach && !ahead; ++k) {
+      if (trace[(cursor + k) % n] == a) ahead = k;
+    }
+    for (size_t k = 1; k <= reach && !behind; ++k) {
+      if (trace[(cursor + n - k) % n] == a) behind = k;
+    }
+    if (ahead && (!behind || *ahead <= *behind)) {
+      cursor = (cursor + *ahead + 1) % n;
+      position += *ahead + 1;
+    } else if (behind) {
+      cursor = (cursor + n - *behind + 1) % n;
+      position += 1;
+    }
+  }
+  std::optional<uint64_t> next_use(TensorId t) const {
+    for (size_t d = 1; d <= trace.size(); ++d) {
+      if (trace[(cursor + d - 1) % trace.size()].tensor == t) return d;
+    }
+    return std::nullopt;
+  }
+  TensorId victim(const std::vector<TensorId>& candidates) const {
+    TensorId best = candidates[0];
+    uint64_t best_distance = 0;
+    bool first = true;
+    for (const TensorId t : candidates) {
+      const uint64_t d = next_use(t).value_or(std::numeric_limits<uint64_t>::max());
+      if (first || d > best_distance || (d == best_distance && t < best)) {
+        best = t;
+        best_distance = d;
+        first = false;
+      }
+    }
+    return best;
+  }
+};
+
+TEST_CASE("next_use and choose_victim agree with a brute force over random traces", "[schedule]") {
+  std::mt19937 rng(20240611);
+  const auto uniform = [&](size_t lo, size_t hi) {
+    return std::uniform_int_distribution<size_t>(lo, hi)(rng);
+  };
+  const auto random_access = [&]() {
+    return Access{static_cast<TensorId>(uniform(0, 11)),
+                  uniform(0, 3) == 0 ? TierKind::kCpu : TierKind::kGpu};
+  };
+  for (int round = 0; round < 300; ++round) {
+    Model model;
+    model.window = static_cast<uint32_t>(uniform(0, 12));
+    for (size_t i = uniform(1, 40); i > 0; --i) model.trace.push_back(random_access());
+    AccessSchedule schedule({.initial_lead = 2, .realign_window = model.window});
+    schedule.set_order(model.trace);
+
+    for (int step = 0; step < 60; ++step) {
+      INFO("round " << round << " step " << step);
+      // Mostly the expected access, sometimes anything: exercises every realignment path.
+      const Access a = uniform(0, 2) == 0 ? random_access() : model.trace[model.cursor];
+      schedule.on_acquire(a);
+      model.acquire(a);
+      REQUIRE(schedule.position() == model.position);
+      for (TensorId t = 0; t < 13; ++t) REQUIRE(schedule.next_use(t) == model.next_use(t));
+      std::vector<TensorId> candidates;
+      for (size_t i = uniform(1, 6); i > 0; --i) {
+        candidates.push_back(static_cast<TensorId>(uniform(0, 13)));
+      }
+      REQUIRE(schedule.choose_victim(candidates) == model.victim(candidates));
+      const std::vector<DueAccess> due = schedule.due(100);
+      const size_t n = model.trace.size();
+      REQUIRE(due.size() == std::min<size_t>(2, n));
+      for (size_t d = 1; d <= due.size(); ++d) {
+        REQUIRE(due[d - 1].access == model.trace[(model.cursor + d - 1) % n]);
+        REQUIRE(due[d - 1].position == model.position + d - 1);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata
