@@ -1,0 +1,92 @@
+// Background movers for TensorStore: explicit prefetch() calls and the scheduler's plan.
+//
+// After every acquire the store asks the schedule which upcoming accesses are due and queues
+// them in order. A worker makes each copy resident, evicting only copies whose next use comes
+// later than the prefetched access's (Belady-consistent), so prefetching is bounded by bytes:
+// when the next due tensor does not fit, it and everything after it wait for a later round.
+#include "tensor_store_impl.h"
+
+namespace strata {
+
+using Impl = TensorStore::Impl;
+
+void Impl::start_workers() {
+  for (uint32_t i = 0; i < std::max<uint32_t>(1, options.prefetch_threads); ++i) {
+    workers.emplace_back([this] { run_worker(); });
+  }
+}
+
+void Impl::stop_workers() {
+  {
+    MutexLock lock(&mu);
+    stopping = true;
+    prefetch_queue.clear();
+    queued.clear();
+    prefetch_work.SignalAll();
+  }
+  for (auto& worker : workers) worker.join();
+  workers.clear();
+}
+
+void Impl::plan_prefetches() {
+  if (!schedule.has_trace()) return;
+  for (const DueAccess& due : schedule.due(64)) {
+    const TensorId id = due.access.tensor;
+    if (id >= tensors.size() || !tensors[id]->live) continue;
+    const Tensor& t = *tensors[id];
+    const Copy& c = t.copies[tier_index(due.access.tier)];
+    if ((c.present && c.valid) || c.moving) continue;
+    const uint64_t k = key(id, due.access.tier);
+    if (!queued.insert(k).second) continue;
+    prefetch_queue.emplace_back(TensorHandle{id, t.generation}, due.access.tier);
+    prefetch_limit[k] = due.distance;
+  }
+  if (!prefetch_queue.empty()) prefetch_work.SignalAll();
+}
+
+void Impl::run_worker() {
+  MutexLock lock(&mu);
+  for (;;) {
+    while (prefetch_queue.empty() && !stopping) wait(&prefetch_work, &mu);
+    if (stopping) return;
+    const auto [handle, tier] = prefetch_queue.front();
+    prefetch_queue.pop_front();
+    const uint64_t k = key(handle.index, tier);
+    queued.erase(k);
+    std::optional<uint64_t> beyond;
+    if (auto it = prefetch_limit.find(k); it != prefetch_limit.end()) {
+      beyond = it->second;
+      prefetch_limit.erase(it);
+    }
+    auto found = live(handle);
+    if (!found.ok()) continue;
+    Tensor& t = **found;
+    Copy& c = t.copies[tier_index(tier)];
+    if ((c.present && c.valid) || c.moving) continue;
+    ++t.operations;
+    bool waited = false;
+    const absl::Status status = make_resident(t, tier, beyond, &waited);
+    if (status.ok()) {
+      // Counted only when bytes moved: a copy that was already there is no prefetch.
+      if (waited && !c.prefetched && c.pins == 0) {
+        c.prefetched = true;
+        ++counters.prefetches_issued;
+      }
+    } else {
+      ++counters.prefetches_failed;
+      if (absl::IsResourceExhausted(status)) {
+        // Later accesses would not fit either: drop the rest of this round's plan.
+        for (const auto& [h, k_tier] : prefetch_queue) {
+          const uint64_t dropped = key(h.index, k_tier);
+          queued.erase(dropped);
+          prefetch_limit.erase(dropped);
+        }
+        prefetch_queue.clear();
+      }
+    }
+    --t.operations;
+    changed.SignalAll();
+  }
+}
+
+}  // namespace strata
