@@ -1,0 +1,90 @@
+#include "strata/runtime.h"
+
+#include <absl/strings/str_format.h>
+
+#include "strata/backend.h"
+#include "strata/format_bytes.h"
+#include "strata/swap_config.h"
+
+namespace strata {
+
+namespace {
+
+// Staging chunks: whole stripe units, eight or more in the budget so NVMe reads, H2D copies
+// and writes of several chunks overlap; at most 64 MiB each.
+uint64_t staging_chunk(const ResolvedConfig& config) {
+  const uint64_t unit = config.io_block;
+  const uint64_t target = std::min<uint64_t>(config.staging_bytes / 8, uint64_t{64} << 20);
+  return std::max<uint64_t>(unit, target / unit * unit);
+}
+
+absl::Status context(const absl::Status& status, std::string_view what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrFormat("%s: %s", what, status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::from_environment(RuntimeOptions options) {
+  auto config = Config::from_environment();
+  if (!config.ok()) return config.status();
+  return create(*config, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
+                                                         RuntimeOptions options) {
+  auto loaded = load_configuration(config);
+  if (!loaded.ok()) return loaded.status();
+  auto runtime = std::make_unique<Runtime>();
+  runtime->config_ = loaded->first;
+  const ResolvedConfig& c = runtime->config_;
+  runtime->warnings_ = c.warnings;
+
+  if (options.device != nullptr) {
+    if (options.device->backend() != c.backend) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the device given to Runtime::create is %s but the configuration resolved to %s "
+          "(STRATA_BACKEND)",
+          to_string(options.device->backend()), to_string(c.backend)));
+    }
+    runtime->device_ = std::move(options.device);
+  } else {
+    auto device = make_device(c.backend, c.device);
+    if (!device.ok()) return device.status();
+    runtime->device_ = *std::move(device);
+  }
+  auto gpu = MemoryTier::create_gpu_arena(*runtime->device_, c.gpu_bytes);
+  if (!gpu.ok()) return context(gpu.status(), "STRATA_GPU_BYTES");
+  runtime->gpu_ = *std::move(gpu);
+  auto cpu = MemoryTier::create_pinned_cpu(*runtime->device_, c.cpu_bytes);
+  if (!cpu.ok()) return context(cpu.status(), "STRATA_CPU_BYTES");
+  runtime->cpu_ = *std::move(cpu);
+
+  if (!c.nvme_paths.empty()) {
+    auto swap = SwapSpace::create(swap_space_options(c, runtime->cpu_.get()));
+    if (!swap.ok()) return swap.status();
+    runtime->nvme_ = *std::move(swap);
+    const SwapStats stats = runtime->nvme_->stats();
+    runtime->warnings_.insert(runtime->warnings_.end(), stats.warnings.begin(),
+                              stats.warnings.end());
+    if (c.staging_bytes >= c.cpu_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "STRATA_STAGING_BYTES=%s leaves nothing of STRATA_CPU_BYTES=%s for tensors; raise "
+          "STRATA_CPU_BYTES or lower STRATA_STAGING_BYTES",
+          format_bytes(c.staging_bytes), format_bytes(c.cpu_bytes)));
+    }
+    auto staging = StagingPool::create(*runtime->cpu_, c.staging_bytes, staging_chunk(c));
+    if (!staging.ok()) return staging.status();
+    runtime->staging_ = *std::move(staging);
+  }
+  auto store =
+      TensorStore::create(*runtime->device_, *runtime->gpu_, *runtime->cpu_, runtime->nvme_.get(),
+                          runtime->staging_.get(), std::move(options.store));
+  if (!store.ok()) return store.status();
+  runtime->store_ = *std::move(store);
+  return runtime;
+}
+
+Runtime::~Runtime() = default;
+
+}  // namespace strata
