@@ -306,16 +306,16 @@ TEST_CASE("The scheduler prefetches in access order ahead of need", "[store][sch
   CHECK(stats.schedule.matched >= 30);
 }
 
-TEST_CASE("Randomized concurrent use keeps every tensor's newest bytes", "[store][stress]") {
+STRATA_BOTH_BACKENDS("Randomized concurrent use keeps every tensor's newest bytes",
+                     "[store][stress]") {
   // Seeded and reproducible: four threads, each owning a tenth of 60 tensors of random sizes,
   // in tiers far too small to hold them, doing random reads (checked), writes (new pattern),
   // evictions and prefetches. Every tensor is checked at the end, through both tiers.
-  auto device = testing::host_device();
   StoreSetup setup;
   setup.gpu_bytes = 3 * kMiB;
   setup.cpu_bytes = 10 * kMiB;
   setup.nvme_bytes = 64 * kMiB;
-  Fixture f(*device, setup);
+  Fixture f(device, setup);
   TensorStore& store = f.store();
   constexpr int kThreads = 4;
   constexpr int kTensors = 60;
@@ -337,8 +337,8 @@ TEST_CASE("Randomized concurrent use keeps every tensor's newest bytes", "[store
   std::vector<std::thread> threads;
   for (int th = 0; th < kThreads; ++th) {
     threads.emplace_back([&, th] {
-      auto stream = device->create_stream();
-      auto buffer = device->allocate_pinned(160 * kKiB + 4096, "stress buffer");
+      auto stream = device.create_stream();
+      auto buffer = device.allocate_pinned(160 * kKiB + 4096, "stress buffer");
       if (!stream.ok() || !buffer.ok()) {
         ++errors;
         return;
@@ -360,12 +360,12 @@ TEST_CASE("Randomized concurrent use keeps every tensor's newest bytes", "[store
           }
           for (uint64_t b = 0; b < item.bytes; ++b) host[b] = byte_at(seed, b);
           if (tier == TierKind::kGpu) {
-            (void)device->copy_async(*address, host, item.bytes, CopyKind::kHostToDevice, **stream);
+            (void)device.copy_async(*address, host, item.bytes, CopyKind::kHostToDevice, **stream);
           } else {
             std::memcpy(*address, host, item.bytes);
           }
           if (!store.release(item.handle, **stream).ok()) ++errors;
-          (void)device->synchronize(**stream);
+          (void)device.synchronize(**stream);
           item.seed = seed;
           written[i] = true;
         } else if (what < 8) {  // read and check
@@ -375,8 +375,8 @@ TEST_CASE("Randomized concurrent use keeps every tensor's newest bytes", "[store
             continue;
           }
           if (tier == TierKind::kGpu) {
-            (void)device->copy_async(host, *address, item.bytes, CopyKind::kDeviceToHost, **stream);
-            (void)device->synchronize(**stream);
+            (void)device.copy_async(host, *address, item.bytes, CopyKind::kDeviceToHost, **stream);
+            (void)device.synchronize(**stream);
           } else {
             std::memcpy(host, *address, item.bytes);
           }
