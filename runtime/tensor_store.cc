@@ -168,6 +168,7 @@ absl::Status Impl::write_back(Tensor& t, TierKind from) {
         to_string(home)));
   }
   ++src.pins;
+  ++src.readers;
   dst.moving = true;
   dst.valid = false;
   update_pin(t, from);
@@ -175,6 +176,7 @@ absl::Status Impl::write_back(Tensor& t, TierKind from) {
   const uint64_t version = t.version;
   absl::Status status = transfer(t, from, home);
   --src.pins;
+  --src.readers;
   dst.moving = false;
   if (status.ok() && t.version == version) dst.valid = true;
   update_pin(t, from);
@@ -273,12 +275,14 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
     *waited = true;
     Copy& src = t.copies[tier_index(*source)];
     ++src.pins;
+    ++src.readers;
     c.moving = true;
     update_pin(t, *source);
     update_pin(t, tier);
     const uint64_t version = t.version;
     absl::Status status = transfer(t, *source, tier);
     --src.pins;
+    --src.readers;
     c.moving = false;
     if (status.ok() && t.version == version) c.valid = true;
     update_pin(t, *source);
@@ -456,8 +460,15 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   const bool was_hit = c.present && c.valid && !c.moving;
   if (c.moving && c.prefetched) late = true;
   bool waited = false;
-  if (auto status = s.make_resident(t, tier, std::nullopt, &waited); !status.ok()) {
-    return status;
+  for (;;) {
+    if (auto status = s.make_resident(t, tier, std::nullopt, &waited); !status.ok()) {
+      return status;
+    }
+    // A write must not change bytes a move is still copying out (a write-back or a prefetch to
+    // another tier): wait for those moves, then make sure the copy is still here and valid.
+    if (mode != AccessMode::kWrite || c.readers == 0) break;
+    waited = true;
+    wait(&s.changed, &s.mu);
   }
   if (was_hit) {
     ++s.counters.hits;

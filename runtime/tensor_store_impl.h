@@ -52,6 +52,7 @@ struct TensorStore::Impl {
     bool arena_pinned = false;
     uint32_t pins = 0;     // acquisitions and moves reading from it
     uint32_t writers = 0;  // write acquisitions not yet released: no move may read it
+    uint32_t readers = 0;  // moves reading it now: a write acquisition waits for them
     BlockHandle block;     // gpu / cpu
     ExtentHandle extent;   // nvme
     // Device work that reads or writes this copy; it must finish before the memory is reused,
