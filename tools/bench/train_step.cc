@@ -1,0 +1,415 @@
+#include "bench/train_step.h"
+
+#include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "bench/common.h"
+#include "strata/backend.h"
+#include "strata/host_device.h"
+#include "strata/runtime.h"
+#include "strata/size.h"
+
+namespace strata::bench {
+namespace {
+
+struct Policy {
+  const char* name;
+  bool prefetch;
+  bool belady;
+};
+// On-demand keeps Belady eviction so that it differs from the first run in prefetching only,
+// and LRU keeps prefetching so that it differs in the eviction rule only.
+constexpr Policy kPolicies[] = {
+    {"belady", true, true}, {"lru", true, false}, {"on-demand", false, true}};
+
+constexpr uint64_t kGpuAlignment = 256;  // MemoryTier::create_gpu_arena's default granularity
+constexpr uint64_t kMaxBounce = uint64_t{64} << 20;
+constexpr int kProbeRepeats = 5;
+// The link probes move this many layers per timing: a sustained rate, as a step's stream of
+// layers sees, rather than one request's latency (which on the NVMe read understated the rate
+// the steps themselves reached by up to 2x).
+constexpr uint64_t kProbeLayers = 4;
+
+// The layer's footprint in the GPU arena and in the pinned CPU tier (their granularities).
+uint64_t gpu_footprint(uint64_t bytes) { return round_up(bytes, kGpuAlignment); }
+uint64_t cpu_footprint(uint64_t bytes) { return round_up(bytes, kPage); }
+
+// What create_gpu_arena(bytes) leaves for blocks after its compaction bounce buffer (1/64 of
+// the allocation, at most 64 MiB).
+uint64_t usable_arena(uint64_t bytes) {
+  uint64_t bounce = std::min(kMaxBounce, bytes / 64) / kGpuAlignment * kGpuAlignment;
+  if (bounce == 0) bounce = kGpuAlignment;
+  return bytes < bounce ? 0 : (bytes - bounce) / kGpuAlignment * kGpuAlignment;
+}
+
+// The smallest STRATA_GPU_BYTES whose arena holds `layers` layers: any more and a further layer
+// could fit, which would quietly make the arena larger than the flag says.
+uint64_t gpu_bytes_for(uint64_t layers, uint64_t layer_bytes) {
+  const uint64_t payload = layers * gpu_footprint(layer_bytes);
+  uint64_t bytes = std::max(payload, 2 * kGpuAlignment);
+  while (usable_arena(bytes) < payload) bytes += round_up(payload - usable_arena(bytes), 256);
+  return bytes;
+}
+
+// STRATA_NVME_BYTES per path: every layer plus the link probe's extent, striped over `paths`.
+uint64_t nvme_bytes_for(const TrainStepOptions& o, uint64_t stripe, uint64_t paths) {
+  auto per_path = [&](uint64_t bytes) {
+    const uint64_t units = (bytes + stripe - 1) / stripe;
+    return (units + paths - 1) / paths * stripe;
+  };
+  return o.layers * per_path(o.layer_bytes) + per_path(kProbeLayers * o.layer_bytes) + 2 * stripe;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+absl::Status with_context(const absl::Status& status, std::string_view what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrFormat("train-step: %s: %s", what, status.message()));
+}
+
+// Seconds per call of `pass`: one untimed warm-up (first touches), then the median of
+// kProbeRepeats.
+absl::StatusOr<double> time_median(const std::function<absl::Status()>& pass) {
+  if (absl::Status status = pass(); !status.ok()) return status;
+  std::vector<double> seconds;
+  for (int i = 0; i < kProbeRepeats; ++i) {
+    const absl::Time start = absl::Now();
+    if (absl::Status status = pass(); !status.ok()) return status;
+    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  return median(seconds);
+}
+
+// The raw H2D link: kProbeLayers back-to-back copies of a layer from plain pinned memory to a
+// plain device allocation, as the store's cpu -> gpu and staging -> gpu copies are.
+absl::StatusOr<double> probe_h2d(Device& device, uint64_t bytes) {
+  auto memory = device.allocate_device_memory(bytes);
+  if (!memory.ok()) return memory.status();
+  auto pinned = device.allocate_pinned(bytes, "train-step link probe");
+  if (!pinned.ok()) return pinned.status();
+  auto stream = device.create_stream();
+  if (!stream.ok()) return stream.status();
+  fill_pattern(static_cast<std::byte*>((*pinned)->data()), bytes, /*seed=*/7);
+  auto seconds = time_median([&]() -> absl::Status {
+    for (uint64_t i = 0; i < kProbeLayers; ++i) {
+      if (auto status = device.copy_async((*memory)->data(), (*pinned)->data(), bytes,
+                                          CopyKind::kHostToDevice, **stream);
+          !status.ok()) {
+        return status;
+      }
+    }
+    return device.synchronize(**stream);
+  });
+  if (!seconds.ok()) return seconds.status();
+  return static_cast<double>(kProbeLayers * bytes) / *seconds;
+}
+
+// The raw NVMe read: one extent of kProbeLayers layers in the runtime's own swap space, read in
+// one request (STRATA_IO_DEPTH units in flight) into the pinned CPU tier (registered with
+// io_uring, as the staging chunks are), checksums included.
+absl::StatusOr<double> probe_nvme_read(MemoryTier& cpu, SwapSpace& swap, uint64_t layer_bytes) {
+  const uint64_t bytes = kProbeLayers * layer_bytes;
+  auto block = cpu.allocate(cpu_footprint(bytes));
+  if (!block.ok()) return block.status();
+  absl::Status pinned = cpu.pin(*block);
+  auto address = cpu.address(*block);
+  auto extent = swap.allocate(bytes, "train-step link probe");
+  absl::StatusOr<double> result = absl::InternalError("not measured");
+  if (!pinned.ok()) {
+    result = pinned;
+  } else if (!address.ok()) {
+    result = address.status();
+  } else if (!extent.ok()) {
+    result = extent.status();
+  } else {
+    auto* buffer = static_cast<std::byte*>(*address);
+    fill_pattern(buffer, bytes, /*seed=*/11);
+    absl::Status written = swap.write_sync(*extent, buffer, bytes);
+    auto seconds = written.ok()
+                       ? time_median([&] { return swap.read_sync(*extent, buffer, bytes); })
+                       : absl::StatusOr<double>(written);
+    result = seconds.ok() ? absl::StatusOr<double>(static_cast<double>(bytes) / *seconds)
+                          : seconds.status();
+  }
+  if (extent.ok()) (void)swap.free(*extent);
+  if (pinned.ok()) (void)cpu.unpin(*block);
+  (void)cpu.free(*block);
+  return result;
+}
+
+// Writes every layer once, makes its home copy the only one, so that each policy's warm-up
+// step starts from the same cold state: nothing on the GPU (and, for home=nvme, nothing in the
+// CPU tier either, or the store would fetch from there instead of from NVMe).
+absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& o, Runtime& runtime,
+                                                        Stream& stream) {
+  TensorStore& store = runtime.store();
+  const TierKind home = o.home == "cpu" ? TierKind::kCpu : TierKind::kNvme;
+  std::vector<TensorHandle> layers;
+  for (uint64_t i = 0; i < o.layers; ++i) {
+    auto handle = store.create(absl::StrFormat("layer.%d.weight", i), o.layer_bytes, home);
+    if (!handle.ok()) return handle.status();
+    auto data = store.acquire(*handle, TierKind::kCpu, stream, AccessMode::kWrite);
+    if (!data.ok()) return data.status();
+    fill_pattern(static_cast<std::byte*>(*data), o.layer_bytes, /*seed=*/i);
+    if (auto status = store.release(*handle, stream); !status.ok()) return status;
+    // One layer at a time: the CPU tier only holds staging and a layer for home=nvme.
+    if (home == TierKind::kNvme) {
+      if (auto status = store.evict(*handle, TierKind::kCpu); !status.ok()) return status;
+    }
+    layers.push_back(*handle);
+  }
+  if (auto status = store.flush(); !status.ok()) return status;
+  for (const TensorHandle& layer : layers) {
+    if (auto status = store.evict(layer, TierKind::kGpu); !status.ok()) return status;
+  }
+  return layers;
+}
+
+// Simulated compute: a timed wait on the stream's worker. Sleeps to just short of the deadline
+// and yields for the rest, because a plain sleep overshoots by tens of microseconds per layer,
+// which over 2L layers would inflate every step against the bound by a fixed few percent.
+void simulate_compute(absl::Duration duration, std::atomic<int64_t>* spent_ns) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + duration;
+  constexpr absl::Duration kSpin = absl::Microseconds(200);
+  if (duration > kSpin) absl::SleepFor(duration - kSpin);
+  while (absl::Now() < deadline) std::this_thread::yield();
+  spent_ns->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
+}
+
+struct StepCounters {
+  StoreStats before;
+  StoreStats after;
+  double compute_seconds = 0;
+};
+
+// One training step: forward 0..L-1, backward L-1..0, each layer acquired on the GPU, used by
+// the simulated compute on `stream`, released; then waits for the stream.
+absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
+                      const std::vector<TensorHandle>& layers, absl::Duration compute,
+                      bool sync_each_layer, const std::shared_ptr<std::atomic<int64_t>>& spent_ns) {
+  auto use = [&](TensorHandle layer) -> absl::Status {
+    auto data = store.acquire(layer, TierKind::kGpu, stream, AccessMode::kRead);
+    if (!data.ok()) return data.status();
+    absl::Status launched = device.launch_host_callback(
+        stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
+    absl::Status released = store.release(layer, stream);
+    if (!launched.ok()) return launched;
+    if (!released.ok() || !sync_each_layer) return released;
+    return device.synchronize(stream);
+  };
+  store.step_begin();
+  absl::Status status;
+  for (size_t i = 0; i < layers.size() && status.ok(); ++i) status = use(layers[i]);
+  for (size_t i = layers.size(); i > 0 && status.ok(); --i) status = use(layers[i - 1]);
+  store.step_end();
+  absl::Status synced = device.synchronize(stream);
+  return status.ok() ? synced : status;
+}
+
+MoveStats all_moves(const StoreStats& s) {
+  MoveStats total;
+  for (const auto& row : s.moves) {
+    for (const MoveStats& m : row) {
+      total.bytes += m.bytes;
+      total.moves += m.moves;
+      total.ns += m.ns;
+    }
+  }
+  return total;
+}
+
+TrainStepRun make_run(const char* policy, double seconds, const StepCounters& c) {
+  const StoreStats& a = c.after;
+  const StoreStats& b = c.before;
+  TrainStepRun r;
+  r.policy = policy;
+  r.step_seconds = seconds;
+  r.compute_seconds = c.compute_seconds;
+  r.stall_seconds = static_cast<double>(a.stall_ns - b.stall_ns) * 1e-9;
+  const MoveStats moves_after = all_moves(a);
+  const MoveStats moves_before = all_moves(b);
+  r.bytes_moved = moves_after.bytes - moves_before.bytes;
+  const uint64_t moves = moves_after.moves - moves_before.moves;
+  r.seconds_per_move = moves == 0 ? 0
+                                  : static_cast<double>(moves_after.ns - moves_before.ns) * 1e-9 /
+                                        static_cast<double>(moves);
+  r.hits = a.hits - b.hits;
+  r.misses = a.misses - b.misses;
+  r.prefetches_issued = a.prefetches_issued - b.prefetches_issued;
+  r.prefetches_used = a.prefetches_used - b.prefetches_used;
+  r.prefetches_late = a.prefetches_late - b.prefetches_late;
+  r.prefetches_wasted = a.prefetches_wasted - b.prefetches_wasted;
+  r.prefetches_failed = a.prefetches_failed - b.prefetches_failed;
+  r.prefetch_accuracy = r.prefetches_issued == 0 ? 0
+                                                 : static_cast<double>(r.prefetches_used) /
+                                                       static_cast<double>(r.prefetches_issued);
+  return r;
+}
+
+// The configuration every run uses: the environment's, with the tiers sized to the workload.
+Config sized_config(const TrainStepOptions& o, const Config& base,
+                    const std::vector<std::string>& nvme_paths) {
+  Config c = base;
+  c.gpu_bytes = SizeSetting::of_bytes(gpu_bytes_for(o.arena_layers, o.layer_bytes));
+  if (o.home == "cpu") {
+    // Every layer's home copy; no NVMe tier, so no staging either.
+    c.nvme_paths.clear();
+    c.cpu_bytes = SizeSetting::of_bytes(o.layers * cpu_footprint(o.layer_bytes) + 2 * kPage);
+  } else {
+    c.nvme_paths = nvme_paths;
+    c.nvme_bytes = SizeSetting::of_bytes(nvme_bytes_for(o, c.io_block, nvme_paths.size()));
+    // Staging, then either the layer being written before it goes to NVMe or the link probe's
+    // block (never both at once).
+    c.cpu_bytes = SizeSetting::of_bytes(c.staging_bytes +
+                                        kProbeLayers * cpu_footprint(o.layer_bytes) + 4 * kPage);
+  }
+  return c;
+}
+
+}  // namespace
+
+std::optional<std::string> validate(const TrainStepOptions& o) {
+  if (o.layers == 0) return "--layers: must be at least 1";
+  if (o.layer_bytes == 0 || o.layer_bytes % kPage != 0) {
+    return "--layer-bytes: must be a positive multiple of 4KiB (NVMe I/O is O_DIRECT), not " +
+           std::to_string(o.layer_bytes);
+  }
+  if (!(o.compute_ms >= 0) || o.compute_ms > 60'000) {
+    return "--compute-ms: must be between 0 and 60000, not " + std::to_string(o.compute_ms);
+  }
+  if (o.arena_layers == 0) return "--arena-layers: must be at least 1";
+  if (o.home != "nvme" && o.home != "cpu") return "--home: must be nvme or cpu";
+  if (!(o.link_gbps >= 0)) return "--link-gbps: must be >= 0 (0: unthrottled)";
+  if (o.steps == 0) return "--steps: must be at least 1";
+  return std::nullopt;
+}
+
+double TrainStepBound::transfer_seconds() const {
+  return link_bytes_per_second > 0 ? static_cast<double>(transfer_bytes) / link_bytes_per_second
+                                   : 0;
+}
+
+double TrainStepBound::seconds() const { return std::max(compute_seconds, transfer_seconds()); }
+
+absl::StatusOr<std::unique_ptr<Device>> make_train_step_device(const TrainStepOptions& options,
+                                                               const ResolvedConfig& config) {
+  if (config.backend == Backend::kCuda) return make_device(config.backend, config.device);
+  HostDeviceOptions host;
+  host.h2d_bytes_per_second = options.link_gbps * 1e9;
+  host.d2h_bytes_per_second = options.link_gbps * 1e9;
+  return make_host_device(host);
+}
+
+absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const Config& base,
+                                               const std::vector<std::string>& nvme_paths,
+                                               std::ostream& human) {
+  TrainStepReport report;
+  report.options = o;
+  const Config config = sized_config(o, base, nvme_paths);
+  const absl::Duration compute = absl::Microseconds(o.compute_ms * 1000);
+  report.bound.compute_seconds = 2.0 * static_cast<double>(o.layers) * o.compute_ms * 1e-3;
+  // The fewest bytes any policy must move per steady-state step: the arena keeps at most
+  // arena-layers layers across each of the two turns (forward -> backward, and backward -> the
+  // next step's forward); every other acquire must bring its layer in. Belady's optimal paging
+  // reaches exactly this on a forward/backward sweep.
+  report.bound.transfer_bytes = 2 * (o.layers - std::min(o.layers, o.arena_layers)) * o.layer_bytes;
+
+  for (const Policy& policy : kPolicies) {
+    const bool first = report.runs.empty();
+    auto loaded = load_configuration(config);
+    if (!loaded.ok()) return loaded.status();
+    RuntimeOptions runtime_options;
+    runtime_options.store.prefetch = policy.prefetch;
+    runtime_options.store.belady = policy.belady;
+    auto device = make_train_step_device(o, loaded->first);
+    if (!device.ok()) return device.status();
+    runtime_options.device = *std::move(device);
+    auto runtime = Runtime::create(config, std::move(runtime_options));
+    if (!runtime.ok()) return with_context(runtime.status(), "creating the runtime");
+    Runtime& rt = **runtime;
+    Device& dev = rt.device();
+    if (first) {
+      report.config = rt.config();
+      report.device = dev.description();
+      report.engine = "none";
+      if (rt.nvme() != nullptr) {
+        const SwapStats swap = rt.nvme()->stats();
+        report.engine = swap.engine;
+        report.engine_reason = swap.engine_reason;
+      }
+      for (const std::string& warning : rt.warnings())
+        report.notes.push_back("warning: " + warning);
+      // The link is measured once, on the first run's runtime: same device, same swap files.
+      auto h2d = probe_h2d(dev, o.layer_bytes);
+      if (!h2d.ok()) return with_context(h2d.status(), "measuring the H2D link");
+      report.bound.h2d_bytes_per_second = *h2d;
+      report.bound.link_bytes_per_second = *h2d;
+      if (rt.nvme() != nullptr) {
+        auto read = probe_nvme_read(rt.cpu(), *rt.nvme(), o.layer_bytes);
+        if (!read.ok()) return with_context(read.status(), "measuring the NVMe read");
+        report.bound.nvme_bytes_per_second = *read;
+        report.bound.link_bytes_per_second = std::min(*h2d, *read);
+      }
+    }
+    // Declared after the runtime: destroyed before the device it came from.
+    auto stream = dev.create_stream();
+    if (!stream.ok()) return stream.status();
+    auto layers = create_layers(o, rt, **stream);
+    if (!layers.ok()) return with_context(layers.status(), "writing the layers");
+    auto spent_ns = std::make_shared<std::atomic<int64_t>>(0);
+    human << absl::StrFormat("train-step: %s: warm-up step (records the access trace)\n",
+                             policy.name);
+    human.flush();
+    if (auto status =
+            run_step(rt.store(), dev, **stream, *layers, compute, o.sync_each_layer, spent_ns);
+        !status.ok()) {
+      return with_context(status, "warm-up step");
+    }
+    std::vector<std::pair<double, StepCounters>> steps;
+    for (uint64_t s = 0; s < o.steps; ++s) {
+      StepCounters counters;
+      counters.before = rt.store().stats();
+      spent_ns->store(0);
+      const absl::Time start = absl::Now();
+      if (auto status =
+              run_step(rt.store(), dev, **stream, *layers, compute, o.sync_each_layer, spent_ns);
+          !status.ok()) {
+        return with_context(status, "measured step");
+      }
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      counters.after = rt.store().stats();
+      counters.compute_seconds = static_cast<double>(spent_ns->load()) * 1e-9;
+      steps.emplace_back(seconds, counters);
+    }
+    std::vector<double> all;
+    for (const auto& step : steps) all.push_back(step.first);
+    std::sort(steps.begin(), steps.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    const auto& [seconds, counters] = steps[(steps.size() - 1) / 2];
+    TrainStepRun run = make_run(policy.name, seconds, counters);
+    run.all_step_seconds = std::move(all);
+    const double bound = report.bound.seconds();
+    run.ratio_to_bound = bound > 0 ? run.step_seconds / bound : 0;
+    report.runs.push_back(std::move(run));
+  }
+  report.notes.push_back(
+      report.config.backend == Backend::kCuda
+          ? "compute: simulated by a timed wait in a host function on the compute stream "
+            "(cudaLaunchHostFunc), not a busy kernel: the stream is busy for that time the same way"
+          : "compute: simulated by a timed wait on the compute stream's worker thread");
+  return report;
+}
+
+}  // namespace strata::bench

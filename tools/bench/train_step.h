@@ -1,0 +1,102 @@
+// offload-bench --workload=train-step: a synthetic transformer training step through the
+// TensorStore, timed against the overlap bound, once per policy.
+//
+// L layers of S-byte parameters homed on NVMe or in the pinned CPU tier; a step acquires them on
+// the GPU in order 0..L-1 (forward) then L-1..0 (backward), with a simulated compute time per
+// layer enqueued on the compute stream, and a GPU arena that holds only a few layers. Each policy
+// (prefetch + Belady, prefetch + LRU, on-demand) runs in a fresh Runtime. See docs/train-step.md.
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/device.h"
+
+namespace strata::bench {
+
+struct TrainStepOptions {
+  uint64_t layers = 16;
+  uint64_t layer_bytes = uint64_t{8} << 20;
+  double compute_ms = 4;  // per layer and pass (forward and backward each)
+  uint64_t arena_layers = 4;
+  std::string home = "nvme";  // "nvme" or "cpu"
+  double link_gbps = 16;      // HostDevice H2D and D2H throttle, 1e9 bytes/s; 0: unthrottled
+  uint64_t steps = 3;         // measured steps per policy, after one warm-up step
+  // The host waits for each layer's compute before acquiring the next, as a trainer that reads
+  // a layer's results on the host does. Without it the host runs ahead of the compute stream by
+  // up to arena-layers layers, and that run-ahead alone already fetches ahead of need.
+  bool sync_each_layer = false;
+};
+
+// A usage error in `options` (the message names the flag), or nullopt.
+std::optional<std::string> validate(const TrainStepOptions& options);
+
+// What the step could at best take: compute and transfers fully overlapped.
+struct TrainStepBound {
+  double compute_seconds = 0;   // 2 * L * compute
+  uint64_t transfer_bytes = 0;  // bytes that must cross the slowest link per step
+  double h2d_bytes_per_second = 0;
+  std::optional<double> nvme_bytes_per_second;  // home=nvme only
+  double link_bytes_per_second = 0;             // the slower of the two
+  double transfer_seconds() const;
+  double seconds() const;  // max(compute, transfer)
+};
+
+struct TrainStepRun {
+  std::string policy;  // "belady", "lru" or "on-demand"
+  // The median measured step (the lower middle one for an even --steps); every figure below is
+  // that step's, so a row is one consistent step.
+  double step_seconds = 0;
+  double ratio_to_bound = 0;
+  double stall_seconds = 0;  // StoreStats::stall_ns during the step
+  uint64_t bytes_moved = 0;  // every tier-to-tier move during the step
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t prefetches_issued = 0;
+  uint64_t prefetches_used = 0;
+  uint64_t prefetches_late = 0;
+  uint64_t prefetches_wasted = 0;
+  uint64_t prefetches_failed = 0;
+  double prefetch_accuracy = 0;  // used / issued during the step; 0 when none was issued
+  double compute_seconds = 0;    // what the simulated compute itself took during the step
+  // Mean host time per move during the step (MoveStats::ns / moves): for NVMe reads the read
+  // itself, so a slow swap file shows here; 0 when nothing moved.
+  double seconds_per_move = 0;
+  std::vector<double> all_step_seconds;  // every measured step, in order
+};
+
+struct TrainStepReport {
+  TrainStepOptions options;
+  ResolvedConfig config;  // the first policy run's (every run uses the same configuration)
+  std::string device;     // the device's description
+  std::string engine;     // the swap space's I/O engine, or "none" for home=cpu
+  std::string engine_reason;
+  TrainStepBound bound;
+  std::vector<TrainStepRun> runs;
+  std::vector<std::string> notes;  // footer lines: how the compute is simulated, warnings
+};
+
+// The device a run uses: on the host backend a HostDevice throttled to --link-gbps in both
+// directions; on CUDA the configured GPU (the flag does not apply).
+absl::StatusOr<std::unique_ptr<Device>> make_train_step_device(const TrainStepOptions& options,
+                                                               const ResolvedConfig& config);
+
+// Runs the workload: the link measurements, then one Runtime per policy. `base` is the
+// configuration from the environment; its sizes are overridden to fit the workload. `nvme_paths`
+// (home=nvme) are the directories for the swap space. Progress lines go to `human`.
+absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& options, const Config& base,
+                                               const std::vector<std::string>& nvme_paths,
+                                               std::ostream& human);
+
+void print_train_step(const TrainStepReport& report, std::ostream& out);
+// The value of the "train_step" key of offload-bench's JSON document.
+std::string train_step_json(const TrainStepReport& report);
+
+}  // namespace strata::bench
