@@ -64,15 +64,16 @@ void Impl::run_worker() {
     Copy& c = t.copies[tier_index(tier)];
     if ((c.present && c.valid) || c.moving) continue;
     ++t.operations;
+    ++counters.prefetches_issued;
+    c.prefetching = true;  // an acquire that arrives now is late
     bool waited = false;
     const absl::Status status = make_resident(t, tier, beyond, &waited);
     if (status.ok()) {
-      // Counted only when bytes moved: a copy that was already there is no prefetch.
-      if (waited && !c.prefetched && c.pins == 0) {
-        c.prefetched = true;
-        ++counters.prefetches_issued;
-      }
+      t.copies[tier_index(tier)].prefetching = false;
+      // Awaiting its use; an acquire that waited for it counts the use (and the lateness).
+      if (c.pins == 0) c.prefetched = true;
     } else {
+      t.copies[tier_index(tier)].prefetching = false;
       ++counters.prefetches_failed;
       if (absl::IsResourceExhausted(status)) {
         // Later accesses would not fit either: drop the rest of this round's plan.

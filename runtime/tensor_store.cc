@@ -458,7 +458,7 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   }
   Impl::Copy& c = t.copies[tier_index(tier)];
   const bool was_hit = c.present && c.valid && !c.moving;
-  if (c.moving && c.prefetched) late = true;
+  if (c.prefetching) late = true;  // its prefetch is still in flight: this acquire waits for it
   bool waited = false;
   for (;;) {
     if (auto status = s.make_resident(t, tier, std::nullopt, &waited); !status.ok()) {

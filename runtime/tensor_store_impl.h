@@ -45,10 +45,11 @@ class ABSL_SCOPED_LOCKABLE MutexUnlock {
 
 struct TensorStore::Impl {
   struct Copy {
-    bool present = false;     // memory allocated in this tier
-    bool valid = false;       // holds the tensor's newest bytes, completely
-    bool moving = false;      // bytes are being moved into it: not readable yet
-    bool prefetched = false;  // arrived by prefetch, not yet acquired
+    bool present = false;      // memory allocated in this tier
+    bool valid = false;        // holds the tensor's newest bytes, completely
+    bool moving = false;       // bytes are being moved into it: not readable yet
+    bool prefetched = false;   // arrived by prefetch, not yet acquired
+    bool prefetching = false;  // a prefetch is moving bytes into it right now
     bool arena_pinned = false;
     uint32_t pins = 0;     // acquisitions and moves reading from it
     uint32_t writers = 0;  // write acquisitions not yet released: no move may read it
