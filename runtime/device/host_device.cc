@@ -320,10 +320,9 @@ class HostDevice final : public Device {
   }
 
   absl::Status record(Event& event, Stream& stream) override {
-    auto* host_event = own(event);
-    auto* host_stream = own(stream);
-    if (host_event == nullptr) return foreign("event");
-    if (host_stream == nullptr) return foreign("stream");
+    auto owned = own(event, stream);
+    if (!owned.ok()) return owned.status();
+    auto [host_event, host_stream] = *owned;
     std::shared_ptr<EventState> state = host_event->state;
     uint64_t sequence;
     {
@@ -340,10 +339,9 @@ class HostDevice final : public Device {
   }
 
   absl::Status wait(Stream& stream, Event& event) override {
-    auto* host_event = own(event);
-    auto* host_stream = own(stream);
-    if (host_event == nullptr) return foreign("event");
-    if (host_stream == nullptr) return foreign("stream");
+    auto owned = own(event, stream);
+    if (!owned.ok()) return owned.status();
+    auto [host_event, host_stream] = *owned;
     std::shared_ptr<EventState> state = host_event->state;
     uint64_t sequence;
     {
@@ -391,6 +389,13 @@ class HostDevice final : public Device {
   HostEvent* own(Event& event) const {
     auto* e = dynamic_cast<HostEvent*>(&event);
     return e != nullptr && e->owner == shared_ ? e : nullptr;
+  }
+  absl::StatusOr<std::pair<HostEvent*, HostStream*>> own(Event& event, Stream& stream) const {
+    auto* host_event = own(event);
+    auto* host_stream = own(stream);
+    if (host_event == nullptr) return foreign("event");
+    if (host_stream == nullptr) return foreign("stream");
+    return std::pair{host_event, host_stream};
   }
   static absl::Status foreign(std::string_view what) {
     return absl::InvalidArgumentError(

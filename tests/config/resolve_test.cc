@@ -11,6 +11,7 @@
 
 #include "strata/config.h"
 #include "strata/machine_info.h"
+#include "temp_dir.h"
 
 namespace strata {
 namespace {
@@ -71,24 +72,7 @@ std::string resolve_error(const Config& config, const MachineInfo& machine) {
 }
 
 // A fresh directory under the temp dir, removed at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "strata-config-XXXXXX");
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 TEST_CASE("resolve: host defaults", "[config][resolve]") {
   const ResolvedConfig r = resolved_of(Config{}, fake_machine());

@@ -12,6 +12,7 @@
 
 #include "device_fixtures.h"
 #include "strata/fault_injector.h"
+#include "temp_dir.h"
 
 namespace strata {
 namespace {
@@ -30,19 +31,7 @@ uint8_t byte_at(uint32_t seed, uint64_t i) {
   return static_cast<uint8_t>(x >> ((i & 7) * 8));
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "strata-store-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 struct StoreSetup {
   uint64_t gpu_bytes = 4 * kMiB;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "strata/fault_injector.h"
+#include "temp_dir.h"
 
 namespace strata {
 namespace {
@@ -26,23 +27,7 @@ namespace {
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * 1024;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "strata-swap-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  size_t entries() const {
-    return static_cast<size_t>(std::distance(std::filesystem::directory_iterator(path_),
-                                             std::filesystem::directory_iterator{}));
-  }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
