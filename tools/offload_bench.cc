@@ -1,20 +1,20 @@
 // offload-bench: how fast does strata move tensors between its tiers on this machine, and how
 // close is that to what the hardware does?
 //
-// Each path moves --bytes in --tensor-bytes tensors through the runtime and, in the same run with
-// the same byte count, through a raw baseline (tools/bench/):
-//   cpu-gpu, gpu-cpu    pinned CPU tier <-> GPU arena (MemoryTier blocks, one stream) against
-//                       cudaMemcpyAsync, or memcpy on the host backend (gpu_paths.cc)
-//   cpu-nvme, nvme-cpu  pinned CPU tier <-> SwapSpace extents (checksums included) against the
-//                       equivalent of fio's io_uring engine on a file in the same directories
-//                       (nvme_paths.cc, raw_io.cc)
+// Each path moves --bytes in --tensor-bytes tensors through the public TensorStore API (what a
+// trainer gets; bench/store_paths.h) and, in the same run with the same byte count, through a raw
+// baseline: cudaMemcpyAsync (memcpy on the host backend; bench/gpu_paths.cc) for cpu-gpu and
+// gpu-cpu, the equivalent of fio's io_uring engine (bench/raw_io.cc) for cpu-nvme and nvme-cpu,
+// and the lower of the two for gpu-nvme and nvme-gpu. --tensor-bytes takes a list (a sweep);
+// --csv and --svg write the rows as CSV and as a plot (bench/plot.cc); --tune sweeps the I/O
+// settings (bench/tune.cc).
 // --workload=train-step runs a synthetic training step through the TensorStore instead and
 // compares prefetch + Belady, prefetch + LRU and on-demand against the overlap bound
 // (bench/train_step.cc, docs/train-step.md).
-// Sweeps, --tune and plots come with the bench issue.
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <absl/strings/strip.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -24,19 +24,21 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench/common.h"
 #include "bench/gpu_paths.h"
 #include "bench/nvme_dirs.h"
-#include "bench/nvme_paths.h"
+#include "bench/plot.h"
 #include "bench/report.h"
+#include "bench/store_paths.h"
 #include "bench/train_step.h"
+#include "bench/tune.h"
 #include "cli.h"
 #include "strata/backend.h"
 #include "strata/config.h"
 #include "strata/size.h"
-#include "strata/tier.h"
 
 namespace strata::bench {
 namespace {
@@ -121,32 +123,112 @@ int run_train_step_workload(const TrainStepOptions& options, const std::string& 
   return 0;
 }
 
+// --tensor-bytes=SIZE[,SIZE...]: every size through parse_size, none zero, each once.
+std::optional<std::string> parse_tensor_sizes(const std::string& text, std::vector<uint64_t>* out) {
+  out->clear();
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    const std::string size_text(absl::StripAsciiWhitespace(item));
+    auto size = parse_size(size_text);
+    if (!size.ok()) {
+      return "--tensor-bytes: '" + size_text + "': " + std::string(size.status().message());
+    }
+    if (*size == 0) return "--tensor-bytes: '" + size_text + "': must be at least 1";
+    if (std::find(out->begin(), out->end(), *size) != out->end()) {
+      return "--tensor-bytes: '" + size_text + "' is listed twice";
+    }
+    out->push_back(*size);
+  }
+  return std::nullopt;
+}
+
+using File = std::unique_ptr<FILE, int (*)(FILE*)>;
+
+// An output flag's destination, opened before anything runs so that a bad path fails at once
+// rather than after minutes of measuring. Null for "" (not asked) and "-" (stdout).
+std::optional<std::string> open_output(const std::string& flag, const std::string& path,
+                                       File* file) {
+  if (path.empty() || path == "-") return std::nullopt;
+  file->reset(std::fopen(path.c_str(), "w"));
+  if (*file == nullptr) {
+    return "--" + flag + ": cannot write '" + path + "': " + std::strerror(errno);
+  }
+  return std::nullopt;
+}
+
+bool finish_output(File& file, const std::string& text) {
+  return std::fwrite(text.data(), 1, text.size(), file.get()) == text.size() &&
+         std::fclose(file.release()) == 0;
+}
+
+// A one-line progress bar on stderr, only for a person watching: not when stderr is piped or
+// redirected (logs, tests) or under CI.
+class Progress {
+ public:
+  Progress() : enabled_(isatty(STDERR_FILENO) == 1 && std::getenv("CI") == nullptr) {}
+  ~Progress() { clear(); }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void show(size_t done, size_t total, const std::string& label) {
+    if (!enabled_ || total == 0) return;
+    constexpr size_t kWidth = 30;
+    const size_t filled = done * kWidth / total;
+    std::cerr << "\r[" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] "
+              << done << "/" << total << " " << label << "\x1b[K" << std::flush;
+    shown_ = true;
+  }
+  void clear() {
+    if (shown_) std::cerr << "\r\x1b[K" << std::flush;
+    shown_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+};
+
 int run(int argc, const char* const* argv) {
   Options options;
-  cli::FlagSet flags("offload-bench",
-                     "Measures strata's tier-to-tier bandwidth against a raw baseline measured "
-                     "in the same run.\nThe tiers are configured from STRATA_* variables; their "
-                     "sizes are set to fit --bytes. The NVMe paths use STRATA_NVME_PATHS, or a "
-                     "temporary directory under $TMPDIR (or /tmp) when it is unset.\n"
-                     "--workload=train-step instead times a synthetic training step (forward "
-                     "and backward over --layers layers) with prefetch + Belady, prefetch + LRU "
-                     "and on-demand, against max(compute, bytes / measured link bandwidth).");
-  cli::Flag& bytes_flag =
-      flags.add_size("bytes", &options.bytes, "bytes moved per path and repetition");
-  cli::Flag& tensor_flag =
-      flags.add_size("tensor-bytes", &options.tensor_bytes, "bytes per copy (one tensor)");
+  cli::FlagSet flags(
+      "offload-bench",
+      "Measures strata's tier-to-tier bandwidth through the TensorStore (what a trainer gets) "
+      "against a raw baseline measured in the same run.\nThe tiers are configured from STRATA_* "
+      "variables; their sizes are set to fit --bytes. The NVMe paths use STRATA_NVME_PATHS, or "
+      "a temporary directory under $TMPDIR (or /tmp), removed afterwards, when it is unset. On "
+      "the host backend the GPU paths are host-simulated.\n"
+      "--workload=train-step instead times a synthetic training step (forward and backward over "
+      "--layers layers) with prefetch + Belady, prefetch + LRU and on-demand, against "
+      "max(compute, bytes / measured link bandwidth).");
+  cli::Flag& bytes_flag = flags.add_size(
+      "bytes", &options.bytes, "bytes moved per path, tensor size and repetition (--tune: 64MiB)");
+  std::string tensor_text = "64MiB";
+  cli::Flag& tensor_flag = flags.add_string(
+      "tensor-bytes", &tensor_text,
+      "bytes per tensor; a comma-separated list is a sweep: every path runs for each size "
+      "(--tune: 16MiB)");
   cli::Flag& repeat_flag =
       flags.add_uint64("repeat", &options.repeat, "timed repetitions (after one warm-up)");
   bool no_baseline = false;
-  cli::Flag& baseline_flag = flags.add_bool("no-baseline", &no_baseline, "skip the raw baseline");
+  cli::Flag& baseline_flag = flags.add_bool("no-baseline", &no_baseline, "skip the raw baselines");
   flags.add_string("json", &options.json, "also write JSON results to FILE, or - for stdout");
+  cli::Flag& csv_flag =
+      flags.add_string("csv", &options.csv, "also write the rows as CSV to FILE, or - for stdout");
+  cli::Flag& svg_flag = flags.add_string(
+      "svg", &options.svg, "also write a plot (SVG) of GB/s against tensor size per path to FILE");
   std::string paths_text = all_paths_text();
   cli::Flag& paths_flag = flags.add_string("paths", &paths_text,
                                            "comma-separated paths to measure: " + all_paths_text());
-  std::string workload = "paths";
-  flags.add_enum("workload", &workload, {"paths", "train-step"},
-                 "paths: tier-to-tier bandwidth per path; train-step: a synthetic training step "
-                 "against its overlap bound (docs/train-step.md)");
+  bool tune = false;
+  cli::Flag& tune_flag = flags.add_bool(
+      "tune", &tune,
+      "sweep STRATA_IO_BLOCK (256KiB,1MiB,4MiB) x STRATA_IO_DEPTH (4,16,32,64) x "
+      "STRATA_IO_ENGINE (io_uring,psync) on cpu-nvme and nvme-cpu and print the export line "
+      "for the least pinned memory within 3% of the best");
+  std::string workload = "swap";
+  flags.add_enum("workload", &workload, {"swap", "paths", "train-step"},
+                 "swap: tier-to-tier bandwidth per path (paths: the same, its old name); "
+                 "train-step: a synthetic training step against its overlap bound "
+                 "(docs/train-step.md)");
   TrainStepOptions train;
   // Only meaningful with --workload=train-step; checked below.
   const std::vector<cli::Flag*> train_flags = {
@@ -173,12 +255,13 @@ int run(int argc, const char* const* argv) {
   if (auto exit_code = flags.parse_or_exit(argc, argv, &positional)) return *exit_code;
   if (!positional.empty()) return flags.usage_error("unexpected argument '" + positional[0] + "'");
   if (workload == "train-step") {
-    const std::vector<cli::Flag*> path_flags = {&bytes_flag, &tensor_flag, &repeat_flag,
-                                                &baseline_flag, &paths_flag};
+    const std::vector<cli::Flag*> path_flags = {&bytes_flag,    &tensor_flag, &repeat_flag,
+                                                &baseline_flag, &paths_flag,  &csv_flag,
+                                                &svg_flag,      &tune_flag};
     for (const cli::Flag* path_flag : path_flags) {
       if (path_flag->was_set()) {
         return flags.usage_error("--" + path_flag->name() +
-                                 " applies to --workload=paths, not train-step");
+                                 " applies to --workload=swap, not train-step");
       }
     }
     if (auto error = validate(train)) return flags.usage_error(*error);
@@ -191,16 +274,41 @@ int run(int argc, const char* const* argv) {
   }
   if (options.repeat == 0) return flags.usage_error("--repeat: must be at least 1");
   if (options.bytes == 0) return flags.usage_error("--bytes: must be at least 1");
-  if (options.tensor_bytes == 0) return flags.usage_error("--tensor-bytes: must be at least 1");
   if (auto error = parse_paths(paths_text, &options.paths)) return flags.usage_error(*error);
-  if (options.tensor_bytes > options.bytes) options.tensor_bytes = options.bytes;
+  if (auto error = parse_tensor_sizes(tensor_text, &options.tensor_sizes)) {
+    return flags.usage_error(*error);
+  }
+  if (tune) {
+    for (const cli::Flag* flag : {&paths_flag, &csv_flag, &svg_flag, &baseline_flag}) {
+      if (flag->was_set())
+        return flags.usage_error("--" + flag->name() + " does not apply to --tune");
+    }
+    if (options.tensor_sizes.size() > 1) {
+      return flags.usage_error("--tune takes one --tensor-bytes size, not a list");
+    }
+    if (!bytes_flag.was_set()) options.bytes = uint64_t{64} << 20;
+    if (!tensor_flag.was_set()) options.tensor_sizes = {uint64_t{16} << 20};
+    options.paths = {std::string(kCpuNvme), std::string(kNvmeCpu)};
+  }
+  if (options.json == "-" && options.csv == "-") {
+    return flags.usage_error("--json=- and --csv=- both want stdout; give one of them a file");
+  }
   options.baseline = !no_baseline;
-  const bool gpu_paths = options.wants(kCpuGpu) || options.wants(kGpuCpu);
-  const bool nvme_paths = options.wants(kCpuNvme) || options.wants(kNvmeCpu);
+  bool gpu_paths = false, nvme_paths = false;
+  for (const std::string& path : options.paths) {
+    gpu_paths |= is_gpu_path(path);
+    nvme_paths |= is_nvme_path(path);
+  }
   if (nvme_paths && options.bytes % kPage != 0) {
     return flags.usage_error("--bytes: the NVMe paths need a multiple of 4KiB (O_DIRECT), not " +
                              std::to_string(options.bytes));
   }
+  File json_file(nullptr, &std::fclose), csv_file(nullptr, &std::fclose),
+      svg_file(nullptr, &std::fclose);
+  if (auto error = open_output("json", options.json, &json_file)) return flags.usage_error(*error);
+  if (auto error = open_output("csv", options.csv, &csv_file)) return flags.usage_error(*error);
+  if (options.svg == "-") return flags.usage_error("--svg: give a file name (an SVG is no table)");
+  if (auto error = open_output("svg", options.svg, &svg_file)) return flags.usage_error(*error);
 
   auto config = Config::from_environment();
   if (!config.ok()) return fail(config.status());
@@ -210,71 +318,90 @@ int run(int argc, const char* const* argv) {
     if (!chosen.ok()) return fail(chosen.status());
     dirs.emplace(*std::move(chosen));
     config->nvme_paths = dirs->paths();
-    config->nvme_bytes = SizeSetting::of_bytes(
-        nvme_bytes_per_path(options, config->io_block, config->nvme_paths.size()));
   } else {
     config->nvme_paths.clear();
   }
-  // The bench sizes the tiers to what it moves, not to the trainer defaults: a source and a
-  // landing block in the pinned CPU tier, one block in the GPU arena.
-  const uint64_t cpu_block =
-      std::max(round_up(options.bytes), nvme_paths ? nvme_cpu_block_bytes(options) : 0);
-  config->cpu_bytes = SizeSetting::of_bytes(2 * cpu_block + 2 * kPage);
-  config->gpu_bytes =
-      SizeSetting::of_bytes(gpu_paths ? gpu_tier_bytes(options.bytes) + (1 << 20) : 2 << 20);
-  auto loaded = load_configuration(*config);
+  // The header shows the environment's settings; each group of paths then sizes its tiers to
+  // the tensors of a pass (bench/store_paths.cc).
+  Config header = *config;
+  const uint64_t largest =
+      *std::max_element(options.tensor_sizes.begin(), options.tensor_sizes.end());
+  header.cpu_bytes = SizeSetting::of_bytes(header.staging_bytes + round_up(options.bytes) +
+                                           round_up(std::min(largest, options.bytes)));
+  header.gpu_bytes = SizeSetting::of_bytes(gpu_paths ? gpu_tier_bytes(options.bytes) : 4 << 20);
+  header.nvme_bytes = SizeSetting::of_bytes(round_up(options.bytes) + 4 * header.io_block);
+  auto loaded = load_configuration(header);
   if (!loaded.ok()) return fail(loaded.status());
   const ResolvedConfig& resolved = loaded->first;
   auto device = make_device(resolved.backend, resolved.device);
   if (!device.ok()) return fail(device.status());
-  const bool json_to_stdout = options.json == "-";
-  std::ostream& human = json_to_stdout ? std::cerr : std::cout;
+  const bool data_to_stdout = options.json == "-" || options.csv == "-";
+  std::ostream& human = data_to_stdout ? std::cerr : std::cout;
   human << "offload-bench " << STRATA_VERSION << " on " << (*device)->description() << "\n"
-        << render(resolved) << "paths: " << absl::StrJoin(options.paths, ",") << "\n";
+        << render(resolved) << (tune ? "tune: " : "paths: ") << absl::StrJoin(options.paths, ",")
+        << "; bytes " << format_bytes(options.bytes) << "; tensor sizes ";
+  for (size_t i = 0; i < options.tensor_sizes.size(); ++i) {
+    human << (i == 0 ? "" : ",") << format_bytes(options.tensor_sizes[i]);
+  }
+  human << "; repeat " << options.repeat << "\n";
+  if (dirs.has_value()) human << "nvme: directories " << dirs->describe() << "\n";
   human.flush();
 
-  auto cpu = MemoryTier::create_pinned_cpu(**device, resolved.cpu_bytes);
-  if (!cpu.ok()) return fail(cpu.status());
-  // Held (pinned) for the whole run, as a trainer holds acquired tensors.
-  auto source = (*cpu)->allocate(cpu_block);
-  auto landing = (*cpu)->allocate(cpu_block);
-  for (const auto* block : {&source, &landing}) {
-    if (!block->ok()) return fail(block->status());
-    if (absl::Status status = (*cpu)->pin(**block); !status.ok()) return fail(status);
+  Progress progress;
+  if (tune) {
+    options.tensor_bytes = std::min(options.tensor_sizes.front(), options.bytes);
+    absl::Status status =
+        run_tune(options, *config, dirs->paths(), human,
+                 [&](size_t done, size_t total) { progress.show(done, total, "I/O settings"); });
+    progress.clear();
+    return status.ok() ? 0 : fail(status);
   }
-  auto* src = static_cast<std::byte*>(*(*cpu)->address(*source));
-  auto* dst = static_cast<std::byte*>(*(*cpu)->address(*landing));
-  fill_pattern(src, cpu_block, /*seed=*/42);
 
   Report report;
   report.engine = std::string(to_string(resolved.io_engine));
   report.engine_reason = resolved.io_engine_reason;
-  if (gpu_paths) {
-    auto rows = run_gpu_paths(options, **device, src, dst);
-    if (!rows.ok()) return fail(rows.status());
-    report.rows = *std::move(rows);
+  for (size_t i = 0; i < options.tensor_sizes.size(); ++i) {
+    progress.show(i, options.tensor_sizes.size(),
+                  "tensors of " + format_bytes(options.tensor_sizes[i]));
+    Options sized = options;
+    sized.tensor_bytes = std::min(options.tensor_sizes[i], options.bytes);
+    auto result = run_store_paths(
+        sized, *config, dirs.has_value() ? dirs->paths() : std::vector<std::string>(), human);
+    if (!result.ok()) {
+      progress.clear();
+      return fail(result.status());
+    }
+    report.rows.insert(report.rows.end(), result->rows.begin(), result->rows.end());
+    if (!result->engine.empty()) {
+      report.engine = result->engine;
+      report.engine_reason = result->engine_reason;
+    }
+    if (report.notes.empty()) report.notes = result->notes;
   }
-  if (nvme_paths) {
-    auto nvme = run_nvme_paths(options, resolved, dirs->describe(), **cpu, src, dst, human);
-    if (!nvme.ok()) return fail(nvme.status());
-    report.rows.insert(report.rows.end(), nvme->rows.begin(), nvme->rows.end());
-    report.engine = nvme->stats.engine;
-    report.engine_reason = nvme->stats.engine_reason;
+  progress.clear();
+  if (dirs.has_value()) {
     report.nvme_paths = resolved.nvme_paths;
-    report.notes = std::move(nvme->notes);
     report.notes.push_back("nvme: directories " + dirs->describe());
   }
 
-  if (!json_to_stdout) print_table(report, **device, std::cout);
-  if (!options.json.empty()) {
-    const std::string json = to_json(report, resolved, **device) + "\n";
-    if (json_to_stdout) {
-      std::cout << json;
-    } else if (!write_file(options.json, json)) {
-      std::cerr << "offload-bench: cannot write --json=" << options.json << ": "
+  if (!data_to_stdout) print_table(report, **device, std::cout);
+  const std::string json = to_json(report, resolved, **device) + "\n";
+  const std::string csv = to_csv(report);
+  if (options.json == "-") std::cout << json;
+  if (options.csv == "-") std::cout << csv;
+  const std::string title = "offload-bench on " + (*device)->description();
+  for (auto [file, text, flag, path] : {std::tuple{&json_file, &json, "json", &options.json},
+                                        std::tuple{&csv_file, &csv, "csv", &options.csv}}) {
+    if (*file != nullptr && !finish_output(*file, *text)) {
+      std::cerr << "offload-bench: cannot write --" << flag << "=" << *path << ": "
                 << std::strerror(errno) << "\n";
       return 1;
     }
+  }
+  if (svg_file != nullptr && !finish_output(svg_file, to_svg(report.rows, title))) {
+    std::cerr << "offload-bench: cannot write --svg=" << options.svg << ": " << std::strerror(errno)
+              << "\n";
+    return 1;
   }
   return 0;
 }

@@ -2,7 +2,7 @@
 import json
 import subprocess
 
-ALL_PATHS = ["cpu-gpu", "gpu-cpu", "cpu-nvme", "nvme-cpu"]
+ALL_PATHS = ["cpu-gpu", "gpu-cpu", "cpu-nvme", "nvme-cpu", "gpu-nvme", "nvme-gpu"]
 ROW_FIELDS = {"path", "tensor_bytes", "total_bytes", "repeats", "gbps_median", "gbps_min",
               "gbps_max", "baseline_gbps", "baseline_bytes", "ratio"}
 CONFIG_FIELDS = {"gpu_bytes", "cpu_bytes", "io_engine", "engine", "engine_reason", "io_block",

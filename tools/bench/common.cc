@@ -130,4 +130,12 @@ void fill_pattern(std::byte* data, uint64_t bytes, uint64_t seed) {
   for (; i < bytes; ++i) data[i] = static_cast<std::byte>(i * 131 + seed);
 }
 
+bool is_gpu_path(std::string_view path) {
+  return path == kCpuGpu || path == kGpuCpu || path == kGpuNvme || path == kNvmeGpu;
+}
+
+bool is_nvme_path(std::string_view path) {
+  return path == kCpuNvme || path == kNvmeCpu || path == kGpuNvme || path == kNvmeGpu;
+}
+
 }  // namespace strata::bench

@@ -18,14 +18,23 @@ inline constexpr std::string_view kCpuGpu = "cpu-gpu";
 inline constexpr std::string_view kGpuCpu = "gpu-cpu";
 inline constexpr std::string_view kCpuNvme = "cpu-nvme";
 inline constexpr std::string_view kNvmeCpu = "nvme-cpu";
-inline constexpr std::string_view kAllPaths[] = {kCpuGpu, kGpuCpu, kCpuNvme, kNvmeCpu};
+inline constexpr std::string_view kGpuNvme = "gpu-nvme";
+inline constexpr std::string_view kNvmeGpu = "nvme-gpu";
+inline constexpr std::string_view kAllPaths[] = {kCpuGpu,  kGpuCpu,  kCpuNvme,
+                                                 kNvmeCpu, kGpuNvme, kNvmeGpu};
+
+bool is_gpu_path(std::string_view path);   // touches the GPU tier
+bool is_nvme_path(std::string_view path);  // touches the NVMe tier
 
 struct Options {
   uint64_t bytes = uint64_t{256} << 20;
-  uint64_t tensor_bytes = uint64_t{64} << 20;
+  uint64_t tensor_bytes = uint64_t{64} << 20;  // the size being measured
+  std::vector<uint64_t> tensor_sizes;          // --tensor-bytes: the sweep, in the given order
   uint64_t repeat = 5;
   bool baseline = true;
   std::string json;
+  std::string csv;
+  std::string svg;
   std::vector<std::string> paths;  // a subset of kAllPaths, in kAllPaths order
 
   bool wants(std::string_view path) const;

@@ -1,14 +1,14 @@
-// offload-bench's GPU paths: pinned CPU tier → GPU arena (cpu-gpu) and back (gpu-cpu) through
-// MemoryTier blocks, in tensor-sized copies on one stream. The baseline, measured in the same run
-// with the same byte count, is the raw copy: cudaMemcpyAsync between a plain pinned buffer and a
-// plain device allocation on CUDA, memcpy between two page-aligned host buffers on the host
-// backend.
+// offload-bench's GPU link baseline: the raw copy the cpu-gpu and gpu-cpu paths (and the GPU
+// half of gpu-nvme and nvme-gpu) are compared with, measured in the same run with the same byte
+// count: cudaMemcpyAsync between a plain pinned buffer and a plain device allocation on CUDA,
+// memcpy between two page-aligned host buffers on the host backend.
 #pragma once
 
 #include <absl/status/statusor.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "bench/common.h"
@@ -16,17 +16,34 @@
 
 namespace strata::bench {
 
-// The GPU arena the GPU paths need for `bytes` (the arena keeps 1/64, at most 64 MiB, as its
+// The GPU arena `bytes` of tensors need (the arena keeps 1/64, at most 64 MiB, as its
 // compaction bounce buffer).
 uint64_t gpu_tier_bytes(uint64_t bytes);
 
-// Runs the GPU paths `options` asks for, copying between `source` and `landing` (pinned, at
-// least options.bytes each; `source` holds the data) and a GPU arena block. DataLoss when a byte
-// did not round-trip.
-absl::StatusOr<std::vector<Row>> run_gpu_paths(const Options& options, Device& device,
-                                               std::byte* source, std::byte* landing);
+class GpuBaseline {
+ public:
+  static absl::StatusOr<std::unique_ptr<GpuBaseline>> create(Device& device, uint64_t bytes);
+  ~GpuBaseline();
+  GpuBaseline(const GpuBaseline&) = delete;
+  GpuBaseline& operator=(const GpuBaseline&) = delete;
 
-// "memcpy between ..." or "cudaMemcpyAsync ...": what the GPU paths' baseline is.
+  // One copy of `bytes` in each direction, waited for.
+  absl::Status host_to_device();
+  absl::Status device_to_host();
+  uint64_t bytes() const { return bytes_; }
+
+  struct Buffers;
+  GpuBaseline(Device& device, uint64_t bytes, std::unique_ptr<Buffers> buffers);
+
+ private:
+  absl::Status copy(bool to_device);
+
+  Device& device_;
+  uint64_t bytes_;
+  std::unique_ptr<Buffers> buffers_;
+};
+
+// "memcpy between ..." or "cudaMemcpyAsync ...": what the GPU baseline is.
 const char* gpu_baseline_description(const Device& device);
 
 }  // namespace strata::bench

@@ -27,8 +27,6 @@ std::string json_string(std::string_view text) {
   return out + "\"";
 }
 
-bool is_gpu_path(std::string_view path) { return path == kCpuGpu || path == kGpuCpu; }
-
 }  // namespace
 
 void print_table(const Report& report, const Device& device, std::ostream& out) {
@@ -81,6 +79,20 @@ std::string to_json(const Report& report, const ResolvedConfig& config, const De
       json_string(to_string(config.io_engine)), json_string(report.engine),
       json_string(report.engine_reason), config.io_block, config.io_depth,
       config.verify ? "true" : "false", absl::StrJoin(paths, ", "), absl::StrJoin(results, ", "));
+}
+
+std::string to_csv(const Report& report) {
+  std::string out =
+      "path,tensor_bytes,total_bytes,repeats,gbps_median,gbps_min,gbps_max,baseline_gbps,"
+      "baseline_bytes,ratio\n";
+  for (const Row& r : report.rows) {
+    const bool base = r.baseline.has_value();
+    out += absl::StrFormat("%s,%d,%d,%d,%.3f,%.3f,%.3f,%s,%d,%s\n", r.path, r.tensor_bytes,
+                           r.total_bytes, r.repeats, r.runtime.median, r.runtime.min, r.runtime.max,
+                           base ? json_number(r.baseline->median) : "", r.baseline_bytes,
+                           base ? json_number(r.runtime.median / r.baseline->median) : "");
+  }
+  return out;
 }
 
 }  // namespace strata::bench

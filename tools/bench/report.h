@@ -20,6 +20,9 @@ struct Report {
 };
 
 void print_table(const Report& report, const Device& device, std::ostream& out);
+// One header line, then one line per row: the JSON row fields, an empty field for a missing
+// baseline.
+std::string to_csv(const Report& report);
 std::string to_json(const Report& report, const ResolvedConfig& config, const Device& device);
 
 }  // namespace strata::bench

@@ -1,0 +1,406 @@
+#include "bench/store_paths.h"
+
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "bench/gpu_paths.h"
+#include "bench/raw_io.h"
+#include "strata/runtime.h"
+#include "strata/size.h"
+
+namespace strata::bench {
+namespace {
+
+uint64_t tensor_count(const Options& o) { return o.tensors(); }
+// Every tensor rounded to a page: the CPU tier and the swap space hand out page-aligned blocks.
+uint64_t footprint(const Options& o) { return tensor_count(o) * round_up(o.tensor_bytes); }
+
+// The environment's configuration with the tiers sized to one group of paths: room for every
+// tensor of a pass in each tier the group touches (the store never has to evict to make room,
+// so a pass measures the moves alone), plus slack for alignment and the arena's bounce buffer.
+Config sized_config(const Options& o, const Config& base, const std::vector<std::string>& nvme,
+                    bool gpu) {
+  Config c = base;
+  const uint64_t all = footprint(o);
+  const uint64_t slack = tensor_count(o) * kPage + (uint64_t{2} << 20);
+  c.gpu_bytes = SizeSetting::of_bytes(gpu ? gpu_tier_bytes(all + slack) : uint64_t{4} << 20);
+  c.nvme_paths = nvme;
+  if (nvme.empty()) {
+    c.cpu_bytes = SizeSetting::of_bytes(all + slack);
+  } else {
+    // A tensor of u stripe units puts at most ceil(u / paths) of them on one path.
+    const uint64_t units = (o.tensor_bytes + c.io_block - 1) / c.io_block;
+    const uint64_t per_path = (units + nvme.size() - 1) / nvme.size() * c.io_block;
+    c.nvme_bytes = SizeSetting::of_bytes(tensor_count(o) * per_path + 4 * c.io_block);
+    // The staging pool lives in the CPU tier, next to every tensor's CPU copy.
+    c.cpu_bytes = SizeSetting::of_bytes(c.staging_bytes + all + slack);
+  }
+  return c;
+}
+
+// The tensors of one group, and the untimed steps that put them into a path's starting state.
+class StoreBench {
+ public:
+  StoreBench(Runtime& runtime, Stream& stream, const Options& options)
+      : rt_(runtime), store_(runtime.store()), stream_(stream), options_(options) {
+    expected_.resize(options.tensor_bytes);
+    landed_.resize(options.tensor_bytes);
+  }
+
+  absl::Status create(TierKind home) {
+    for (uint64_t i = 0; i < tensor_count(options_); ++i) {
+      auto handle = store_.create(absl::StrFormat("bench.%d", i), size(i), home);
+      if (!handle.ok()) return handle.status();
+      tensors_.push_back(*handle);
+    }
+    return absl::OkStatus();
+  }
+
+  // New contents for every tensor, written in `tier` (cpu: in place; gpu: copied in from host
+  // memory), so that the copy there is the only newest one.
+  absl::Status write(TierKind tier) {
+    ++seed_;
+    for (uint64_t i = 0; i < tensors_.size(); ++i) {
+      auto address = store_.acquire(tensors_[i], tier, stream_, AccessMode::kWrite);
+      if (!address.ok()) return address.status();
+      auto* data = static_cast<std::byte*>(*address);
+      absl::Status status;
+      if (tier == TierKind::kCpu) {
+        fill_pattern(data, size(i), pattern_seed(i));
+      } else {
+        fill_pattern(expected_.data(), size(i), pattern_seed(i));
+        status = rt_.device().copy_async(data, expected_.data(), size(i), CopyKind::kHostToDevice,
+                                         stream_);
+        // expected_ is reused for the next tensor.
+        if (status.ok()) status = rt_.device().synchronize(stream_);
+      }
+      if (absl::Status released = store_.release(tensors_[i], stream_); status.ok()) {
+        status = released;
+      }
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
+  }
+
+  // The timed passes.
+  absl::Status acquire_all(TierKind tier) {
+    for (const TensorHandle& t : tensors_) {
+      if (auto address = store_.acquire(t, tier, stream_, AccessMode::kRead); !address.ok()) {
+        return address.status();
+      }
+      if (absl::Status status = store_.release(t, stream_); !status.ok()) return status;
+    }
+    return rt_.device().synchronize(stream_);
+  }
+  absl::Status evict_all(TierKind tier) {
+    for (const TensorHandle& t : tensors_) {
+      if (absl::Status status = store_.evict(t, tier); !status.ok()) return status;
+    }
+    return rt_.device().synchronize(stream_);
+  }
+  absl::Status flush() { return store_.flush(); }
+
+  // Every tensor's copy in `tier` holds the last write()'s pattern.
+  absl::Status verify(TierKind tier, std::string_view path) {
+    for (uint64_t i = 0; i < tensors_.size(); ++i) {
+      auto address = store_.acquire(tensors_[i], tier, stream_, AccessMode::kRead);
+      if (!address.ok()) return address.status();
+      const std::byte* got = static_cast<const std::byte*>(*address);
+      absl::Status status;
+      if (tier == TierKind::kGpu) {
+        status =
+            rt_.device().copy_async(landed_.data(), got, size(i), CopyKind::kDeviceToHost, stream_);
+        if (status.ok()) status = rt_.device().synchronize(stream_);
+        got = landed_.data();
+      }
+      fill_pattern(expected_.data(), size(i), pattern_seed(i));
+      if (status.ok() && std::memcmp(got, expected_.data(), size(i)) != 0) {
+        uint64_t at = 0;
+        while (got[at] == expected_[at]) ++at;
+        status = absl::DataLossError(absl::StrFormat(
+            "%s: tensor %d (%d bytes) differs from byte %d on after its round trip through the "
+            "store; every call returned success, so this is a bug",
+            path, i, size(i), at));
+      }
+      if (absl::Status released = store_.release(tensors_[i], stream_); status.ok()) {
+        status = released;
+      }
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  uint64_t size(uint64_t i) const {
+    return std::min(options_.tensor_bytes, options_.bytes - i * options_.tensor_bytes);
+  }
+  uint64_t pattern_seed(uint64_t i) const { return seed_ * 1'000'003 + i; }
+
+  Runtime& rt_;
+  TensorStore& store_;
+  Stream& stream_;
+  const Options& options_;
+  std::vector<TensorHandle> tensors_;
+  uint64_t seed_ = 0;
+  std::vector<std::byte> expected_, landed_;
+};
+
+// A path's runtime pass, its untimed preparation, and up to two baselines (the lower wins).
+struct PathPlan {
+  std::string_view path;
+  Pass setup = nullptr;    // once, untimed
+  Pass prepare = nullptr;  // before every pass, untimed
+  Pass runtime = nullptr;
+  Pass verify = nullptr;
+  Pass baseline = nullptr;  // alternated with the runtime (ABBA); may be null
+  uint64_t baseline_bytes = 0;
+  Pass second_baseline = nullptr;  // the other link of a two-link path; may be null
+  uint64_t second_baseline_bytes = 0;
+};
+
+absl::Status run_plan(const Options& o, const PathPlan& plan, std::vector<Row>& rows) {
+  if (plan.setup) {
+    if (absl::Status status = plan.setup(); !status.ok()) return status;
+  }
+  Row row;
+  if (plan.baseline) {
+    auto paired = measure_paired(o.bytes, o.repeat, plan.runtime, plan.baseline, plan.prepare);
+    if (!paired.ok()) return paired.status();
+    row = make_row(o, plan.path, paired->runtime);
+    row.baseline = paired->baseline;
+    row.baseline_bytes = plan.baseline_bytes;
+  } else {
+    auto summary = measure(o.bytes, o.repeat, plan.runtime, plan.prepare);
+    if (!summary.ok()) return summary.status();
+    row = make_row(o, plan.path, *summary);
+  }
+  if (absl::Status status = plan.verify(); !status.ok()) return status;
+  if (plan.second_baseline) {
+    auto other = measure(o.bytes, o.repeat, plan.second_baseline);
+    if (!other.ok()) return other.status();
+    if (!row.baseline.has_value() || other->median < row.baseline->median) {
+      row.baseline = *other;
+      row.baseline_bytes = plan.second_baseline_bytes;
+    }
+  }
+  rows.push_back(std::move(row));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Runtime>> make_runtime(const Config& config) {
+  RuntimeOptions options;
+  // A bench pass moves what it asks for, when it asks: no background mover competes with it.
+  options.store.prefetch = false;
+  return Runtime::create(config, std::move(options));
+}
+
+// cpu-gpu and gpu-cpu: CPU-homed tensors, no NVMe tier.
+absl::Status run_gpu_group(const Options& o, const Config& base, PathsResult& result) {
+  auto runtime = make_runtime(sized_config(o, base, {}, /*gpu=*/true));
+  if (!runtime.ok()) return runtime.status();
+  Runtime& rt = **runtime;
+  auto stream = rt.device().create_stream();
+  if (!stream.ok()) return stream.status();
+  StoreBench bench(rt, **stream, o);
+  if (absl::Status status = bench.create(TierKind::kCpu); !status.ok()) return status;
+  std::unique_ptr<GpuBaseline> link;
+  if (o.baseline) {
+    auto created = GpuBaseline::create(rt.device(), o.bytes);
+    if (!created.ok()) return created.status();
+    link = *std::move(created);
+  }
+  const auto h2d = link ? Pass([&] { return link->host_to_device(); }) : Pass();
+  const auto d2h = link ? Pass([&] { return link->device_to_host(); }) : Pass();
+  if (o.wants(kCpuGpu)) {
+    PathPlan plan{.path = kCpuGpu,
+                  .setup = [&] { return bench.write(TierKind::kCpu); },
+                  .prepare = [&] { return bench.evict_all(TierKind::kGpu); },
+                  .runtime = [&] { return bench.acquire_all(TierKind::kGpu); },
+                  .verify = [&] { return bench.verify(TierKind::kGpu, kCpuGpu); },
+                  .baseline = h2d,
+                  .baseline_bytes = o.bytes};
+    if (absl::Status status = run_plan(o, plan, result.rows); !status.ok()) return status;
+  }
+  if (o.wants(kGpuCpu)) {
+    PathPlan plan{.path = kGpuCpu,
+                  .prepare = [&] { return bench.write(TierKind::kGpu); },
+                  .runtime = [&] { return bench.evict_all(TierKind::kGpu); },
+                  .verify = [&] { return bench.verify(TierKind::kCpu, kGpuCpu); },
+                  .baseline = d2h,
+                  .baseline_bytes = o.bytes};
+    if (absl::Status status = run_plan(o, plan, result.rows); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+void describe_swap(Runtime& rt, PathsResult& result, std::ostream& human) {
+  const SwapStats stats = rt.nvme()->stats();
+  result.engine = stats.engine;
+  result.engine_reason = stats.engine_reason;
+  human << "nvme: engine " << stats.engine << " (" << stats.engine_reason << "), block "
+        << format_bytes(rt.config().io_block) << ", depth " << rt.config().io_depth << "\n";
+  for (const SwapPathStats& path : stats.paths) {
+    human << absl::StrFormat("nvme: swap file in %s on %s, %s, alignment %d\n", path.path,
+                             path.filesystem.empty() ? "?" : path.filesystem,
+                             path.direct_io ? "O_DIRECT" : "buffered (O_DIRECT refused)",
+                             path.alignment);
+  }
+  for (const std::string& warning : stats.warnings) human << "nvme: warning: " << warning << "\n";
+  human.flush();
+}
+
+// cpu-nvme, nvme-cpu, gpu-nvme, nvme-gpu: NVMe-homed tensors.
+absl::Status run_nvme_group(const Options& o, const Config& base,
+                            const std::vector<std::string>& dirs, PathsResult& result,
+                            std::ostream& human) {
+  const bool gpu = o.wants(kGpuNvme) || o.wants(kNvmeGpu);
+  auto runtime = make_runtime(sized_config(o, base, dirs, gpu));
+  if (!runtime.ok()) return runtime.status();
+  Runtime& rt = **runtime;
+  if (rt.nvme() == nullptr) return absl::InternalError("the runtime has no NVMe tier");
+  describe_swap(rt, result, human);
+  auto stream = rt.device().create_stream();
+  if (!stream.ok()) return stream.status();
+  StoreBench bench(rt, **stream, o);
+  if (absl::Status status = bench.create(TierKind::kNvme); !status.ok()) return status;
+
+  std::unique_ptr<RawIo> raw;
+  std::unique_ptr<GpuBaseline> link;
+  if (o.baseline) {
+    const ResolvedConfig& c = rt.config();
+    auto created = RawIo::create(
+        {.dirs = c.nvme_paths, .bytes = o.bytes, .block = c.io_block, .depth = c.io_depth});
+    if (created.ok()) {
+      raw = *std::move(created);
+      result.notes.push_back(absl::StrFormat(
+          "nvme baseline: fio-equivalent io_uring, O_DIRECT, bs=%s, iodepth=%d, one job per "
+          "directory (%d), plain READ/WRITE on an O_TMPFILE file in the same directory",
+          format_bytes(c.io_block), c.io_depth, c.nvme_paths.size()));
+      if (auto buffered = raw->buffered_dirs(); !buffered.empty()) {
+        result.notes.push_back("nvme baseline: O_DIRECT refused in " +
+                               absl::StrJoin(buffered, ",") + ": buffered I/O there");
+      }
+    } else if (absl::IsUnavailable(created.status())) {
+      result.notes.push_back("nvme baseline: none: " + std::string(created.status().message()));
+    } else {
+      return created.status();
+    }
+    if (gpu) {
+      auto made = GpuBaseline::create(rt.device(), o.bytes);
+      if (!made.ok()) return made.status();
+      link = *std::move(made);
+      result.notes.push_back(
+          "gpu-nvme, nvme-gpu baseline: the lower of the nvme and gpu baselines, both measured "
+          "for the row");
+    }
+  }
+  const uint64_t raw_bytes = raw ? raw->bytes() : 0;
+  const auto raw_write = raw ? Pass([&] { return raw->write_pass(); }) : Pass();
+  const auto raw_read = raw ? Pass([&] { return raw->read_pass(); }) : Pass();
+  const auto h2d = link ? Pass([&] { return link->host_to_device(); }) : Pass();
+  const auto d2h = link ? Pass([&] { return link->device_to_host(); }) : Pass();
+  // The read paths start from bytes on NVMe only (no CPU copy to fetch from instead).
+  const auto on_nvme_only = [&]() -> absl::Status {
+    if (absl::Status status = bench.write(TierKind::kCpu); !status.ok()) return status;
+    if (absl::Status status = bench.flush(); !status.ok()) return status;
+    return bench.evict_all(TierKind::kCpu);
+  };
+  const auto cold = [&]() -> absl::Status {
+    if (absl::Status status = bench.evict_all(TierKind::kGpu); !status.ok()) return status;
+    return bench.evict_all(TierKind::kCpu);
+  };
+  // After a write path, read back from NVMe itself.
+  const auto verify_nvme = [&](std::string_view path) {
+    return [&, path]() -> absl::Status {
+      if (absl::Status status = cold(); !status.ok()) return status;
+      return bench.verify(TierKind::kCpu, path);
+    };
+  };
+  std::vector<PathPlan> plans;
+  if (o.wants(kCpuNvme)) {
+    plans.push_back({.path = kCpuNvme,
+                     .prepare = [&] { return bench.write(TierKind::kCpu); },
+                     .runtime = [&] { return bench.flush(); },
+                     .verify = verify_nvme(kCpuNvme),
+                     .baseline = raw_write,
+                     .baseline_bytes = raw_bytes});
+  }
+  if (o.wants(kNvmeCpu)) {
+    plans.push_back({.path = kNvmeCpu,
+                     .setup = on_nvme_only,
+                     .prepare = [&] { return bench.evict_all(TierKind::kCpu); },
+                     .runtime = [&] { return bench.acquire_all(TierKind::kCpu); },
+                     .verify = [&] { return bench.verify(TierKind::kCpu, kNvmeCpu); },
+                     .baseline = raw_read,
+                     .baseline_bytes = raw_bytes});
+  }
+  if (o.wants(kGpuNvme)) {
+    plans.push_back({.path = kGpuNvme,
+                     .prepare = [&]() -> absl::Status {
+                       if (absl::Status status = cold(); !status.ok()) return status;
+                       return bench.write(TierKind::kGpu);
+                     },
+                     .runtime = [&] { return bench.evict_all(TierKind::kGpu); },
+                     .verify = verify_nvme(kGpuNvme),
+                     .baseline = raw_write,
+                     .baseline_bytes = raw_bytes,
+                     .second_baseline = d2h,
+                     .second_baseline_bytes = o.bytes});
+  }
+  if (o.wants(kNvmeGpu)) {
+    plans.push_back({.path = kNvmeGpu,
+                     .setup = on_nvme_only,
+                     .prepare = cold,
+                     .runtime = [&] { return bench.acquire_all(TierKind::kGpu); },
+                     .verify = [&] { return bench.verify(TierKind::kGpu, kNvmeGpu); },
+                     .baseline = raw_read,
+                     .baseline_bytes = raw_bytes,
+                     .second_baseline = h2d,
+                     .second_baseline_bytes = o.bytes});
+  }
+  for (const PathPlan& plan : plans) {
+    if (absl::Status status = run_plan(o, plan, result.rows); !status.ok()) return status;
+  }
+  const IoStats io = rt.nvme()->stats().io;
+  human << absl::StrFormat(
+      "nvme: %d writes, %d reads, max %d in flight, %d retries, %d errors, %d checksum "
+      "failures\n",
+      io.writes, io.reads, io.max_in_flight, io.retries, io.errors,
+      rt.nvme()->stats().checksum_failures);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PathsResult> run_store_paths(const Options& options, const Config& config,
+                                            const std::vector<std::string>& nvme_dirs,
+                                            std::ostream& human) {
+  PathsResult result;
+  if (options.wants(kCpuGpu) || options.wants(kGpuCpu)) {
+    if (absl::Status status = run_gpu_group(options, config, result); !status.ok()) return status;
+  }
+  bool nvme = false;
+  for (const std::string& path : options.paths) nvme |= is_nvme_path(path);
+  if (nvme) {
+    if (absl::Status status = run_nvme_group(options, config, nvme_dirs, result, human);
+        !status.ok()) {
+      return status;
+    }
+  }
+  // kAllPaths order, whichever group ran a path.
+  std::stable_sort(result.rows.begin(), result.rows.end(), [](const Row& a, const Row& b) {
+    const auto rank = [](const std::string& p) {
+      return std::find(std::begin(kAllPaths), std::end(kAllPaths), p) - std::begin(kAllPaths);
+    };
+    return rank(a.path) < rank(b.path);
+  });
+  return result;
+}
+
+}  // namespace strata::bench
