@@ -91,10 +91,10 @@ absl::Status run_tune(const Options& options, const Config& config,
       "\n--tune: cpu-nvme and nvme-cpu through the store, %s in %s tensors, "
       "median of %d\n",
       format_bytes(o.bytes), format_bytes(o.tensor_bytes), o.repeat);
-  out << absl::StrFormat("%-9s %-9s %6s %6s %10s %10s %10s %9s\n", "engine", "(ran)", "block",
+  out << absl::StrFormat("%-9s %-9s %10s %6s %10s %10s %10s %10s\n", "engine", "(ran)", "block",
                          "depth", "cpu-nvme", "nvme-cpu", "mean GB/s", "pinned");
   for (const Trial& t : trials) {
-    out << absl::StrFormat("%-9s %-9s %6s %6d %10.2f %10.2f %10.2f %9s%s\n", t.engine, t.ran,
+    out << absl::StrFormat("%-9s %-9s %10s %6d %10.2f %10.2f %10.2f %10s%s\n", t.engine, t.ran,
                            format_bytes(t.block), t.depth, t.write_gbps, t.read_gbps, t.mean(),
                            format_bytes(t.pinned()),
                            &t == chosen ? "  <- chosen" : (&t == &*best ? "  (best)" : ""));
