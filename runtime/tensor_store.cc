@@ -1,6 +1,9 @@
 #include <absl/strings/str_format.h>
 #include <absl/time/clock.h>
 
+#include <atomic>
+#include <thread>
+
 #include "strata/format_bytes.h"
 #include "tensor_store_impl.h"
 
@@ -11,6 +14,8 @@ using Impl = TensorStore::Impl;
 namespace {
 
 constexpr std::array<TierKind, 3> kTiers = {TierKind::kGpu, TierKind::kCpu, TierKind::kNvme};
+// Write-backs flush() runs at once.
+constexpr size_t kFlushParallelism = 8;
 
 // Keeps a tensor from being destroyed while an operation holds a pointer to it across unlocks.
 class OperationGuard {
@@ -569,21 +574,55 @@ absl::Status TensorStore::evict(TensorHandle handle, TierKind tier) {
 
 absl::Status TensorStore::flush() {
   Impl& s = *impl_;
-  MutexLock lock(&s.mu);
-  absl::Status first;
-  for (auto& owned : s.tensors) {
-    Impl::Tensor& t = *owned;
-    if (!t.live) continue;
-    OperationGuard guard(s, t);
-    const Impl::Copy& home = t.copies[tier_index(t.home)];
-    if (home.valid || home.moving) continue;
-    const std::optional<TierKind> source = s.newest_copy(t, t.home);
-    if (!source.has_value()) continue;  // never written
-    // Still being written by the trainer: its bytes are not final; the next flush takes them.
-    if (t.copies[tier_index(*source)].writers > 0) continue;
-    if (auto status = s.write_back(t, *source); !status.ok() && first.ok()) first = status;
+  std::vector<TensorHandle> dirty;
+  {
+    MutexLock lock(&s.mu);
+    for (const auto& owned : s.tensors) {
+      const Impl::Tensor& t = *owned;
+      const Impl::Copy& home = t.copies[tier_index(t.home)];
+      if (t.live && !home.valid && !home.moving && s.newest_copy(t, t.home).has_value()) {
+        dirty.push_back(TensorHandle{t.index, t.generation});
+      }
+    }
   }
-  return first;
+  // Several write-backs at once: each moves one tensor, and one at a time leaves the drives
+  // idle between small tensors. Write-backs of different tensors are independent.
+  absl::Mutex error_mu;
+  absl::Status first;
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i = next++; i < dirty.size(); i = next++) {
+      absl::Status status;
+      {
+        MutexLock lock(&s.mu);
+        auto found = s.live(dirty[i]);
+        if (!found.ok()) continue;  // destroyed meanwhile: nothing to keep
+        Impl::Tensor& t = **found;
+        OperationGuard guard(s, t);
+        const Impl::Copy& home = t.copies[tier_index(t.home)];
+        const std::optional<TierKind> source = s.newest_copy(t, t.home);
+        // Still being written by the trainer: its bytes are not final; the next flush takes them.
+        if (home.valid || home.moving || !source.has_value() ||
+            t.copies[tier_index(*source)].writers > 0) {
+          continue;
+        }
+        status = s.write_back(t, *source);
+      }
+      if (!status.ok()) {
+        MutexLock lock(&error_mu);
+        // A private copy: absl::Status shares its message through uninstrumented refcounts.
+        if (first.ok()) first = absl::Status(status.code(), status.message());
+      }
+    }
+  };
+  const size_t helpers =
+      std::min<size_t>(dirty.size(), kFlushParallelism) - (dirty.empty() ? 0 : 1);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < helpers; ++i) threads.emplace_back(work);
+  work();
+  for (auto& thread : threads) thread.join();
+  MutexLock lock(&error_mu);
+  return absl::Status(first.code(), first.message());
 }
 
 absl::Status TensorStore::prefetch(TensorHandle handle, TierKind tier) {

@@ -219,6 +219,25 @@ TEST_CASE("NVMe faults during write-back and fetch lose nothing", "[store][fault
     REQUIRE(store.evict(*t, TierKind::kGpu).ok());
     CHECK(f.holds(*t, 384 * kKiB, 11));  // from NVMe now
   }
+  SECTION("flush") {
+    auto other = store.create("exp_avg", 384 * kKiB, TierKind::kNvme);
+    REQUIRE(other.ok());
+    f.write(*other, 384 * kKiB, 12);
+    FaultRule rule;
+    rule.op = IoOp::kWrite;
+    rule.error_number = EIO;
+    rule.times = 1;
+    setup.faults->add(rule);
+    auto status = store.flush();  // two write-backs at once; one of them fails
+    REQUIRE_FALSE(status.ok());
+    CHECK_THAT(std::string(status.message()), Catch::Contains("exp_avg"));
+    setup.faults->clear();
+    REQUIRE(store.flush().ok());  // the failed one again; the other is already home
+    REQUIRE(store.evict(*t, TierKind::kGpu).ok());
+    REQUIRE(store.evict(*other, TierKind::kGpu).ok());
+    CHECK(f.holds(*t, 384 * kKiB, 11));
+    CHECK(f.holds(*other, 384 * kKiB, 12));
+  }
   SECTION("fetch") {
     REQUIRE(store.flush().ok());
     REQUIRE(store.evict(*t, TierKind::kGpu).ok());
