@@ -1,0 +1,83 @@
+// strata CPU Adam / AdamW — the optimizer step of ZeRO-Offload, run on the host.
+//
+// adam_step() makes one fused pass per element: it reads the gradient (fp32, fp16 or bf16),
+// updates the fp32 master weight and both moments, writes the low-precision parameter copy
+// (fp16 or bf16, round-to-nearest-even) and accumulates the gradient's sum of squares and an
+// inf/nan flag. One pass matters because the step is memory-bound: every extra sweep over the
+// optimizer state costs as much as the step itself.
+//
+// The semantics follow torch.optim.Adam (decoupled=false, L2 weight decay added to the gradient)
+// and torch.optim.AdamW (decoupled=true, p *= 1 - lr*wd before the Adam update).
+//
+// Overflow handling: adam_step() updates the state even when the gradient holds inf/nan (it
+// reports it in AdamResult::non_finite). A caller that must skip an overflowed step without
+// touching the state calls grad_stats() first (one read-only pass over the gradient) and only
+// then adam_step().
+//
+// The kernels are SIMD with run-time dispatch (AVX-512, AVX2+F16C+FMA, scalar) and run over all
+// cores in one persistent oneTBB arena. The sum of squares is combined per fixed-size chunk in
+// index order, so it is bit-identical from run to run on the same ISA whatever the thread count.
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace strata {
+
+enum class GradType { kF32, kF16, kBF16 };
+enum class ParamCopyType { kNone, kF16, kBF16 };
+
+// Instruction-set variants of the kernels. kAuto picks the best one the CPU supports.
+enum class CpuIsa { kAuto, kScalar, kAvx2, kAvx512 };
+
+struct AdamParams {
+  float lr = 1e-3F;
+  float beta1 = 0.9F;
+  float beta2 = 0.999F;
+  float eps = 1e-8F;
+  float weight_decay = 0.0F;
+  bool decoupled = false;   // true: AdamW; false: Adam with L2 weight decay
+  uint64_t step = 1;        // 1-based, for bias correction
+  float grad_scale = 1.0F;  // gradients are multiplied by this first (loss unscale, clipping)
+};
+
+struct AdamTensors {
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  const void* grad = nullptr;
+  GradType grad_type = GradType::kF32;
+  void* param_copy = nullptr;  // fp16/bf16 copy of the updated master; unused with kNone
+  ParamCopyType copy_type = ParamCopyType::kNone;
+  uint64_t count = 0;
+};
+
+struct AdamResult {
+  double grad_sq_sum = 0.0;  // sum of squares of the scaled gradient (before weight decay)
+  bool non_finite = false;   // some scaled gradient element is inf or nan
+};
+
+// One Adam/AdamW step over `t.count` elements. InvalidArgument (naming the field) for a null
+// pointer with count > 0 or a bad hyper-parameter.
+absl::StatusOr<AdamResult> adam_step(const AdamTensors& t, const AdamParams& p);
+
+// Sum of squares and inf/nan flag of grad * grad_scale, without touching any optimizer state.
+absl::StatusOr<AdamResult> grad_stats(const void* grad, GradType type, uint64_t count,
+                                      float grad_scale);
+
+// The same with a forced ISA, for tests and measurements. FailedPrecondition if the CPU (or the
+// OS) does not support `isa`.
+absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, const AdamParams& p);
+absl::StatusOr<AdamResult> grad_stats_with(CpuIsa isa, const void* grad, GradType type,
+                                           uint64_t count, float grad_scale);
+
+// "avx512", "avx2" or "scalar": what kAuto resolves to on this CPU.
+std::string_view adam_isa();
+std::string_view isa_name(CpuIsa isa);
+// Every ISA this CPU can run, scalar first.
+std::vector<CpuIsa> supported_isas();
+
+}  // namespace strata

@@ -1,0 +1,251 @@
+// CPU Adam driver: validation, ISA dispatch and the parallel split over fixed-size chunks.
+#include "strata/cpu_adam.h"
+
+#include <absl/status/status.h>
+#include <absl/strings/str_cat.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu_adam_kernels.h"
+
+namespace strata {
+namespace {
+
+using adam_detail::ChunkResult;
+
+// Elements per chunk: 16 Ki fp32 masters are 64 KiB, and with m, v, grad and copy a chunk
+// touches ~480 KiB, which stays within a core's L2 while it is being streamed. The chunk size is
+// fixed (not derived from the thread count) so that the per-chunk sums, combined in index order,
+// give the same total on every run. It is a multiple of every SIMD width, so only the last
+// chunk has a scalar tail.
+constexpr uint64_t kChunk = 16 * 1024;
+static_assert(kChunk % adam_detail::kAvx512Width == 0);
+
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+bool cpu_has_avx512() {
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl");
+}
+
+bool isa_supported(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512:
+      return cpu_has_avx512();
+    case CpuIsa::kAvx2:
+      return cpu_has_avx2();
+    case CpuIsa::kScalar:
+    case CpuIsa::kAuto:
+      return true;
+  }
+  return false;
+}
+
+CpuIsa best_isa() {
+  // Resolved once: the CPU does not change under a running process.
+  static const CpuIsa isa = cpu_has_avx512() ? CpuIsa::kAvx512
+                            : cpu_has_avx2() ? CpuIsa::kAvx2
+                                             : CpuIsa::kScalar;
+  return isa;
+}
+
+// One arena for the life of the process, so that a step does not pay for creating and tearing
+// down worker threads; its concurrency is all cores, the default of task_arena.
+tbb::task_arena& arena() {
+  static tbb::task_arena a;
+  return a;
+}
+
+uint64_t simd_width(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512:
+      return adam_detail::kAvx512Width;
+    case CpuIsa::kAvx2:
+      return adam_detail::kAvx2Width;
+    case CpuIsa::kScalar:
+    case CpuIsa::kAuto:
+      break;
+  }
+  return 1;
+}
+
+// Runs chunk(begin, end) over [0, count) split into kChunk pieces and sums the results in chunk
+// order. A single chunk runs on the calling thread: small tensors are not worth a hand-off.
+template <typename ChunkFn>
+AdamResult run_chunks(uint64_t count, const ChunkFn& chunk) {
+  const uint64_t n_chunks = (count + kChunk - 1) / kChunk;
+  std::vector<double> partial(n_chunks, 0.0);
+  auto body = [&](uint64_t c) {
+    const uint64_t begin = c * kChunk;
+    const uint64_t end = begin + kChunk < count ? begin + kChunk : count;
+    partial[c] = chunk(begin, end).sq_sum;
+  };
+  if (n_chunks <= 1) {
+    for (uint64_t c = 0; c < n_chunks; ++c) body(c);
+  } else {
+    // static_partitioner gives each thread the same contiguous run of chunks on every call, so
+    // a thread keeps touching the pages it touched first (NUMA first-touch locality).
+    arena().execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<uint64_t>(0, n_chunks),
+          [&](const tbb::blocked_range<uint64_t>& r) {
+            for (uint64_t c = r.begin(); c != r.end(); ++c) body(c);
+          },
+          tbb::static_partitioner());
+    });
+  }
+  double sum = 0.0;
+  for (double p : partial) sum += p;
+  // Squares of finite floats cannot overflow a double, so the sum is finite exactly when every
+  // scaled gradient element is: the inf/nan check costs nothing in the element loop.
+  return {sum, !std::isfinite(sum)};
+}
+
+bool finite(float x) { return std::isfinite(x); }
+
+absl::Status invalid(std::string_view field, std::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("adam_step: ", std::string(field), " ", std::string(why)));
+}
+
+absl::Status validate(const AdamTensors& t, const AdamParams& p) {
+  if (!finite(p.lr) || p.lr < 0) return invalid("lr", "must be finite and >= 0");
+  if (!(p.beta1 >= 0 && p.beta1 < 1)) return invalid("beta1", "must be in [0, 1)");
+  if (!(p.beta2 >= 0 && p.beta2 < 1)) return invalid("beta2", "must be in [0, 1)");
+  if (!finite(p.eps) || p.eps <= 0) return invalid("eps", "must be finite and > 0");
+  if (!finite(p.weight_decay) || p.weight_decay < 0) {
+    return invalid("weight_decay", "must be finite and >= 0");
+  }
+  if (!finite(p.grad_scale)) return invalid("grad_scale", "must be finite");
+  if (p.step == 0) return invalid("step", "is 1-based and must be >= 1");
+  if (t.grad_type != GradType::kF32 && t.grad_type != GradType::kF16 &&
+      t.grad_type != GradType::kBF16) {
+    return invalid("grad_type", "is not a GradType");
+  }
+  if (t.copy_type != ParamCopyType::kNone && t.copy_type != ParamCopyType::kF16 &&
+      t.copy_type != ParamCopyType::kBF16) {
+    return invalid("copy_type", "is not a ParamCopyType");
+  }
+  if (t.count == 0) return absl::OkStatus();
+  if (t.master == nullptr) return invalid("master", "is null");
+  if (t.exp_avg == nullptr) return invalid("exp_avg", "is null");
+  if (t.exp_avg_sq == nullptr) return invalid("exp_avg_sq", "is null");
+  if (t.grad == nullptr) return invalid("grad", "is null");
+  if (t.copy_type != ParamCopyType::kNone && t.param_copy == nullptr) {
+    return invalid("param_copy", "is null");
+  }
+  return absl::OkStatus();
+}
+
+adam_detail::StepScalars scalars(const AdamParams& p) {
+  // Bias corrections in double: beta2^t for t in the millions is still representable there.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+  adam_detail::StepScalars s{};
+  s.beta1 = p.beta1;
+  s.beta2 = p.beta2;
+  s.one_minus_beta1 = 1.0F - p.beta1;
+  s.one_minus_beta2 = 1.0F - p.beta2;
+  s.eps = p.eps;
+  s.weight_decay = p.decoupled ? 0.0F : p.weight_decay;
+  s.decay = p.decoupled ? 1.0F - p.lr * p.weight_decay : 1.0F;
+  s.step_size = static_cast<float>(static_cast<double>(p.lr) / bc1);
+  s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  s.grad_scale = p.grad_scale;
+  return s;
+}
+
+absl::StatusOr<CpuIsa> resolve(CpuIsa isa) {
+  if (isa == CpuIsa::kAuto) return best_isa();
+  if (!isa_supported(isa)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CPU Adam: this CPU does not support ", std::string(isa_name(isa))));
+  }
+  return isa;
+}
+
+}  // namespace
+
+absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, const AdamParams& p) {
+  absl::StatusOr<CpuIsa> resolved = resolve(isa);
+  if (!resolved.ok()) return resolved.status();
+  if (absl::Status st = validate(t, p); !st.ok()) return st;
+  const adam_detail::StepScalars s = scalars(p);
+  const uint64_t width = simd_width(*resolved);
+  const CpuIsa use = *resolved;
+  return run_chunks(t.count, [&](uint64_t begin, uint64_t end) {
+    const uint64_t vec_end = begin + (end - begin) / width * width;
+    ChunkResult r{};
+    if (use == CpuIsa::kAvx512) r = adam_detail::step_avx512(t, begin, vec_end, s);
+    if (use == CpuIsa::kAvx2) r = adam_detail::step_avx2(t, begin, vec_end, s);
+    if (use == CpuIsa::kScalar) r = adam_detail::step_scalar(t, begin, vec_end, s);
+    r.sq_sum += adam_detail::step_scalar(t, vec_end, end, s).sq_sum;
+    return r;
+  });
+}
+
+absl::StatusOr<AdamResult> grad_stats_with(CpuIsa isa, const void* grad, GradType type,
+                                           uint64_t count, float grad_scale) {
+  absl::StatusOr<CpuIsa> resolved = resolve(isa);
+  if (!resolved.ok()) return resolved.status();
+  if (type != GradType::kF32 && type != GradType::kF16 && type != GradType::kBF16) {
+    return invalid("grad_type", "is not a GradType");
+  }
+  if (!finite(grad_scale)) return invalid("grad_scale", "must be finite");
+  if (count > 0 && grad == nullptr) return invalid("grad", "is null");
+  const uint64_t width = simd_width(*resolved);
+  const CpuIsa use = *resolved;
+  return run_chunks(count, [&](uint64_t begin, uint64_t end) {
+    const uint64_t vec_end = begin + (end - begin) / width * width;
+    ChunkResult r{};
+    if (use == CpuIsa::kAvx512)
+      r = adam_detail::stats_avx512(grad, type, begin, vec_end, grad_scale);
+    if (use == CpuIsa::kAvx2) r = adam_detail::stats_avx2(grad, type, begin, vec_end, grad_scale);
+    if (use == CpuIsa::kScalar)
+      r = adam_detail::stats_scalar(grad, type, begin, vec_end, grad_scale);
+    r.sq_sum += adam_detail::stats_scalar(grad, type, vec_end, end, grad_scale).sq_sum;
+    return r;
+  });
+}
+
+absl::StatusOr<AdamResult> adam_step(const AdamTensors& t, const AdamParams& p) {
+  return adam_step_with(CpuIsa::kAuto, t, p);
+}
+
+absl::StatusOr<AdamResult> grad_stats(const void* grad, GradType type, uint64_t count,
+                                      float grad_scale) {
+  return grad_stats_with(CpuIsa::kAuto, grad, type, count, grad_scale);
+}
+
+std::string_view isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+std::string_view adam_isa() { return isa_name(best_isa()); }
+
+std::vector<CpuIsa> supported_isas() {
+  std::vector<CpuIsa> out{CpuIsa::kScalar};
+  if (cpu_has_avx2()) out.push_back(CpuIsa::kAvx2);
+  if (cpu_has_avx512()) out.push_back(CpuIsa::kAvx512);
+  return out;
+}
+
+}  // namespace strata
