@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "cpu_adam_kernels.h"
+#include "cpu_adam_simd.h"
 
 namespace strata::adam_detail {
 namespace {
@@ -62,87 +63,42 @@ inline double hsum(__m256d a, __m256d b) {
   return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 }
 
-template <GradType G, ParamCopyType C>
-ChunkResult step(const AdamTensors& t, uint64_t begin, uint64_t end, const StepScalars& s) {
-  const __m256 beta1 = _mm256_set1_ps(s.beta1);
-  const __m256 beta2 = _mm256_set1_ps(s.beta2);
-  const __m256 omb1 = _mm256_set1_ps(s.one_minus_beta1);
-  const __m256 omb2 = _mm256_set1_ps(s.one_minus_beta2);
-  const __m256 eps = _mm256_set1_ps(s.eps);
-  const __m256 wd = _mm256_set1_ps(s.weight_decay);
-  const __m256 decay = _mm256_set1_ps(s.decay);
-  const __m256 step_size = _mm256_set1_ps(s.step_size);
-  const __m256 inv_sqrt_bc2 = _mm256_set1_ps(s.inv_sqrt_bc2);
-  const __m256 scale = _mm256_set1_ps(s.grad_scale);
-  __m256d acc0 = _mm256_setzero_pd();
-  __m256d acc1 = _mm256_setzero_pd();
-  for (uint64_t i = begin; i < end; i += kAvx2Width) {
-    __m256 g = _mm256_mul_ps(load_grad<G>(t.grad, i), scale);
-    accumulate_sq(g, acc0, acc1);
-    __m256 p = _mm256_loadu_ps(t.master + i);
-    g = _mm256_fmadd_ps(wd, p, g);
-    p = _mm256_mul_ps(p, decay);
-    const __m256 m = _mm256_fmadd_ps(beta1, _mm256_loadu_ps(t.exp_avg + i), _mm256_mul_ps(omb1, g));
-    const __m256 v = _mm256_fmadd_ps(beta2, _mm256_loadu_ps(t.exp_avg_sq + i),
-                                     _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
-    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), inv_sqrt_bc2, eps);
-    p = _mm256_fnmadd_ps(step_size, _mm256_div_ps(m, denom), p);
-    _mm256_storeu_ps(t.exp_avg + i, m);
-    _mm256_storeu_ps(t.exp_avg_sq + i, v);
-    _mm256_storeu_ps(t.master + i, p);
-    store_copy<C>(t.param_copy, i, p);
+// The vector operations simd_step and simd_stats (cpu_adam_simd.h) are written over.
+struct Avx2 {
+  using F = __m256;
+  struct Acc {
+    __m256d lo = _mm256_setzero_pd();
+    __m256d hi = _mm256_setzero_pd();
+  };
+  static constexpr uint64_t kWidth = kAvx2Width;
+  static F set1(float x) { return _mm256_set1_ps(x); }
+  static F load(const float* src) { return _mm256_loadu_ps(src); }
+  static void store(float* dst, F x) { _mm256_storeu_ps(dst, x); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F sqrt(F a) { return _mm256_sqrt_ps(a); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  template <GradType G>
+  static F grad(const void* src, uint64_t i) {
+    return load_grad<G>(src, i);
   }
-  return {hsum(acc0, acc1)};
-}
-
-template <GradType G>
-ChunkResult step_copy(const AdamTensors& t, uint64_t begin, uint64_t end, const StepScalars& s) {
-  switch (t.copy_type) {
-    case ParamCopyType::kF16:
-      return step<G, ParamCopyType::kF16>(t, begin, end, s);
-    case ParamCopyType::kBF16:
-      return step<G, ParamCopyType::kBF16>(t, begin, end, s);
-    case ParamCopyType::kNone:
-      break;
+  template <ParamCopyType C>
+  static void copy(void* dst, uint64_t i, F value) {
+    store_copy<C>(dst, i, value);
   }
-  return step<G, ParamCopyType::kNone>(t, begin, end, s);
-}
-
-template <GradType G>
-ChunkResult stats(const void* grad, uint64_t begin, uint64_t end, float scale) {
-  const __m256 vscale = _mm256_set1_ps(scale);
-  __m256d acc0 = _mm256_setzero_pd();
-  __m256d acc1 = _mm256_setzero_pd();
-  for (uint64_t i = begin; i < end; i += kAvx2Width) {
-    accumulate_sq(_mm256_mul_ps(load_grad<G>(grad, i), vscale), acc0, acc1);
-  }
-  return {hsum(acc0, acc1)};
-}
+  static void add_sq(F g, Acc& acc) { accumulate_sq(g, acc.lo, acc.hi); }
+  static double sum(const Acc& acc) { return hsum(acc.lo, acc.hi); }
+};
 
 }  // namespace
 
 ChunkResult step_avx2(const AdamTensors& t, uint64_t begin, uint64_t end, const StepScalars& s) {
-  switch (t.grad_type) {
-    case GradType::kF16:
-      return step_copy<GradType::kF16>(t, begin, end, s);
-    case GradType::kBF16:
-      return step_copy<GradType::kBF16>(t, begin, end, s);
-    case GradType::kF32:
-      break;
-  }
-  return step_copy<GradType::kF32>(t, begin, end, s);
+  return simd_step<Avx2>(t, begin, end, s);
 }
 
 ChunkResult stats_avx2(const void* grad, GradType type, uint64_t begin, uint64_t end, float scale) {
-  switch (type) {
-    case GradType::kF16:
-      return stats<GradType::kF16>(grad, begin, end, scale);
-    case GradType::kBF16:
-      return stats<GradType::kBF16>(grad, begin, end, scale);
-    case GradType::kF32:
-      break;
-  }
-  return stats<GradType::kF32>(grad, begin, end, scale);
+  return simd_stats<Avx2>(grad, type, begin, end, scale);
 }
 
 }  // namespace strata::adam_detail

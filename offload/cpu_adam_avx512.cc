@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "cpu_adam_kernels.h"
+#include "cpu_adam_simd.h"
 
 namespace strata::adam_detail {
 namespace {
@@ -64,88 +65,43 @@ inline double hsum(__m512d a, __m512d b) {
          ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
-template <GradType G, ParamCopyType C>
-ChunkResult step(const AdamTensors& t, uint64_t begin, uint64_t end, const StepScalars& s) {
-  const __m512 beta1 = _mm512_set1_ps(s.beta1);
-  const __m512 beta2 = _mm512_set1_ps(s.beta2);
-  const __m512 omb1 = _mm512_set1_ps(s.one_minus_beta1);
-  const __m512 omb2 = _mm512_set1_ps(s.one_minus_beta2);
-  const __m512 eps = _mm512_set1_ps(s.eps);
-  const __m512 wd = _mm512_set1_ps(s.weight_decay);
-  const __m512 decay = _mm512_set1_ps(s.decay);
-  const __m512 step_size = _mm512_set1_ps(s.step_size);
-  const __m512 inv_sqrt_bc2 = _mm512_set1_ps(s.inv_sqrt_bc2);
-  const __m512 scale = _mm512_set1_ps(s.grad_scale);
-  __m512d acc0 = _mm512_setzero_pd();
-  __m512d acc1 = _mm512_setzero_pd();
-  for (uint64_t i = begin; i < end; i += kAvx512Width) {
-    __m512 g = _mm512_mul_ps(load_grad<G>(t.grad, i), scale);
-    accumulate_sq(g, acc0, acc1);
-    __m512 p = _mm512_loadu_ps(t.master + i);
-    g = _mm512_fmadd_ps(wd, p, g);
-    p = _mm512_mul_ps(p, decay);
-    const __m512 m = _mm512_fmadd_ps(beta1, _mm512_loadu_ps(t.exp_avg + i), _mm512_mul_ps(omb1, g));
-    const __m512 v = _mm512_fmadd_ps(beta2, _mm512_loadu_ps(t.exp_avg_sq + i),
-                                     _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
-    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), inv_sqrt_bc2, eps);
-    p = _mm512_fnmadd_ps(step_size, _mm512_div_ps(m, denom), p);
-    _mm512_storeu_ps(t.exp_avg + i, m);
-    _mm512_storeu_ps(t.exp_avg_sq + i, v);
-    _mm512_storeu_ps(t.master + i, p);
-    store_copy<C>(t.param_copy, i, p);
+// The vector operations simd_step and simd_stats (cpu_adam_simd.h) are written over.
+struct Avx512 {
+  using F = __m512;
+  struct Acc {
+    __m512d lo = _mm512_setzero_pd();
+    __m512d hi = _mm512_setzero_pd();
+  };
+  static constexpr uint64_t kWidth = kAvx512Width;
+  static F set1(float x) { return _mm512_set1_ps(x); }
+  static F load(const float* src) { return _mm512_loadu_ps(src); }
+  static void store(float* dst, F x) { _mm512_storeu_ps(dst, x); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  template <GradType G>
+  static F grad(const void* src, uint64_t i) {
+    return load_grad<G>(src, i);
   }
-  return {hsum(acc0, acc1)};
-}
-
-template <GradType G>
-ChunkResult step_copy(const AdamTensors& t, uint64_t begin, uint64_t end, const StepScalars& s) {
-  switch (t.copy_type) {
-    case ParamCopyType::kF16:
-      return step<G, ParamCopyType::kF16>(t, begin, end, s);
-    case ParamCopyType::kBF16:
-      return step<G, ParamCopyType::kBF16>(t, begin, end, s);
-    case ParamCopyType::kNone:
-      break;
+  template <ParamCopyType C>
+  static void copy(void* dst, uint64_t i, F value) {
+    store_copy<C>(dst, i, value);
   }
-  return step<G, ParamCopyType::kNone>(t, begin, end, s);
-}
-
-template <GradType G>
-ChunkResult stats(const void* grad, uint64_t begin, uint64_t end, float scale) {
-  const __m512 vscale = _mm512_set1_ps(scale);
-  __m512d acc0 = _mm512_setzero_pd();
-  __m512d acc1 = _mm512_setzero_pd();
-  for (uint64_t i = begin; i < end; i += kAvx512Width) {
-    accumulate_sq(_mm512_mul_ps(load_grad<G>(grad, i), vscale), acc0, acc1);
-  }
-  return {hsum(acc0, acc1)};
-}
+  static void add_sq(F g, Acc& acc) { accumulate_sq(g, acc.lo, acc.hi); }
+  static double sum(const Acc& acc) { return hsum(acc.lo, acc.hi); }
+};
 
 }  // namespace
 
 ChunkResult step_avx512(const AdamTensors& t, uint64_t begin, uint64_t end, const StepScalars& s) {
-  switch (t.grad_type) {
-    case GradType::kF16:
-      return step_copy<GradType::kF16>(t, begin, end, s);
-    case GradType::kBF16:
-      return step_copy<GradType::kBF16>(t, begin, end, s);
-    case GradType::kF32:
-      break;
-  }
-  return step_copy<GradType::kF32>(t, begin, end, s);
+  return simd_step<Avx512>(t, begin, end, s);
 }
 
 ChunkResult stats_avx512(const void* grad, GradType type, uint64_t begin, uint64_t end,
                          float scale) {
-  switch (type) {
-    case GradType::kF16:
-      return stats<GradType::kF16>(grad, begin, end, scale);
-    case GradType::kBF16:
-      return stats<GradType::kBF16>(grad, begin, end, scale);
-    case GradType::kF32:
-      break;
-  }
-  return stats<GradType::kF32>(grad, begin, end, scale);
+  return simd_stats<Avx512>(grad, type, begin, end, scale);
 }
 
 }  // namespace strata::adam_detail
