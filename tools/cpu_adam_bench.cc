@@ -1,8 +1,9 @@
 // cpu-adam-bench: CPU Adam throughput per ISA against a memory-bandwidth floor measured in the
 // same process (docs/cpu_adam.md). A measurement, not a test: nothing here asserts on time.
 //
-//   cpu-adam-bench [params_in_millions=64] [repeats=5]
+//   cpu-adam-bench [--mparams=64] [--repeat=5]
 #include <oneapi/tbb/parallel_for.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "strata/cpu_adam.h"
+#include "strata/format_bytes.h"
 
 namespace {
 
@@ -22,8 +25,36 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const uint64_t n = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64) << 20;
-  const int repeats = argc > 2 ? std::atoi(argv[2]) : 5;
+  uint64_t mparams = 64;
+  uint64_t repeat = 5;
+  strata::cli::FlagSet flags(
+      "cpu-adam-bench",
+      "CPU Adam throughput per ISA against a memory-bandwidth floor measured "
+      "in the same run (fp32 gradients, bf16 parameter copy).");
+  flags.add_uint64("mparams", &mparams, "parameters, in units of 2^20");
+  flags.add_uint64("repeat", &repeat, "timed repetitions after one warm-up; the best is reported");
+  std::vector<std::string> positional;
+  if (auto exit_code = flags.parse_or_exit(argc, argv, &positional)) return *exit_code;
+  if (!positional.empty()) return flags.usage_error("unexpected argument '" + positional[0] + "'");
+  if (mparams == 0 || mparams > (uint64_t{1} << 20)) {
+    return flags.usage_error("--mparams: must be between 1 and 1048576");
+  }
+  if (repeat == 0 || repeat > 1000)
+    return flags.usage_error("--repeat: must be between 1 and 1000");
+  const uint64_t n = mparams << 20;
+  // master, m, v, grad (4 B each), the bf16 copy (2 B) and the 8 B-per-parameter floor buffer.
+  const uint64_t needed = n * 26;
+  const uint64_t physical =
+      static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (needed > physical / 10 * 8) {
+    std::fprintf(stderr,
+                 "cpu-adam-bench: --mparams=%llu needs %s of memory but this machine has %s; "
+                 "lower --mparams\n",
+                 static_cast<unsigned long long>(mparams), strata::format_bytes(needed).c_str(),
+                 strata::format_bytes(physical).c_str());
+    return 2;
+  }
+  const int repeats = static_cast<int>(repeat);
   std::vector<float> master(n, 0.5F), m(n, 0.0F), v(n, 0.0F), grad(n, 1e-3F);
   std::vector<uint16_t> copy(n, 0);
 
