@@ -435,6 +435,14 @@ absl::StatusOr<TensorHandle> TensorStore::find(std::string_view name) const {
   return TensorHandle{it->second, s.tensors[it->second]->generation};
 }
 
+absl::StatusOr<TensorStore::Info> TensorStore::info(TensorHandle handle) const {
+  Impl& s = *impl_;
+  MutexLock lock(&s.mu);
+  auto found = s.live(handle);
+  if (!found.ok()) return found.status();
+  return Info{(*found)->name, (*found)->bytes, (*found)->home};
+}
+
 absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, Stream& stream,
                                            AccessMode mode) {
   Impl& s = *impl_;

@@ -108,6 +108,13 @@ class TensorStore {
   // Fails while the tensor is acquired; waits for moves in flight.
   absl::Status destroy(TensorHandle tensor);
   absl::StatusOr<TensorHandle> find(std::string_view name) const;
+  // What create() was given: the tensor's size in bytes, its name and its home tier.
+  struct Info {
+    std::string name;
+    uint64_t bytes = 0;
+    TierKind home = TierKind::kCpu;
+  };
+  absl::StatusOr<Info> info(TensorHandle tensor) const;
 
   // The tensor's address in `tier` (gpu or cpu), ready for work issued on `stream` after the
   // call. kWrite makes this copy the newest: other copies become stale.
