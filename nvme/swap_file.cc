@@ -83,18 +83,6 @@ int open_unnamed(const std::string& dir, int flags, int* error) {
 
 }  // namespace
 
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = other.release();
-  }
-  return *this;
-}
-
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) close(fd_);
-}
-
 absl::StatusOr<SwapFile> SwapFile::create(const std::string& dir, uint64_t bytes) {
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0) {

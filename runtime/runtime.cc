@@ -61,7 +61,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
   runtime->cpu_ = *std::move(cpu);
 
   if (!c.nvme_paths.empty()) {
-    auto swap = SwapSpace::create(swap_space_options(c, runtime->cpu_.get()));
+    SwapSpaceOptions swap_options = swap_space_options(c, runtime->cpu_.get());
+    swap_options.faults = options.nvme_faults;
+    auto swap = SwapSpace::create(std::move(swap_options));
     if (!swap.ok()) return swap.status();
     runtime->nvme_ = *std::move(swap);
     const SwapStats stats = runtime->nvme_->stats();

@@ -20,11 +20,15 @@
 
 namespace strata {
 
+class FaultInjector;
+
 struct RuntimeOptions {
   TensorStoreOptions store;
   // A device to use instead of the configured one (e.g. a throttled HostDevice for
   // simulations). Its backend must match the resolved configuration's.
   std::unique_ptr<Device> device;
+  // Tests: faults to inject into the NVMe tier's I/O.
+  std::shared_ptr<FaultInjector> nvme_faults;
 };
 
 class Runtime {
