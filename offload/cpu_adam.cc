@@ -233,6 +233,33 @@ absl::StatusOr<AdamResult> grad_stats_with(CpuIsa isa, const void* grad, GradTyp
   });
 }
 
+absl::StatusOr<AdamResult> grad_accumulate_with(CpuIsa isa, void* dst, const void* src,
+                                                GradType type, uint64_t count) {
+  absl::StatusOr<CpuIsa> resolved = resolve(isa);
+  if (!resolved.ok()) return resolved.status();
+  if (type != GradType::kF32 && type != GradType::kF16 && type != GradType::kBF16) {
+    return invalid("grad_type", "is not a GradType");
+  }
+  if (count > 0 && dst == nullptr) return invalid("dst", "is null");
+  if (count > 0 && src == nullptr) return invalid("src", "is null");
+  const uint64_t width = simd_width(*resolved);
+  const CpuIsa use = *resolved;
+  return run_chunks(count, [&](uint64_t begin, uint64_t end) {
+    const uint64_t vec_end = begin + (end - begin) / width * width;
+    ChunkResult r{};
+    if (use == CpuIsa::kAvx512) r = adam_detail::accumulate_avx512(dst, src, type, begin, vec_end);
+    if (use == CpuIsa::kAvx2) r = adam_detail::accumulate_avx2(dst, src, type, begin, vec_end);
+    if (use == CpuIsa::kScalar) r = adam_detail::accumulate_scalar(dst, src, type, begin, vec_end);
+    r.sq_sum += adam_detail::accumulate_scalar(dst, src, type, vec_end, end).sq_sum;
+    return r;
+  });
+}
+
+absl::StatusOr<AdamResult> grad_accumulate(void* dst, const void* src, GradType type,
+                                           uint64_t count) {
+  return grad_accumulate_with(CpuIsa::kAuto, dst, src, type, count);
+}
+
 absl::StatusOr<AdamResult> adam_step(const AdamTensors& t, const AdamParams& p) {
   return adam_step_with(CpuIsa::kAuto, t, p);
 }

@@ -74,6 +74,7 @@ struct Avx2 {
   static F set1(float x) { return _mm256_set1_ps(x); }
   static F load(const float* src) { return _mm256_loadu_ps(src); }
   static void store(float* dst, F x) { _mm256_storeu_ps(dst, x); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F sqrt(F a) { return _mm256_sqrt_ps(a); }
@@ -99,6 +100,11 @@ ChunkResult step_avx2(const AdamTensors& t, uint64_t begin, uint64_t end, const 
 
 ChunkResult stats_avx2(const void* grad, GradType type, uint64_t begin, uint64_t end, float scale) {
   return simd_stats<Avx2>(grad, type, begin, end, scale);
+}
+
+ChunkResult accumulate_avx2(void* dst, const void* src, GradType type, uint64_t begin,
+                          uint64_t end) {
+  return simd_accumulate<Avx2>(dst, src, type, begin, end);
 }
 
 }  // namespace strata::adam_detail

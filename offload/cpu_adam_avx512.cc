@@ -76,6 +76,7 @@ struct Avx512 {
   static F set1(float x) { return _mm512_set1_ps(x); }
   static F load(const float* src) { return _mm512_loadu_ps(src); }
   static void store(float* dst, F x) { _mm512_storeu_ps(dst, x); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F sqrt(F a) { return _mm512_sqrt_ps(a); }
@@ -102,6 +103,11 @@ ChunkResult step_avx512(const AdamTensors& t, uint64_t begin, uint64_t end, cons
 ChunkResult stats_avx512(const void* grad, GradType type, uint64_t begin, uint64_t end,
                          float scale) {
   return simd_stats<Avx512>(grad, type, begin, end, scale);
+}
+
+ChunkResult accumulate_avx512(void* dst, const void* src, GradType type, uint64_t begin,
+                          uint64_t end) {
+  return simd_accumulate<Avx512>(dst, src, type, begin, end);
 }
 
 }  // namespace strata::adam_detail

@@ -46,6 +46,13 @@ ChunkResult stats_avx2(const void* grad, GradType type, uint64_t begin, uint64_t
 ChunkResult stats_avx512(const void* grad, GradType type, uint64_t begin, uint64_t end,
                          float scale);
 
+ChunkResult accumulate_scalar(void* dst, const void* src, GradType type, uint64_t begin,
+                              uint64_t end);
+ChunkResult accumulate_avx2(void* dst, const void* src, GradType type, uint64_t begin,
+                            uint64_t end);
+ChunkResult accumulate_avx512(void* dst, const void* src, GradType type, uint64_t begin,
+                              uint64_t end);
+
 // Portable conversions (scalar TU), round-to-nearest-even, denormals and inf kept; a NaN stays a
 // quiet NaN with the top of its payload, as F16C's vcvtps2ph does.
 float half_to_float(uint16_t h);

@@ -122,4 +122,20 @@ ChunkResult stats_scalar(const void* grad, GradType type, uint64_t begin, uint64
   return {sq};
 }
 
+ChunkResult accumulate_scalar(void* dst, const void* src, GradType type, uint64_t begin,
+                              uint64_t end) {
+  double sq = 0.0;
+  for (uint64_t i = begin; i < end; ++i) {
+    const float sum = load_grad(dst, type, i) + load_grad(src, type, i);
+    if (type == GradType::kF32) {
+      static_cast<float*>(dst)[i] = sum;
+    } else {
+      store_copy(dst, type == GradType::kF16 ? ParamCopyType::kF16 : ParamCopyType::kBF16, i, sum);
+    }
+    const double stored = load_grad(dst, type, i);
+    sq += stored * stored;
+  }
+  return {sq};
+}
+
 }  // namespace strata::adam_detail

@@ -2,7 +2,7 @@
 // type V (Avx2 or Avx512 in their translation units): the formula lives in one place.
 //
 // V provides: F (the float vector), Acc (double accumulators for the sum of squares, value-
-// initialised to zero), kWidth, set1, load, store, mul, div, sqrt, fmadd (a*b+c), fnmadd
+// initialised to zero), kWidth, set1, load, store, add, mul, div, sqrt, fmadd (a*b+c), fnmadd
 // (c-a*b), grad<GradType>(ptr, i), copy<ParamCopyType>(ptr, i, F), add_sq(F, Acc&), sum(Acc).
 //
 // Everything here has internal linkage (unnamed namespace): each ISA translation unit, compiled
@@ -95,6 +95,38 @@ ChunkResult simd_stats(const void* grad, GradType type, uint64_t begin, uint64_t
       break;
   }
   return simd_stats<V, GradType::kF32>(grad, begin, end, scale);
+}
+
+// dst += src in the gradient's dtype; the statistics are of the stored (rounded) sum, since
+// that is what the step will read.
+template <class V, GradType G>
+ChunkResult simd_accumulate(void* dst, const void* src, uint64_t begin, uint64_t end) {
+  typename V::Acc acc{};
+  for (uint64_t i = begin; i < end; i += V::kWidth) {
+    const typename V::F sum = V::add(V::template grad<G>(dst, i), V::template grad<G>(src, i));
+    if constexpr (G == GradType::kF32) {
+      V::store(static_cast<float*>(dst) + i, sum);
+    } else {
+      V::template copy<G == GradType::kF16 ? ParamCopyType::kF16 : ParamCopyType::kBF16>(dst, i,
+                                                                                        sum);
+    }
+    V::add_sq(V::template grad<G>(dst, i), acc);
+  }
+  return {V::sum(acc)};
+}
+
+template <class V>
+ChunkResult simd_accumulate(void* dst, const void* src, GradType type, uint64_t begin,
+                            uint64_t end) {
+  switch (type) {
+    case GradType::kF16:
+      return simd_accumulate<V, GradType::kF16>(dst, src, begin, end);
+    case GradType::kBF16:
+      return simd_accumulate<V, GradType::kBF16>(dst, src, begin, end);
+    case GradType::kF32:
+      break;
+  }
+  return simd_accumulate<V, GradType::kF32>(dst, src, begin, end);
 }
 
 }  // namespace

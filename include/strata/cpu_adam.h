@@ -68,11 +68,18 @@ absl::StatusOr<AdamResult> adam_step(const AdamTensors& t, const AdamParams& p);
 absl::StatusOr<AdamResult> grad_stats(const void* grad, GradType type, uint64_t count,
                                       float grad_scale);
 
+// dst += src element-wise, in `type` (fp32 arithmetic, the sum rounded to nearest even), with
+// the sum of squares and inf/nan flag of the new dst: gradient accumulation over micro-steps.
+absl::StatusOr<AdamResult> grad_accumulate(void* dst, const void* src, GradType type,
+                                           uint64_t count);
+
 // The same with a forced ISA, for tests and measurements. FailedPrecondition if the CPU (or the
 // OS) does not support `isa`.
 absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, const AdamParams& p);
 absl::StatusOr<AdamResult> grad_stats_with(CpuIsa isa, const void* grad, GradType type,
                                            uint64_t count, float grad_scale);
+absl::StatusOr<AdamResult> grad_accumulate_with(CpuIsa isa, void* dst, const void* src,
+                                                GradType type, uint64_t count);
 
 // "avx512", "avx2" or "scalar": what kAuto resolves to on this CPU.
 std::string_view adam_isa();
