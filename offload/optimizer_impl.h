@@ -1,0 +1,172 @@
+// OffloadOptimizer's shared state, private to offload/: the API and registration
+// (offload_optimizer.cc), gradient landing (grad_landing.cc), the step (optimizer_step.cc), the
+// NVMe state layout (nvme_states.cc) and checkpoints (optimizer_checkpoint.cc).
+#pragma once
+
+#include <absl/status/statusor.h>
+#include <absl/synchronization/mutex.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strata/offload_optimizer.h"
+#include "strata/staging.h"
+#include "strata/swap_space.h"
+
+namespace strata {
+
+uint64_t element_bytes(ParamType type);
+uint64_t element_bytes(GradType type);
+ParamCopyType copy_type(ParamType type);
+// dst[i] = master[i] rounded to `type` (round to nearest even).
+void round_master(const float* master, ParamType type, void* dst, uint64_t count);
+// dst[i] = src[i] widened to fp32.
+void widen_param(const void* src, ParamType type, float* dst, uint64_t count);
+
+// A one-shot completion an I/O callback signals and the step thread waits for.
+class Completion {
+ public:
+  void signal(absl::Status status);
+  absl::Status wait();  // blocks until signalled
+  bool pending() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+// A contiguous run of one parameter's elements inside a pipeline chunk.
+struct Piece {
+  uint32_t param = 0;
+  uint64_t offset = 0;        // element offset in the parameter
+  uint64_t count = 0;         // elements
+  uint64_t chunk_offset = 0;  // element offset in the chunk
+};
+
+struct OffloadOptimizer::Impl {
+  struct Param {
+    std::string name;
+    TensorHandle param;
+    TensorHandle grad;
+    ParamType param_type = ParamType::kF16;
+    GradType grad_type = GradType::kF16;
+    uint64_t count = 0;
+    uint32_t group = 0;
+    uint64_t flat_offset = 0;  // first element in the concatenation of all parameters
+    TensorHandle grad_host;    // where gradients land, CPU tier
+    // States in the CPU tier (state_home == kCpu); on NVMe they live in `chunks`.
+    TensorHandle master;
+    TensorHandle exp_avg;
+    TensorHandle exp_avg_sq;
+    uint64_t steps = 0;  // steps this parameter took: its Adam bias correction
+  };
+
+  // The landing state of one parameter's gradient, guarded by landing_mu.
+  struct Landing {
+    uint32_t landed = 0;   // landings processed since the last step (0: no gradient)
+    uint32_t pending = 0;  // landings issued, not processed yet
+    double sq_sum = 0.0;   // of the accumulated gradient, after the latest landing
+    bool non_finite = false;
+    double partial_sq = 0.0;  // of the landing whose pieces are being processed
+    bool partial_non_finite = false;
+    absl::Status failed;  // a landing that did not complete: the gradient is incomplete
+  };
+
+  // One D2H copy to process once it has completed.
+  struct LandingJob {
+    uint32_t param = 0;
+    std::unique_ptr<Event> copied;
+    bool direct = false;      // straight into grad_host, which this job holds acquired
+    void* host = nullptr;     // direct: grad_host's address
+    absl::Status aborted;     // issuing failed after earlier pieces were queued: end the landing
+    StagingPool::Lease lease;  // otherwise: one piece in a staging chunk, to add
+    uint64_t offset = 0;       // elements
+    uint64_t count = 0;
+    bool first_piece = false;
+    bool last_piece = false;
+  };
+
+  // With states on NVMe: one chunk of chunk_elements elements, [master | exp_avg | exp_avg_sq]
+  // in each of two swap slots; `current` holds the committed state.
+  struct NvmeChunk {
+    ExtentHandle slots[2];
+    uint32_t current = 0;
+  };
+
+  Impl(Runtime& r, OffloadOptimizerOptions o) : runtime(r), options(std::move(o)) {}
+
+  Runtime& runtime;
+  const OffloadOptimizerOptions options;
+  StagingPool* pool = nullptr;          // the runtime's, or own_pool
+  std::unique_ptr<StagingPool> own_pool;  // without an NVMe tier the runtime has none
+  uint64_t chunk_elements = 0;
+  std::unique_ptr<Stream> d2h_stream;  // gradient landings
+  std::unique_ptr<Stream> h2d_stream;  // parameter updates
+
+  // Serialises step(), save(), load(), add_param(), read_state(): they change the layout or
+  // the states. Held before landing_mu/state_mu, never while waiting for them in reverse.
+  absl::Mutex step_mu;
+  // Serialises issuing landings, so that a parameter's landings queue in call order.
+  absl::Mutex issue_mu;
+
+  mutable absl::Mutex state_mu;  // the registry below, read by every call
+  std::vector<Param> params ABSL_GUARDED_BY(state_mu);
+  std::vector<AdamGroup> groups ABSL_GUARDED_BY(state_mu);
+  std::vector<NvmeChunk> chunks ABSL_GUARDED_BY(state_mu);
+  uint64_t elements ABSL_GUARDED_BY(state_mu) = 0;
+  uint64_t step_count ABSL_GUARDED_BY(state_mu) = 0;
+  float loss_scale ABSL_GUARDED_BY(state_mu) = 1.0F;
+  uint64_t good_steps ABSL_GUARDED_BY(state_mu) = 0;  // since the last overflow (growth)
+  OffloadOptimizerStats counters ABSL_GUARDED_BY(state_mu);
+
+  mutable absl::Mutex landing_mu;
+  absl::CondVar landing_changed;
+  std::vector<Landing> landings ABSL_GUARDED_BY(landing_mu);
+  std::deque<LandingJob> jobs ABSL_GUARDED_BY(landing_mu);
+  bool stopping ABSL_GUARDED_BY(landing_mu) = false;
+  std::thread lander;
+
+  // Registry access.
+  absl::StatusOr<Param> param_copy(ParamId id) const;
+  std::vector<Param> params_snapshot() const;
+
+  // grad_landing.cc
+  void run_lander();
+  absl::Status process(LandingJob& job);
+  absl::Status issue_landing(uint32_t index, const Param& p, Stream& stream);
+  void wait_for_landings();  // every issued landing processed
+
+  // nvme_states.cc
+  uint64_t chunk_state_bytes() const { return 12 * chunk_elements; }
+  // Extends the NVMe layout by `count` elements whose master starts as `master`.
+  absl::Status nvme_append(const std::string& name, uint64_t flat_offset, uint64_t count,
+                           const float* master);
+  // The pieces of chunk `chunk` that belong to `params` (all of them when `only` is empty).
+  std::vector<Piece> chunk_pieces(uint64_t chunk, const std::vector<Param>& params,
+                                  const std::vector<bool>* only) const;
+  absl::Status read_chunk(uint64_t chunk, uint32_t slot, void* dst, Completion& done);
+  absl::Status write_chunk(uint64_t chunk, uint32_t slot, const void* src, Completion& done);
+  uint32_t current_slot(uint64_t chunk) const;
+  void commit_slots(const std::vector<uint64_t>& written);
+
+  // Sets a parameter's tensor to its rounded master, through its CPU copy.
+  absl::Status write_param_tensor(const Param& p, uint64_t offset, const float* master,
+                                  uint64_t count);
+  // Reads a parameter's state (any of the three arrays may be null).
+  absl::Status read_param_state(const Param& p, float* master, float* exp_avg, float* exp_avg_sq);
+  // Replaces a parameter's state; on NVMe the new state is committed by the caller's
+  // commit_slots() for the chunks returned in `written`.
+  absl::Status write_param_state(const Param& p, const float* master, const float* exp_avg,
+                                 const float* exp_avg_sq);
+
+  // optimizer_step.cc
+  absl::StatusOr<StepResult> step();
+};
+
+}  // namespace strata

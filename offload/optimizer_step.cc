@@ -1,0 +1,469 @@
+// OffloadOptimizer::step(): clipping and overflow from the statistics gathered as gradients
+// landed, then the chunk pipeline — CPU Adam on chunk k+1 while chunk k's updated parameters
+// are copied to the GPU, and with states on NVMe the read of chunk k+1 and the write of chunk
+// k-1 around the step of chunk k.
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "optimizer_impl.h"
+#include "strata/mutex.h"
+
+namespace strata {
+namespace {
+
+using Param = OffloadOptimizer::Impl::Param;
+
+uint64_t since_ns(absl::Time start) {
+  return static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
+}
+
+// Holds one parameter's tensors acquired for as long as consecutive pieces use it: pieces come
+// in flat order, so each parameter is acquired once per step.
+class OpenParam {
+ public:
+  OpenParam(TensorStore& store, Stream& stream, const std::vector<Param>& params, bool cpu_states)
+      : store_(store), stream_(stream), params_(params), cpu_states_(cpu_states) {}
+  ~OpenParam() { (void)close(); }
+
+  // Acquires `param`'s GPU copy (written by the H2D copies), its landed gradient and, with
+  // states in the CPU tier, its states.
+  absl::Status open(uint32_t param) {
+    if (open_ && param_ == param) return absl::OkStatus();
+    if (auto st = close(); !st.ok()) return st;
+    const Param& p = params_[param];
+    param_ = param;
+    open_ = true;
+    struct Want {
+      TensorHandle tensor;
+      TierKind tier;
+      AccessMode mode;
+      void** out;
+    };
+    std::vector<Want> wants = {{p.grad_host, TierKind::kCpu, AccessMode::kRead, &grad_},
+                               {p.param, TierKind::kGpu, AccessMode::kWrite, &gpu_}};
+    if (cpu_states_) {
+      wants.push_back({p.master, TierKind::kCpu, AccessMode::kWrite, &master_});
+      wants.push_back({p.exp_avg, TierKind::kCpu, AccessMode::kWrite, &exp_avg_});
+      wants.push_back({p.exp_avg_sq, TierKind::kCpu, AccessMode::kWrite, &exp_avg_sq_});
+    }
+    for (const Want& w : wants) {
+      auto data = store_.acquire(w.tensor, w.tier, stream_, w.mode);
+      if (!data.ok()) return data.status();
+      *w.out = *data;
+      held_.push_back(w.tensor);
+    }
+    return absl::OkStatus();
+  }
+
+  // Releases in reverse; work issued on the stream so far is what used them.
+  absl::Status close() {
+    absl::Status status;
+    while (!held_.empty()) {
+      if (auto st = store_.release(held_.back(), stream_); !st.ok() && status.ok()) status = st;
+      held_.pop_back();
+    }
+    open_ = false;
+    return status;
+  }
+
+  std::byte* grad() const { return static_cast<std::byte*>(grad_); }
+  std::byte* gpu() const { return static_cast<std::byte*>(gpu_); }
+  float* master() const { return static_cast<float*>(master_); }
+  float* exp_avg() const { return static_cast<float*>(exp_avg_); }
+  float* exp_avg_sq() const { return static_cast<float*>(exp_avg_sq_); }
+
+ private:
+  TensorStore& store_;
+  Stream& stream_;
+  const std::vector<Param>& params_;
+  const bool cpu_states_;
+  bool open_ = false;
+  uint32_t param_ = 0;
+  std::vector<TensorHandle> held_;
+  void* grad_ = nullptr;
+  void* gpu_ = nullptr;
+  void* master_ = nullptr;
+  void* exp_avg_ = nullptr;
+  void* exp_avg_sq_ = nullptr;
+};
+
+// What every piece's Adam call shares in one step.
+struct StepPlan {
+  std::vector<Param> params;
+  std::vector<AdamGroup> groups;
+  std::vector<bool> landed;
+  float grad_scale = 1.0F;
+  CpuIsa isa = CpuIsa::kAuto;
+};
+
+// Runs Adam over one piece whose states start at master/exp_avg/exp_avg_sq (already offset to
+// the piece) and writes the parameter copy to `copy` (unused for fp32 parameters).
+absl::Status adam_piece(const StepPlan& plan, const Piece& piece, const std::byte* grad,
+                        float* master, float* exp_avg, float* exp_avg_sq, void* copy) {
+  const Param& p = plan.params[piece.param];
+  const AdamGroup& g = plan.groups[p.group];
+  AdamTensors t;
+  t.master = master;
+  t.exp_avg = exp_avg;
+  t.exp_avg_sq = exp_avg_sq;
+  t.grad = grad + piece.offset * element_bytes(p.grad_type);
+  t.grad_type = p.grad_type;
+  t.param_copy = copy;
+  t.copy_type = copy_type(p.param_type);
+  t.count = piece.count;
+  AdamParams a;
+  a.lr = g.lr;
+  a.beta1 = g.beta1;
+  a.beta2 = g.beta2;
+  a.eps = g.eps;
+  a.weight_decay = g.weight_decay;
+  a.decoupled = g.decoupled;
+  a.step = p.steps + 1;
+  a.grad_scale = plan.grad_scale;
+  auto result = adam_step_with(plan.isa, t, a);
+  return result.ok() ? absl::OkStatus() : result.status();
+}
+
+}  // namespace
+
+// States in the CPU tier: chunks of landed parameters' elements; two staging chunks alternate
+// as the destination of the parameter copies, so the H2D copies of one chunk overlap the step
+// of the next.
+static absl::Status step_cpu_states(OffloadOptimizer::Impl& s, const StepPlan& plan,
+                                    uint64_t& adam_ns) {
+  Device& device = s.runtime.device();
+  std::vector<std::vector<Piece>> chunks(1);
+  uint64_t filled = 0;
+  for (uint32_t i = 0; i < plan.params.size(); ++i) {
+    if (!plan.landed[i]) continue;
+    for (uint64_t offset = 0; offset < plan.params[i].count;) {
+      if (filled == s.chunk_elements) {
+        chunks.emplace_back();
+        filled = 0;
+      }
+      const uint64_t n = std::min(plan.params[i].count - offset, s.chunk_elements - filled);
+      chunks.back().push_back(Piece{i, offset, n, filled});
+      offset += n;
+      filled += n;
+    }
+  }
+  StagingPool::Lease leases[2] = {s.pool->acquire(), s.pool->acquire()};
+  std::unique_ptr<Event> copied[2];
+  for (auto& e : copied) {
+    auto created = device.create_event();
+    if (!created.ok()) return created.status();
+    e = *std::move(created);
+  }
+  {
+    MutexLock lock(&s.state_mu);
+    s.counters.peak_staging_chunks = std::max<uint64_t>(s.counters.peak_staging_chunks, 2);
+  }
+  OpenParam open(s.runtime.store(), *s.h2d_stream, plan.params, /*cpu_states=*/true);
+  absl::Status status;
+  for (uint64_t k = 0; k < chunks.size() && status.ok(); ++k) {
+    const uint32_t slot = k % 2;
+    if (k >= 2) status = device.synchronize(*copied[slot]);  // its copies read this lease
+    auto* buffer = static_cast<std::byte*>(leases[slot].data());
+    for (const Piece& piece : chunks[k]) {
+      if (!status.ok()) break;
+      status = open.open(piece.param);
+      if (!status.ok()) break;
+      const Param& p = plan.params[piece.param];
+      const uint64_t esize = element_bytes(p.param_type);
+      void* copy = buffer + piece.chunk_offset * 2;
+      const absl::Time start = absl::Now();
+      status = adam_piece(plan, piece, open.grad(), open.master() + piece.offset,
+                          open.exp_avg() + piece.offset, open.exp_avg_sq() + piece.offset, copy);
+      adam_ns += since_ns(start);
+      if (!status.ok()) break;
+      // fp32 parameters are the master itself, still acquired while this copy is issued.
+      const void* src = p.param_type == ParamType::kF32 ? open.master() + piece.offset : copy;
+      status = device.copy_async(open.gpu() + piece.offset * esize, src, piece.count * esize,
+                                 CopyKind::kHostToDevice, *s.h2d_stream);
+    }
+    if (status.ok()) status = device.record(*copied[slot], *s.h2d_stream);
+  }
+  if (auto st = open.close(); !st.ok() && status.ok()) status = st;
+  // The leases go back to the pool: their copies must be done.
+  if (auto st = device.synchronize(*s.h2d_stream); !st.ok() && status.ok()) status = st;
+  return status;
+}
+
+namespace {
+
+// A chunk in flight through the NVMe pipeline. Completions are signalled by I/O threads, so
+// a Flight stays put (held by unique_ptr) until both have been waited for.
+struct Flight {
+  uint64_t chunk = 0;
+  uint32_t read_slot = 0;
+  StagingPool::Lease lease;
+  Completion read;
+  Completion write;
+  bool read_issued = false;
+  bool write_issued = false;
+  bool uploaded = false;  // H2D copies issued
+  std::unique_ptr<Event> copied;
+  std::vector<Piece> pieces;
+};
+
+}  // namespace
+
+// States on NVMe: read chunk k+1 while stepping chunk k while writing chunk k-1, within three
+// staging chunks. New states go to each chunk's other slot; the caller commits them.
+static absl::Status step_nvme_states(OffloadOptimizer::Impl& s, const StepPlan& plan,
+                                     std::vector<uint64_t>& written, uint64_t& adam_ns,
+                                     uint64_t& io_wait_ns, bool& restored) {
+  Device& device = s.runtime.device();
+  const uint64_t e = s.chunk_elements;
+  uint64_t total_chunks;
+  {
+    MutexLock lock(&s.state_mu);
+    total_chunks = s.chunks.size();
+  }
+  std::vector<std::unique_ptr<Flight>> flights;
+  for (uint64_t c = 0; c < total_chunks; ++c) {
+    auto pieces = s.chunk_pieces(c, plan.params, &plan.landed);
+    if (pieces.empty()) continue;
+    auto f = std::make_unique<Flight>();
+    f->chunk = c;
+    f->read_slot = s.current_slot(c);
+    f->pieces = std::move(pieces);
+    flights.push_back(std::move(f));
+  }
+  OpenParam open(s.runtime.store(), *s.h2d_stream, plan.params, /*cpu_states=*/false);
+  uint64_t leases_out = 0;
+  uint64_t held = 0;
+  auto issue_read = [&](Flight& f) -> absl::Status {
+    f.lease = s.pool->acquire();
+    held = std::max(held, ++leases_out);
+    f.read_issued = true;
+    absl::Status st = s.read_chunk(f.chunk, f.read_slot, f.lease.data(), f.read);
+    if (!st.ok()) f.read.signal(st);
+    return st;
+  };
+  auto waited = [&](Completion& c) {
+    const absl::Time start = absl::Now();
+    absl::Status st = c.wait();
+    io_wait_ns += since_ns(start);
+    return st;
+  };
+  // Waits for everything chunk f still has in flight and returns its lease.
+  auto retire = [&](Flight& f) -> absl::Status {
+    absl::Status st;
+    if (f.read_issued) {
+      if (auto r = waited(f.read); !r.ok()) st = r;
+    }
+    if (f.write_issued) {
+      if (auto w = waited(f.write); !w.ok() && st.ok()) st = w;
+    }
+    if (f.uploaded) {
+      if (auto c = device.synchronize(*f.copied); !c.ok() && st.ok()) st = c;
+    }
+    if (f.lease) --leases_out;
+    f.lease = StagingPool::Lease();
+    return st;
+  };
+  absl::Status status;
+  uint64_t retired = 0;
+  if (!flights.empty()) status = issue_read(*flights[0]);
+  for (uint64_t k = 0; k < flights.size() && status.ok(); ++k) {
+    if (k >= 2) {  // chunk k-2 frees its lease before chunk k+1 takes one
+      status = retire(*flights[k - 2]);
+      retired = k - 1;
+      if (!status.ok()) break;
+    }
+    if (k + 1 < flights.size()) {
+      status = issue_read(*flights[k + 1]);
+      if (!status.ok()) break;
+    }
+    Flight& f = *flights[k];
+    status = waited(f.read);
+    if (!status.ok()) break;
+    auto* base = static_cast<float*>(f.lease.data());
+    auto* copies = reinterpret_cast<std::byte*>(base + 3 * e);
+    for (const Piece& piece : f.pieces) {
+      status = open.open(piece.param);
+      if (!status.ok()) break;
+      const Param& p = plan.params[piece.param];
+      float* master = base + piece.chunk_offset;
+      void* copy = copies + piece.chunk_offset * 2;
+      const absl::Time start = absl::Now();
+      status = adam_piece(plan, piece, open.grad(), master, master + e, master + 2 * e, copy);
+      adam_ns += since_ns(start);
+      if (!status.ok()) break;
+      const uint64_t esize = element_bytes(p.param_type);
+      const void* src = p.param_type == ParamType::kF32 ? static_cast<void*>(master) : copy;
+      f.uploaded = true;
+      status = device.copy_async(open.gpu() + piece.offset * esize, src, piece.count * esize,
+                                 CopyKind::kHostToDevice, *s.h2d_stream);
+      if (!status.ok()) break;
+    }
+    if (f.uploaded) {
+      auto event = device.create_event();
+      absl::Status st = event.ok() ? device.record(**event, *s.h2d_stream) : event.status();
+      if (st.ok()) {
+        f.copied = *std::move(event);
+      } else {
+        f.uploaded = false;  // nothing to wait on per chunk: synchronise the stream below
+        (void)device.synchronize(*s.h2d_stream);
+        if (status.ok()) status = st;
+      }
+    }
+    if (!status.ok()) break;
+    f.write_issued = true;
+    status = s.write_chunk(f.chunk, f.read_slot ^ 1U, f.lease.data(), f.write);
+    if (!status.ok()) f.write.signal(status);
+  }
+  if (auto st = open.close(); !st.ok() && status.ok()) status = st;
+  // Everything still in flight must finish before its lease and completions go away.
+  for (uint64_t k = retired; k < flights.size(); ++k) {
+    if (auto st = retire(*flights[k]); !st.ok() && status.ok()) status = st;
+  }
+  {
+    MutexLock lock(&s.state_mu);
+    s.counters.peak_staging_chunks = std::max(s.counters.peak_staging_chunks, held);
+  }
+  if (status.ok()) {
+    for (const auto& f : flights) written.push_back(f->chunk);
+    return status;
+  }
+  // Failed: the committed slots still hold the previous states. Put the previous parameters
+  // back where an updated chunk was already copied to the GPU.
+  std::vector<uint64_t> restore_errors;
+  for (const auto& f : flights) {
+    if (!f->uploaded) continue;
+    StagingPool::Lease lease = s.pool->acquire();
+    Completion read;
+    absl::Status st = s.read_chunk(f->chunk, f->read_slot, lease.data(), read);
+    st = st.ok() ? read.wait() : st;
+    for (const Piece& piece : f->pieces) {
+      if (!st.ok()) break;
+      st = s.write_param_tensor(plan.params[piece.param], piece.offset,
+                                static_cast<const float*>(lease.data()) + piece.chunk_offset,
+                                piece.count);
+    }
+    if (!st.ok()) restore_errors.push_back(f->chunk);
+  }
+  restored = restore_errors.empty();
+  if (!restore_errors.empty()) {
+    return absl::Status(status.code(),
+                        absl::StrCat(status.message(), "; restoring the previous parameters of ",
+                                     restore_errors.size(), " chunk(s) failed as well: the "
+                                     "parameters are partly updated, load() a checkpoint"));
+  }
+  return status;
+}
+
+absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
+  const absl::Time start = absl::Now();
+  wait_for_landings();
+  const uint64_t wait_ns = since_ns(start);
+  StepPlan plan;
+  plan.isa = options.isa;
+  plan.params = params_snapshot();
+  float scale;
+  {
+    MutexLock lock(&state_mu);
+    plan.groups = groups;
+    scale = loss_scale;
+  }
+  plan.landed.assign(plan.params.size(), false);
+  double sq_sum = 0.0;
+  bool non_finite = false;
+  uint64_t updated = 0;
+  {
+    MutexLock lock(&landing_mu);
+    for (size_t i = 0; i < plan.params.size(); ++i) {
+      const Landing& l = landings[i];
+      if (!l.failed.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step: ", l.failed.message(), " — call zero_grad() and run backward again"));
+      }
+      if (l.landed == 0) continue;
+      plan.landed[i] = true;
+      ++updated;
+      sq_sum += l.sq_sum;
+      non_finite = non_finite || l.non_finite;
+    }
+  }
+  StepResult result;
+  result.loss_scale = scale;
+  result.grad_norm = std::sqrt(sq_sum) / scale;
+  result.params_updated = updated;
+  auto clear_landings = [&] {
+    MutexLock lock(&landing_mu);
+    for (Landing& l : landings) l = Landing();
+  };
+  const LossScaling& ls = options.loss_scaling;
+  if (non_finite && options.skip_on_overflow) {
+    clear_landings();
+    MutexLock lock(&state_mu);
+    ++counters.skipped_steps;
+    if (ls.dynamic) loss_scale = std::max(ls.min_scale, loss_scale * ls.backoff_factor);
+    good_steps = 0;
+    result.skipped = true;
+    result.params_updated = 0;
+    result.grad_norm = std::numeric_limits<double>::infinity();
+    result.step = step_count;
+    result.loss_scale = loss_scale;
+    counters.last_step_ns = since_ns(start);
+    return result;
+  }
+  if (updated == 0) {
+    MutexLock lock(&state_mu);
+    result.step = step_count;
+    return result;
+  }
+  if (options.max_grad_norm > 0 && std::isfinite(result.grad_norm)) {
+    result.clip_coef = std::min(1.0, options.max_grad_norm / (result.grad_norm + 1e-6));
+  }
+  plan.grad_scale = static_cast<float>(result.clip_coef / scale);
+
+  uint64_t adam_ns = 0;
+  uint64_t io_wait_ns = 0;
+  std::vector<uint64_t> written;
+  bool restored = false;
+  absl::Status status =
+      options.state_home == TierKind::kCpu
+          ? step_cpu_states(*this, plan, adam_ns)
+          : step_nvme_states(*this, plan, written, adam_ns, io_wait_ns, restored);
+  MutexLock lock(&state_mu);
+  counters.last_step_ns = since_ns(start);
+  counters.last_step_wait_ns = wait_ns;
+  counters.last_adam_ns = adam_ns;
+  counters.last_nvme_wait_ns = io_wait_ns;
+  if (!status.ok()) {
+    ++counters.failed_steps;
+    return absl::Status(
+        status.code(),
+        absl::StrCat("optimizer step ", step_count + 1, " failed: ", status.message(),
+                     restored ? "; the states and parameters are those of the previous step and "
+                                "the gradients are kept: fix the cause and call step() again"
+                              : "; states in the CPU tier were updated in place up to the "
+                                "failure: load() the last checkpoint"));
+  }
+  for (uint64_t c : written) chunks[c].current ^= 1U;
+  for (size_t i = 0; i < params.size() && i < plan.landed.size(); ++i) {
+    if (plan.landed[i]) ++params[i].steps;
+  }
+  ++step_count;
+  ++counters.steps;
+  if (ls.dynamic && ++good_steps >= ls.growth_interval) {
+    loss_scale *= ls.growth_factor;
+    good_steps = 0;
+  }
+  result.step = step_count;
+  result.loss_scale = loss_scale;
+  {
+    MutexLock landing(&landing_mu);
+    for (Landing& l : landings) l = Landing();
+  }
+  return result;
+}
+
+}  // namespace strata
