@@ -375,6 +375,79 @@ TEST_CASE("grad_stats equals the sum adam_step reports", "[offload][adam]") {
   }
 }
 
+TEST_CASE("grad_accumulate adds in the gradient's dtype, rounded to nearest even",
+          "[offload][adam]") {
+  // Odd length: the SIMD body and the scalar tail both run; values near the fp16 limit overflow.
+  constexpr size_t kCount = 40007;
+  for (CpuIsa isa : supported_isas()) {
+    for (GradType gt : kGradTypes) {
+      INFO(isa_name(isa) << " grad=" << static_cast<int>(gt));
+      std::mt19937 rng(17);
+      std::normal_distribution<double> n(0.0, 3.0);
+      std::vector<double> a(kCount), b(kCount);
+      for (size_t i = 0; i < kCount; ++i) {
+        a[i] = n(rng);
+        b[i] = n(rng);
+      }
+      a[5] = 65000.0;  // fp16: 65000 + 65000 overflows to inf
+      b[5] = 65000.0;
+      a[6] = 1e-7;  // fp16 subnormals
+      b[6] = 2e-7;
+      std::vector<uint16_t> dst16(kCount), src16(kCount);
+      std::vector<float> dst32(kCount), src32(kCount);
+      auto encode = [&](double x) {
+        return gt == GradType::kF16 ? half_bits_of(ref_half(x))
+                                    : bf16_bits_of(static_cast<float>(ref_bf16(x)));
+      };
+      auto decode = [&](uint16_t h) {
+        return gt == GradType::kF16 ? decode_half(h) : decode_bf16(h);
+      };
+      double expected_sq = 0;
+      bool expected_inf = false;
+      std::vector<double> expected(kCount);
+      for (size_t i = 0; i < kCount; ++i) {
+        if (gt == GradType::kF32) {
+          dst32[i] = static_cast<float>(a[i]);
+          src32[i] = static_cast<float>(b[i]);
+          expected[i] = static_cast<double>(dst32[i] + src32[i]);
+        } else {
+          dst16[i] = encode(a[i]);
+          src16[i] = encode(b[i]);
+          const double sum = decode(dst16[i]) + decode(src16[i]);  // exact in double
+          expected[i] = gt == GradType::kF16 ? ref_half(sum) : ref_bf16(sum);
+        }
+        if (std::isinf(expected[i])) {
+          expected_inf = true;
+        } else {
+          expected_sq += expected[i] * expected[i];
+        }
+      }
+      void* dst = gt == GradType::kF32 ? static_cast<void*>(dst32.data()) : dst16.data();
+      const void* src = gt == GradType::kF32 ? static_cast<void*>(src32.data()) : src16.data();
+      absl::StatusOr<AdamResult> r = grad_accumulate_with(isa, dst, src, gt, kCount);
+      REQUIRE(r.ok());
+      for (size_t i = 0; i < kCount; ++i) {
+        const double got = gt == GradType::kF32 ? dst32[i] : decode(dst16[i]);
+        if (got != expected[i]) {
+          FAIL_CHECK("element " << i << ": " << got << " != " << expected[i]);
+          break;
+        }
+      }
+      CHECK(r->non_finite == expected_inf);
+      CHECK(expected_inf == (gt == GradType::kF16));
+      if (!expected_inf) CHECK(r->grad_sq_sum == Approx(expected_sq).epsilon(1e-12));
+      // The statistics equal grad_stats over the result.
+      absl::StatusOr<AdamResult> stats = grad_stats_with(isa, dst, gt, kCount, 1.0F);
+      REQUIRE(stats.ok());
+      CHECK(stats->non_finite == r->non_finite);
+      if (!expected_inf) CHECK(stats->grad_sq_sum == Approx(r->grad_sq_sum).epsilon(1e-12));
+    }
+  }
+  CHECK(grad_accumulate(nullptr, nullptr, GradType::kF16, 0)->grad_sq_sum == 0);
+  CHECK(grad_accumulate(nullptr, nullptr, GradType::kF16, 3).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("results are bit-identical from run to run", "[offload][adam]") {
   for (CpuIsa isa : supported_isas()) {
     std::mt19937 rng(3);
