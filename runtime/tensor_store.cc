@@ -116,6 +116,15 @@ std::optional<TierKind> Impl::newest_copy(const Tensor& t, TierKind dst) const {
   return std::nullopt;
 }
 
+bool Impl::moves_hold(TierKind tier, const Tensor& except) const {
+  for (const auto& u : tensors) {
+    if (!u->live || u.get() == &except) continue;
+    const Copy& c = u->copies[tier_index(tier)];
+    if (c.present && (c.moving || c.readers > 0)) return true;
+  }
+  return false;
+}
+
 Impl::Tensor* Impl::choose_victim(const Tensor& keep, TierKind tier,
                                   std::optional<uint64_t> beyond) {
   Tensor* stale = nullptr;
@@ -230,6 +239,12 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
     }
     if (!absl::IsResourceExhausted(block.status())) return block.status();
     Tensor* victim = choose_victim(t, tier, evict_beyond);
+    if (victim == nullptr && !evict_beyond.has_value() && moves_hold(tier, t)) {
+      // Copies being moved (prefetches, write-backs) are only briefly unevictable: an acquire
+      // waits for them rather than failing. Prefetches (evict_beyond set) never wait.
+      wait(&changed, &mu);
+      continue;
+    }
     if (victim == nullptr) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "no room for tensor '%s' (%s) in the %s tier: every resident tensor is acquired, "

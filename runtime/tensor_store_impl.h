@@ -130,6 +130,8 @@ struct TensorStore::Impl {
   absl::Status settle(Tensor& t, TierKind tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   absl::Status allocate(Tensor& t, TierKind tier, std::optional<uint64_t> evict_beyond)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Some copy in `tier` (not `except`'s) is being moved in or read out by a move.
+  bool moves_hold(TierKind tier, const Tensor& except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   Tensor* choose_victim(const Tensor& keep, TierKind tier, std::optional<uint64_t> beyond)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   absl::Status evict_copy(Tensor& t, TierKind tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
