@@ -11,6 +11,9 @@
 // --workload=train-step runs a synthetic training step through the TensorStore instead and
 // compares prefetch + Belady, prefetch + LRU and on-demand against the overlap bound
 // (bench/train_step.cc, docs/train-step.md).
+// --workload=optimizer times OffloadOptimizer::step() for --params parameters against the
+// memory-bandwidth floor, a naive scalar loop and, with STRATA_NVME_PATHS, the NVMe bound
+// (bench/optimizer_workload.cc, docs/bench.md).
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <absl/strings/strip.h>
@@ -30,6 +33,7 @@
 #include "bench/common.h"
 #include "bench/gpu_paths.h"
 #include "bench/nvme_dirs.h"
+#include "bench/optimizer_workload.h"
 #include "bench/plot.h"
 #include "bench/report.h"
 #include "bench/store_paths.h"
@@ -198,7 +202,10 @@ int run(int argc, const char* const* argv) {
       "the host backend the GPU paths are host-simulated.\n"
       "--workload=train-step instead times a synthetic training step (forward and backward over "
       "--layers layers) with prefetch + Belady, prefetch + LRU and on-demand, against "
-      "max(compute, bytes / measured link bandwidth).");
+      "max(compute, bytes / measured link bandwidth).\n"
+      "--workload=optimizer times the CPU optimizer step (OffloadOptimizer::step()) for --params "
+      "parameters against the memory-bandwidth floor measured in the same run, a naive scalar "
+      "loop and, when STRATA_NVME_PATHS is set, states on NVMe against the raw NVMe bound.");
   cli::Flag& bytes_flag = flags.add_size(
       "bytes", &options.bytes, "bytes moved per path, tensor size and repetition (--tune: 64MiB)");
   std::string tensor_text = "64MiB";
@@ -225,10 +232,11 @@ int run(int argc, const char* const* argv) {
       "STRATA_IO_ENGINE (io_uring,psync) on cpu-nvme and nvme-cpu and print the export line "
       "for the least pinned memory within 3% of the best");
   std::string workload = "swap";
-  flags.add_enum("workload", &workload, {"swap", "paths", "train-step"},
+  flags.add_enum("workload", &workload, {"swap", "paths", "train-step", "optimizer"},
                  "swap: tier-to-tier bandwidth per path (paths: the same, its old name); "
                  "train-step: a synthetic training step against its overlap bound "
-                 "(docs/train-step.md)");
+                 "(docs/train-step.md); optimizer: the CPU optimizer step against the "
+                 "memory-bandwidth floor (docs/bench.md)");
   TrainStepOptions train;
   // Only meaningful with --workload=train-step; checked below.
   const std::vector<cli::Flag*> train_flags = {
@@ -251,9 +259,48 @@ int run(int argc, const char* const* argv) {
                       "train-step: the host waits for each layer's compute before the next "
                       "acquire (no run-ahead: only prefetching hides transfers)"),
   };
+  OptimizerOptions optimizer;
+  std::string params_text = "32M";  // OptimizerOptions::params
+  // Only meaningful with --workload=optimizer; checked below.
+  const std::vector<cli::Flag*> optimizer_flags = {
+      &flags.add_string("params", &params_text,
+                        "optimizer: parameters, digits with an optional K, M or G suffix (10^3, "
+                        "10^6, 10^9): 100M, 1G"),
+      &flags.add_enum("dtype", &optimizer.dtype, {"fp16", "bf16", "fp32"},
+                      "optimizer: dtype of the gradients and the parameter copies (fp32 master "
+                      "weights and moments either way)"),
+  };
   std::vector<std::string> positional;
   if (auto exit_code = flags.parse_or_exit(argc, argv, &positional)) return *exit_code;
   if (!positional.empty()) return flags.usage_error("unexpected argument '" + positional[0] + "'");
+  if (workload != "optimizer") {
+    for (const cli::Flag* flag : optimizer_flags) {
+      if (flag->was_set()) {
+        return flags.usage_error("--" + flag->name() + " applies to --workload=optimizer only");
+      }
+    }
+  }
+  if (workload == "optimizer") {
+    const std::vector<cli::Flag*> other_flags = {
+        &bytes_flag, &tensor_flag, &baseline_flag, &paths_flag, &csv_flag, &svg_flag, &tune_flag};
+    for (const cli::Flag* flag : other_flags) {
+      if (flag->was_set()) {
+        return flags.usage_error("--" + flag->name() +
+                                 " applies to --workload=swap, not optimizer");
+      }
+    }
+    for (const cli::Flag* flag : train_flags) {
+      if (flag->was_set()) {
+        return flags.usage_error("--" + flag->name() + " applies to --workload=train-step only");
+      }
+    }
+    if (auto error = parse_param_count(params_text, &optimizer.params)) {
+      return flags.usage_error(*error);
+    }
+    optimizer.repeat = options.repeat;
+    if (auto error = validate(optimizer)) return flags.usage_error(*error);
+    return run_optimizer_workload(optimizer, options.json, flags);
+  }
   if (workload == "train-step") {
     const std::vector<cli::Flag*> path_flags = {&bytes_flag,    &tensor_flag, &repeat_flag,
                                                 &baseline_flag, &paths_flag,  &csv_flag,
