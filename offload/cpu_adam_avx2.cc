@@ -103,7 +103,7 @@ ChunkResult stats_avx2(const void* grad, GradType type, uint64_t begin, uint64_t
 }
 
 ChunkResult accumulate_avx2(void* dst, const void* src, GradType type, uint64_t begin,
-                          uint64_t end) {
+                            uint64_t end) {
   return simd_accumulate<Avx2>(dst, src, type, begin, end);
 }
 

@@ -106,7 +106,7 @@ ChunkResult stats_avx512(const void* grad, GradType type, uint64_t begin, uint64
 }
 
 ChunkResult accumulate_avx512(void* dst, const void* src, GradType type, uint64_t begin,
-                          uint64_t end) {
+                              uint64_t end) {
   return simd_accumulate<Avx512>(dst, src, type, begin, end);
 }
 

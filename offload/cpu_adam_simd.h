@@ -108,7 +108,7 @@ ChunkResult simd_accumulate(void* dst, const void* src, uint64_t begin, uint64_t
       V::store(static_cast<float*>(dst) + i, sum);
     } else {
       V::template copy<G == GradType::kF16 ? ParamCopyType::kF16 : ParamCopyType::kBF16>(dst, i,
-                                                                                        sum);
+                                                                                         sum);
     }
     V::add_sq(V::template grad<G>(dst, i), acc);
   }

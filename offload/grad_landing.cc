@@ -30,8 +30,7 @@ absl::Status OffloadOptimizer::grad_ready(ParamId param, Stream& stream) {
   return absl::OkStatus();
 }
 
-absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& p,
-                                                   Stream& stream) {
+absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& p, Stream& stream) {
   Device& device = runtime.device();
   TensorStore& store = runtime.store();
   auto ready = device.create_event();
@@ -62,8 +61,7 @@ absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& 
       job.count = p.count;
       job.first_piece = job.last_piece = true;
       job.host = *host;
-      status = device.copy_async(*host, src, p.count * esize, CopyKind::kDeviceToHost,
-                                 *d2h_stream);
+      status = device.copy_async(*host, src, p.count * esize, CopyKind::kDeviceToHost, *d2h_stream);
       if (status.ok()) {
         auto copied = device.create_event();
         status = copied.ok() ? device.record(**copied, *d2h_stream) : copied.status();

@@ -56,9 +56,8 @@ std::vector<Piece> OffloadOptimizer::Impl::chunk_pieces(uint64_t chunk,
   const uint64_t begin = chunk * chunk_elements;
   const uint64_t end = begin + chunk_elements;
   // Parameters are in flat order: find the first that ends after `begin`.
-  auto it = std::partition_point(list.begin(), list.end(), [&](const Param& p) {
-    return p.flat_offset + p.count <= begin;
-  });
+  auto it = std::partition_point(list.begin(), list.end(),
+                                 [&](const Param& p) { return p.flat_offset + p.count <= begin; });
   for (; it != list.end() && it->flat_offset < end; ++it) {
     const auto index = static_cast<uint32_t>(it - list.begin());
     if (only != nullptr && !(*only)[index]) continue;
@@ -120,8 +119,8 @@ absl::Status OffloadOptimizer::Impl::nvme_append(const std::string& name, uint64
         for (ExtentHandle e : chunks.back().slots) (void)nvme.free(e);
         chunks.pop_back();
       }
-      return absl::Status(st.code(), absl::StrCat("writing the initial state of '", name,
-                                                  "': ", st.message()));
+      return absl::Status(
+          st.code(), absl::StrCat("writing the initial state of '", name, "': ", st.message()));
     }
     if (!fresh) commit_slots({c});
   }

@@ -86,16 +86,20 @@ constexpr uint64_t kNvmeChunkGranule = 1024;
 constexpr uint64_t kNvmeBytesPerElement = 14;
 
 absl::Status invalid(std::string_view what, std::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("OffloadOptimizer: ", std::string(what), " ", std::string(why)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("OffloadOptimizer: ", std::string(what), " ", std::string(why)));
 }
 
 bool finite(float x) { return std::isfinite(x); }
 
 absl::Status validate_group(const AdamGroup& g) {
   if (!finite(g.lr) || g.lr < 0) return invalid("lr", absl::StrCat(g.lr, " must be finite, >= 0"));
-  if (!(g.beta1 >= 0 && g.beta1 < 1)) return invalid("beta1", absl::StrCat(g.beta1, " must be in [0, 1)"));
-  if (!(g.beta2 >= 0 && g.beta2 < 1)) return invalid("beta2", absl::StrCat(g.beta2, " must be in [0, 1)"));
-  if (!finite(g.eps) || g.eps <= 0) return invalid("eps", absl::StrCat(g.eps, " must be finite, > 0"));
+  if (!(g.beta1 >= 0 && g.beta1 < 1))
+    return invalid("beta1", absl::StrCat(g.beta1, " must be in [0, 1)"));
+  if (!(g.beta2 >= 0 && g.beta2 < 1))
+    return invalid("beta2", absl::StrCat(g.beta2, " must be in [0, 1)"));
+  if (!finite(g.eps) || g.eps <= 0)
+    return invalid("eps", absl::StrCat(g.eps, " must be finite, > 0"));
   if (!finite(g.weight_decay) || g.weight_decay < 0) {
     return invalid("weight_decay", absl::StrCat(g.weight_decay, " must be finite, >= 0"));
   }
@@ -115,7 +119,8 @@ absl::Status validate(const OffloadOptimizerOptions& o) {
   }
   if (auto st = validate_group(o.defaults); !st.ok()) return st;
   if (!finite(o.max_grad_norm) || o.max_grad_norm < 0) {
-    return invalid("max_grad_norm", absl::StrCat(o.max_grad_norm, " must be finite, >= 0 (0: off)"));
+    return invalid("max_grad_norm",
+                   absl::StrCat(o.max_grad_norm, " must be finite, >= 0 (0: off)"));
   }
   const LossScaling& ls = o.loss_scaling;
   if (auto st = validate_scale(ls.scale); !st.ok()) return st;
@@ -147,8 +152,8 @@ absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::create(
   impl->pool = runtime.staging();
   if (impl->pool == nullptr) {
     // At most a sixteenth of the CPU tier, so small test tiers still hold tensors.
-    const uint64_t chunk = std::min(kOwnPoolChunkBytes,
-                                    runtime.cpu().capacity() / 16 / 4096 * 4096);
+    const uint64_t chunk =
+        std::min(kOwnPoolChunkBytes, runtime.cpu().capacity() / 16 / 4096 * 4096);
     auto pool = chunk == 0 ? absl::StatusOr<std::unique_ptr<StagingPool>>(
                                  absl::ResourceExhaustedError("the CPU tier is too small"))
                            : StagingPool::create(runtime.cpu(), chunk * kOwnPoolChunks, chunk);
@@ -156,8 +161,7 @@ absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::create(
       return absl::Status(pool.status().code(),
                           absl::StrCat("OffloadOptimizer: pinned buffers for the parameter "
                                        "updates (",
-                                       format_bytes(chunk * kOwnPoolChunks),
-                                       " of the CPU tier): ",
+                                       format_bytes(chunk * kOwnPoolChunks), " of the CPU tier): ",
                                        pool.status().message(), "; raise STRATA_CPU_BYTES"));
     }
     impl->own_pool = *std::move(pool);
@@ -242,8 +246,8 @@ absl::Status OffloadOptimizer::set_group(uint32_t group, const AdamGroup& hyper)
   if (auto st = validate_group(hyper); !st.ok()) return st;
   MutexLock lock(&impl_->state_mu);
   if (group >= impl_->groups.size()) {
-    return absl::NotFoundError(absl::StrFormat("OffloadOptimizer: no parameter group %d (there are %d)",
-                                               group, impl_->groups.size()));
+    return absl::NotFoundError(absl::StrFormat(
+        "OffloadOptimizer: no parameter group %d (there are %d)", group, impl_->groups.size()));
   }
   impl_->groups[group] = hyper;
   return absl::OkStatus();
@@ -252,8 +256,8 @@ absl::Status OffloadOptimizer::set_group(uint32_t group, const AdamGroup& hyper)
 absl::StatusOr<AdamGroup> OffloadOptimizer::group(uint32_t group) const {
   MutexLock lock(&impl_->state_mu);
   if (group >= impl_->groups.size()) {
-    return absl::NotFoundError(absl::StrFormat("OffloadOptimizer: no parameter group %d (there are %d)",
-                                               group, impl_->groups.size()));
+    return absl::NotFoundError(absl::StrFormat(
+        "OffloadOptimizer: no parameter group %d (there are %d)", group, impl_->groups.size()));
   }
   return impl_->groups[group];
 }
@@ -326,8 +330,8 @@ absl::StatusOr<ParamId> OffloadOptimizer::add_param(const ParamSpec& spec) {
   }
   const uint64_t param_bytes = spec.count * element_bytes(spec.param_type);
   const uint64_t grad_bytes = spec.count * element_bytes(spec.grad_type);
-  for (auto [handle, what, expected] : {std::tuple{spec.param, "param", param_bytes},
-                                        std::tuple{spec.grad, "grad", grad_bytes}}) {
+  for (auto [handle, what, expected] :
+       {std::tuple{spec.param, "param", param_bytes}, std::tuple{spec.grad, "grad", grad_bytes}}) {
     auto info = store.info(handle);
     if (!info.ok()) {
       return absl::Status(info.status().code(),
@@ -428,7 +432,8 @@ absl::StatusOr<ParamId> OffloadOptimizer::find_param(std::string_view name) cons
   for (uint32_t i = 0; i < impl_->params.size(); ++i) {
     if (impl_->params[i].name == name) return ParamId{i};
   }
-  return absl::NotFoundError(absl::StrCat("OffloadOptimizer: no parameter named '", std::string(name), "'"));
+  return absl::NotFoundError(
+      absl::StrCat("OffloadOptimizer: no parameter named '", std::string(name), "'"));
 }
 
 absl::Status OffloadOptimizer::read_state(ParamId param, std::span<float> master,
@@ -440,9 +445,9 @@ absl::Status OffloadOptimizer::read_state(ParamId param, std::span<float> master
   for (auto [span, what] : {std::pair{master, "master"}, std::pair{exp_avg, "exp_avg"},
                             std::pair{exp_avg_sq, "exp_avg_sq"}}) {
     if (!span.empty() && span.size() != p->count) {
-      return invalid(absl::StrCat("read_state(", p->name, "): ", what),
-                     absl::StrFormat("holds %d values; the parameter has %d", span.size(),
-                                     p->count));
+      return invalid(
+          absl::StrCat("read_state(", p->name, "): ", what),
+          absl::StrFormat("holds %d values; the parameter has %d", span.size(), p->count));
     }
   }
   return s.read_param_state(*p, master.empty() ? nullptr : master.data(),
@@ -450,8 +455,8 @@ absl::Status OffloadOptimizer::read_state(ParamId param, std::span<float> master
                             exp_avg_sq.empty() ? nullptr : exp_avg_sq.data());
 }
 
-absl::Status OffloadOptimizer::Impl::read_param_state(const Param& p, float* master,
-                                                      float* exp_avg, float* exp_avg_sq) {
+absl::Status OffloadOptimizer::Impl::read_param_state(const Param& p, float* master, float* exp_avg,
+                                                      float* exp_avg_sq) {
   if (options.state_home == TierKind::kCpu) {
     TensorStore& store = runtime.store();
     for (auto [t, out] : {std::pair{p.master, master}, std::pair{p.exp_avg, exp_avg},

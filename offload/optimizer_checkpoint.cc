@@ -32,12 +32,11 @@ constexpr const char* kManifest = "optimizer.manifest";
 constexpr const char* kMagic = "strata-optimizer-checkpoint 1";
 
 absl::Status io_error(absl::string_view what, const std::string& path, int err) {
-  const absl::StatusCode code =
-      err == ENOSPC ? absl::StatusCode::kResourceExhausted
-                    : (err == ENOENT ? absl::StatusCode::kNotFound
-                                     : absl::StatusCode::kUnavailable);
-  return absl::Status(code, absl::StrCat("checkpoint: ", what, " ", path, ": ",
-                                         std::strerror(err)));
+  const absl::StatusCode code = err == ENOSPC ? absl::StatusCode::kResourceExhausted
+                                              : (err == ENOENT ? absl::StatusCode::kNotFound
+                                                               : absl::StatusCode::kUnavailable);
+  return absl::Status(code,
+                      absl::StrCat("checkpoint: ", what, " ", path, ": ", std::strerror(err)));
 }
 
 absl::Status write_all(int fd, const void* data, uint64_t bytes, uint64_t offset,
@@ -112,18 +111,18 @@ absl::StatusOr<float> parse_float(absl::string_view s) {
 }
 
 std::string render(const Manifest& m) {
-  std::string out = absl::StrCat(kMagic, "\n", "step ", m.step, "\n", "loss_scale ",
-                                 hex(m.loss_scale), " ", m.good_steps, "\n", "state_file ",
-                                 m.state_file, "\n");
+  std::string out =
+      absl::StrCat(kMagic, "\n", "step ", m.step, "\n", "loss_scale ", hex(m.loss_scale), " ",
+                   m.good_steps, "\n", "state_file ", m.state_file, "\n");
   for (const AdamGroup& g : m.groups) {
     absl::StrAppend(&out, "group ", hex(g.lr), " ", hex(g.beta1), " ", hex(g.beta2), " ",
                     hex(g.eps), " ", hex(g.weight_decay), " ", g.decoupled ? 1 : 0, "\n");
   }
   for (const ManifestParam& p : m.params) {
     // The name last: it may contain spaces.
-    absl::StrAppend(&out, "param ", p.count, " ", p.param_type, " ", p.grad_type, " ", p.steps,
-                    " ", p.group, " ", p.offset, " ", absl::StrFormat("%016x", p.checksum), " ",
-                    p.name, "\n");
+    absl::StrAppend(&out, "param ", p.count, " ", p.param_type, " ", p.grad_type, " ", p.steps, " ",
+                    p.group, " ", p.offset, " ", absl::StrFormat("%016x", p.checksum), " ", p.name,
+                    "\n");
   }
   return out;
 }
@@ -194,8 +193,8 @@ absl::Status OffloadOptimizer::save(const std::string& directory) {
   std::error_code ec;
   std::filesystem::create_directories(directory, ec);
   if (ec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint: cannot create directory ", directory, ": ", ec.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint: cannot create directory ", directory, ": ", ec.message()));
   }
   Manifest m;
   std::vector<Impl::Param> params = s.params_snapshot();
@@ -270,8 +269,8 @@ absl::Status OffloadOptimizer::load(const std::string& directory) {
   const std::string manifest_path = (std::filesystem::path(directory) / kManifest).string();
   std::ifstream in(manifest_path);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat("checkpoint: no ", manifest_path,
-                                            "; is this a directory written by save()?"));
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint: no ", manifest_path, "; is this a directory written by save()?"));
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -302,8 +301,8 @@ absl::Status OffloadOptimizer::load(const std::string& directory) {
     if (mp.name != p.name || mp.count != p.count ||
         mp.param_type != static_cast<int>(p.param_type) ||
         mp.grad_type != static_cast<int>(p.grad_type) || mp.group != p.group) {
-      return mismatch(absl::StrFormat("parameter %d is '%s' (%d elements) there, '%s' (%d) here",
-                                      i, mp.name, mp.count, p.name, p.count));
+      return mismatch(absl::StrFormat("parameter %d is '%s' (%d elements) there, '%s' (%d) here", i,
+                                      mp.name, mp.count, p.name, p.count));
     }
   }
   // Read and verify everything before changing anything.
@@ -319,8 +318,8 @@ absl::Status OffloadOptimizer::load(const std::string& directory) {
       return st;
     }
     if (XXH3_64bits(states[i].data(), bytes) != m->params[i].checksum) {
-      return absl::DataLossError(absl::StrCat("checkpoint: the state of '", params[i].name,
-                                              "' in ", state_path,
+      return absl::DataLossError(absl::StrCat("checkpoint: the state of '", params[i].name, "' in ",
+                                              state_path,
                                               " fails its checksum; the file is damaged"));
     }
   }
@@ -361,17 +360,16 @@ absl::Status OffloadOptimizer::load(const std::string& directory) {
       absl::Status st = s.write_chunk(c, s.current_slot(c) ^ 1U, base, done);
       st = st.ok() ? done.wait() : st;
       if (!st.ok()) {
-        return absl::Status(st.code(), absl::StrCat("checkpoint: loading ", directory, ": ",
-                                                    st.message(),
-                                                    "; the optimizer's state is unchanged"));
+        return absl::Status(st.code(),
+                            absl::StrCat("checkpoint: loading ", directory, ": ", st.message(),
+                                         "; the optimizer's state is unchanged"));
       }
       written.push_back(c);
     }
     s.commit_slots(written);
   }
   for (size_t i = 0; i < params.size(); ++i) {
-    if (auto st = s.write_param_tensor(params[i], 0, states[i].data(), params[i].count);
-        !st.ok()) {
+    if (auto st = s.write_param_tensor(params[i], 0, states[i].data(), params[i].count); !st.ok()) {
       return st;
     }
   }

@@ -82,9 +82,9 @@ struct OffloadOptimizer::Impl {
   struct LandingJob {
     uint32_t param = 0;
     std::unique_ptr<Event> copied;
-    bool direct = false;      // straight into grad_host, which this job holds acquired
-    void* host = nullptr;     // direct: grad_host's address
-    absl::Status aborted;     // issuing failed after earlier pieces were queued: end the landing
+    bool direct = false;       // straight into grad_host, which this job holds acquired
+    void* host = nullptr;      // direct: grad_host's address
+    absl::Status aborted;      // issuing failed after earlier pieces were queued: end the landing
     StagingPool::Lease lease;  // otherwise: one piece in a staging chunk, to add
     uint64_t offset = 0;       // elements
     uint64_t count = 0;
@@ -103,7 +103,7 @@ struct OffloadOptimizer::Impl {
 
   Runtime& runtime;
   const OffloadOptimizerOptions options;
-  StagingPool* pool = nullptr;          // the runtime's, or own_pool
+  StagingPool* pool = nullptr;            // the runtime's, or own_pool
   std::unique_ptr<StagingPool> own_pool;  // without an NVMe tier the runtime has none
   uint64_t chunk_elements = 0;
   std::unique_ptr<Stream> d2h_stream;  // gradient landings

@@ -353,7 +353,8 @@ static absl::Status step_nvme_states(OffloadOptimizer::Impl& s, const StepPlan& 
   if (!restore_errors.empty()) {
     return absl::Status(status.code(),
                         absl::StrCat(status.message(), "; restoring the previous parameters of ",
-                                     restore_errors.size(), " chunk(s) failed as well: the "
+                                     restore_errors.size(),
+                                     " chunk(s) failed as well: the "
                                      "parameters are partly updated, load() a checkpoint"));
   }
   return status;
@@ -428,10 +429,9 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   uint64_t io_wait_ns = 0;
   std::vector<uint64_t> written;
   bool restored = false;
-  absl::Status status =
-      options.state_home == TierKind::kCpu
-          ? step_cpu_states(*this, plan, adam_ns)
-          : step_nvme_states(*this, plan, written, adam_ns, io_wait_ns, restored);
+  absl::Status status = options.state_home == TierKind::kCpu
+                            ? step_cpu_states(*this, plan, adam_ns)
+                            : step_nvme_states(*this, plan, written, adam_ns, io_wait_ns, restored);
   MutexLock lock(&state_mu);
   counters.last_step_ns = since_ns(start);
   counters.last_step_wait_ns = wait_ns;

@@ -1,12 +1,13 @@
 // cpp_trainer: a small MLP regression trained in C++ with its parameters, gradients and
 // optimizer states managed by strata, checked against the same MLP trained all in memory.
 //
-// The model (16 -> 256 -> 256 -> 256 -> 4, tanh) learns a fixed random "teacher" MLP. Its parameters
-// and gradients are store tensors homed in the CPU tier; the GPU arena (STRATA_GPU_BYTES) is
-// set smaller than parameters plus gradients, so every step moves them. The AdamW states live
-// on NVMe (--states=nvme, the default; needs STRATA_NVME_PATHS) or in the CPU tier. The maths
-// runs on the host: with the host backend the GPU tier is host memory, which is what CI has. (With the CUDA backend a real trainer launches kernels on the
-// acquired pointers; this example then computes on CPU-tier copies instead, so it still runs.)
+// The model (16 -> 256 -> 256 -> 256 -> 4, tanh) learns a fixed random "teacher" MLP. Its
+// parameters and gradients are store tensors homed in the CPU tier; the GPU arena
+// (STRATA_GPU_BYTES) is set smaller than parameters plus gradients, so every step moves them. The
+// AdamW states live on NVMe (--states=nvme, the default; needs STRATA_NVME_PATHS) or in the CPU
+// tier. The maths runs on the host: with the host backend the GPU tier is host memory, which is
+// what CI has. (With the CUDA backend a real trainer launches kernels on the acquired pointers;
+// this example then computes on CPU-tier copies instead, so it still runs.)
 //
 // Exit status: 0 when the loss fell below --max-loss and the weights match the in-memory run
 // within --tolerance; 1 otherwise; 2 on a usage error.
@@ -147,7 +148,8 @@ struct InMemory {
     const double bc2 = 1 - std::pow(0.999, static_cast<double>(t));
     for (int k = kDepth - 1; k >= 0; --k) {
       std::vector<float> g(layer_params(kLayers[k])), dx;
-      backward_layer(kLayers[k], w[k].data(), k == kDepth - 1, acts[k], acts[k + 1], dy, g.data(), dx);
+      backward_layer(kLayers[k], w[k].data(), k == kDepth - 1, acts[k], acts[k + 1], dy, g.data(),
+                     dx);
       for (size_t i = 0; i < g.size(); ++i) {
         float p = w[k][i] * (1.0F - lr * wd);
         m[k][i] = 0.9F * m[k][i] + 0.1F * g[i];
@@ -209,8 +211,9 @@ int main(int argc, char** argv) {
   strata::TensorStore& store = rt.store();
   strata::Device& device = rt.device();
   // The maths runs on the host: on the host backend the GPU tier is host memory.
-  const strata::TierKind compute_tier =
-      rt.config().backend == strata::Backend::kHost ? strata::TierKind::kGpu : strata::TierKind::kCpu;
+  const strata::TierKind compute_tier = rt.config().backend == strata::Backend::kHost
+                                            ? strata::TierKind::kGpu
+                                            : strata::TierKind::kCpu;
   auto stream_or = device.create_stream();
   if (!stream_or.ok()) return 1;
   strata::Stream& stream = **stream_or;
@@ -223,8 +226,7 @@ int main(int argc, char** argv) {
   options.defaults.weight_decay = kWeightDecay;
   auto optimizer_or = strata::OffloadOptimizer::create(rt, options);
   if (!optimizer_or.ok()) {
-    std::fprintf(stderr, "cpp_trainer: %s\n",
-                 std::string(optimizer_or.status().message()).c_str());
+    std::fprintf(stderr, "cpp_trainer: %s\n", std::string(optimizer_or.status().message()).c_str());
     return 1;
   }
   strata::OffloadOptimizer& optimizer = **optimizer_or;
@@ -261,10 +263,10 @@ int main(int argc, char** argv) {
     ids.push_back(*id);
     model_bytes += 2 * n * 4;
   }
-  std::printf("cpp_trainer: %.1f KiB of parameters and gradients, GPU arena %.1f KiB, states on %s\n",
-              static_cast<double>(model_bytes) / 1024,
-              static_cast<double>(rt.gpu().capacity()) / 1024,
-              std::string(strata::to_string(args.states)).c_str());
+  std::printf(
+      "cpp_trainer: %.1f KiB of parameters and gradients, GPU arena %.1f KiB, states on %s\n",
+      static_cast<double>(model_bytes) / 1024, static_cast<double>(rt.gpu().capacity()) / 1024,
+      std::string(strata::to_string(args.states)).c_str());
 
   // Acquire/compute/release helpers; every error ends the run with the runtime's message.
   bool failed = false;
@@ -341,10 +343,11 @@ int main(int argc, char** argv) {
               reference_loss);
   std::printf("largest weight difference to the in-memory run: %.3g (tolerance %.3g)\n", worst,
               args.tolerance);
-  std::printf("bytes moved between tiers: %.1f MiB; optimizer NVMe read %.1f MiB, written %.1f MiB\n",
-              static_cast<double>(moved) / (1 << 20),
-              static_cast<double>(optimizer.stats().nvme_bytes_read) / (1 << 20),
-              static_cast<double>(optimizer.stats().nvme_bytes_written) / (1 << 20));
+  std::printf(
+      "bytes moved between tiers: %.1f MiB; optimizer NVMe read %.1f MiB, written %.1f MiB\n",
+      static_cast<double>(moved) / (1 << 20),
+      static_cast<double>(optimizer.stats().nvme_bytes_read) / (1 << 20),
+      static_cast<double>(optimizer.stats().nvme_bytes_written) / (1 << 20));
   const bool ok = loss < args.max_loss && worst < args.tolerance && moved > 0;
   if (moved == 0) std::printf("no tensor moved: the GPU arena is not smaller than the model\n");
   std::printf("%s\n", ok ? "PASS" : "FAIL");

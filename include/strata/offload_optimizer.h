@@ -83,7 +83,7 @@ struct OffloadOptimizerOptions {
 };
 
 struct ParamSpec {
-  std::string name;  // unique; the optimizer's own tensors are named "<name>.master" etc.
+  std::string name;    // unique; the optimizer's own tensors are named "<name>.master" etc.
   TensorHandle param;  // `count` elements of `param_type`: the copy the model computes with
   TensorHandle grad;   // `count` elements of `grad_type`: written by backward
   ParamType param_type = ParamType::kF16;

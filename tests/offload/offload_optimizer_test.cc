@@ -59,16 +59,15 @@ struct Variant {
 };
 
 TEST_CASE("OffloadOptimizer matches an in-memory AdamW step for step", "[optimizer]") {
-  const Variant v = GENERATE(Variant{"cpu states, fp16", TierKind::kCpu, ParamType::kF16,
-                                     GradType::kF16, 0.0F, 1},
-                             Variant{"nvme states, fp16", TierKind::kNvme, ParamType::kF16,
-                                     GradType::kF16, 0.0F, 1},
-                             Variant{"cpu states, bf16, clipped", TierKind::kCpu,
-                                     ParamType::kBF16, GradType::kBF16, 0.5F, 1},
-                             Variant{"nvme states, fp32, clipped, 3 micro-steps",
-                                     TierKind::kNvme, ParamType::kF32, GradType::kF32, 0.5F, 3},
-                             Variant{"cpu states, fp32 grads into fp16 params, 2 micro-steps",
-                                     TierKind::kCpu, ParamType::kF16, GradType::kF32, 0.0F, 2});
+  const Variant v = GENERATE(
+      Variant{"cpu states, fp16", TierKind::kCpu, ParamType::kF16, GradType::kF16, 0.0F, 1},
+      Variant{"nvme states, fp16", TierKind::kNvme, ParamType::kF16, GradType::kF16, 0.0F, 1},
+      Variant{"cpu states, bf16, clipped", TierKind::kCpu, ParamType::kBF16, GradType::kBF16, 0.5F,
+              1},
+      Variant{"nvme states, fp32, clipped, 3 micro-steps", TierKind::kNvme, ParamType::kF32,
+              GradType::kF32, 0.5F, 3},
+      Variant{"cpu states, fp32 grads into fp16 params, 2 micro-steps", TierKind::kCpu,
+              ParamType::kF16, GradType::kF32, 0.0F, 2});
   INFO(v.name);
   TempDir dir("strata-opt");
   RigOptions o;
@@ -317,7 +316,8 @@ TEST_CASE("OffloadOptimizer: gradients landing from several threads", "[optimize
     // Write all gradients first, then announce them from one thread per parameter.
     auto g = problem.grads(rig.model(), 1.0F);
     std::vector<TensorHandle> grads;
-    for (const auto& shape : testing::model_shapes()) grads.push_back(*store.find(shape.name + ".grad"));
+    for (const auto& shape : testing::model_shapes())
+      grads.push_back(*store.find(shape.name + ".grad"));
     for (size_t i = 0; i < grads.size(); ++i) {
       auto data = store.acquire(grads[i], TierKind::kCpu, rig.stream(), AccessMode::kWrite);
       REQUIRE(data.ok());
@@ -331,8 +331,8 @@ TEST_CASE("OffloadOptimizer: gradients landing from several threads", "[optimize
     for (size_t i = 0; i < grads.size(); ++i) {
       threads.emplace_back([&, i] {
         auto stream = rig.runtime().device().create_stream();
-        results[i] = stream.ok() ? rig.optimizer().grad_ready(rig.ids()[i], **stream)
-                                 : stream.status();
+        results[i] =
+            stream.ok() ? rig.optimizer().grad_ready(rig.ids()[i], **stream) : stream.status();
         if (stream.ok()) (void)rig.runtime().device().synchronize(**stream);
       });
     }

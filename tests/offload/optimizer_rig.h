@@ -144,14 +144,12 @@ class Rig {
  public:
   explicit Rig(const RigOptions& o, const std::vector<std::vector<float>>& init) : options_(o) {
     std::map<std::string, std::string> vars = {
-        {"STRATA_BACKEND", "host"},
-        {"STRATA_GPU_BYTES", "2MiB"},
-        {"STRATA_CPU_BYTES", "32MiB"}};
+        {"STRATA_BACKEND", "host"}, {"STRATA_GPU_BYTES", "2MiB"}, {"STRATA_CPU_BYTES", "32MiB"}};
     if (!o.nvme_dir.empty()) {
       vars.insert({{"STRATA_NVME_PATHS", o.nvme_dir},
-                               {"STRATA_NVME_BYTES", "64MiB"},
-                               {"STRATA_IO_BLOCK", "64KiB"},
-                               {"STRATA_STAGING_BYTES", "4MiB"}});
+                   {"STRATA_NVME_BYTES", "64MiB"},
+                   {"STRATA_IO_BLOCK", "64KiB"},
+                   {"STRATA_STAGING_BYTES", "4MiB"}});
     }
     auto config = Config::from_variables(vars);
     REQUIRE(config.ok());
@@ -212,8 +210,8 @@ class Rig {
     std::vector<std::vector<float>> out;
     const auto shapes = model_shapes();
     for (size_t i = 0; i < params_.size(); ++i) {
-      auto data = runtime_->store().acquire(params_[i], TierKind::kCpu, *stream_,
-                                            AccessMode::kRead);
+      auto data =
+          runtime_->store().acquire(params_[i], TierKind::kCpu, *stream_, AccessMode::kRead);
       REQUIRE(data.ok());
       std::vector<float> p(shapes[i].count);
       for (uint64_t k = 0; k < p.size(); ++k) {
@@ -248,8 +246,8 @@ class Rig {
     std::vector<std::vector<float>> landed;
     Device& device = runtime_->device();
     for (size_t i = 0; i < grads_.size(); ++i) {
-      auto data = runtime_->store().acquire(grads_[i], TierKind::kGpu, *stream_,
-                                            AccessMode::kWrite);
+      auto data =
+          runtime_->store().acquire(grads_[i], TierKind::kGpu, *stream_, AccessMode::kWrite);
       REQUIRE(data.ok());
       REQUIRE(device.synchronize(*stream_).ok());  // host backend: "GPU" memory is host memory
       std::vector<float> rounded(g[i].size());
