@@ -1,0 +1,53 @@
+"""strata: a heterogeneous memory runtime for deep-learning training.
+
+    import strata
+    rt = strata.Runtime(backend="host", gpu_bytes="64MiB")   # STRATA_* variables, overridden
+    t = rt.create("w", (1024, 1024), "float32", home="nvme")
+    with t.acquire("gpu", "w") as view:                     # zero-copy DLPack view
+        torch.from_dlpack(view).fill_(1.0)                  # views must not outlive the block
+    rt.stats()                                              # a dict
+
+strata.torch (imported on first use, it imports torch) puts an nn.Module's parameters in
+strata and trains it with the ZeRO-Offload optimizer. See docs/python.md.
+"""
+
+from ._strata import (  # noqa: F401
+    Acquisition,
+    AlreadyExistsError,
+    Error,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    OffloadOptimizer,
+    ResourceExhaustedError,
+    Runtime,
+    Tensor,
+)
+
+# KeyError quotes its message (repr) in str(); strata's NotFoundError reads like the others.
+NotFoundError.__str__ = Exception.__str__
+
+__all__ = [
+    "Acquisition",
+    "AlreadyExistsError",
+    "Error",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "OffloadOptimizer",
+    "ResourceExhaustedError",
+    "Runtime",
+    "Tensor",
+    "torch",
+]
+
+
+def __getattr__(name):
+    # `strata.torch` without importing torch when only the core is used.
+    if name == "torch":
+        import importlib
+
+        module = importlib.import_module(".torch", __name__)
+        globals()["torch"] = module
+        return module
+    raise AttributeError(f"module 'strata' has no attribute {name!r}")
