@@ -24,8 +24,9 @@ OPTIMIZER_FIELDS = {"params", "dtype", "bytes_per_param", "tensors", "repeat", "
 STATS_FIELDS = {"last_step_ns", "last_step_wait_ns", "last_adam_ns", "last_nvme_wait_ns",
                 "peak_staging_chunks", "chunk_elements", "chunks", "nvme_bytes_read",
                 "nvme_bytes_written"}
-NVME_FIELDS = {"bound_seconds", "step_seconds", "ratio_to_bound", "read_gbps", "write_gbps",
-               "state_bytes", "paths", "engine", "all_step_seconds", "stats"}
+NVME_FIELDS = {"bound_seconds", "step_seconds", "ratio_to_bound", "overlapped_bound_seconds",
+               "read_gbps", "write_gbps", "state_bytes", "paths", "engine", "all_step_seconds",
+               "stats"}
 BYTES_PER_PARAM = {"fp16": 28, "bf16": 28, "fp32": 32}
 
 
@@ -95,11 +96,15 @@ def check_nvme(nvme, nvme_dir):
     assert nvme["stats"]["nvme_bytes_written"] >= nvme["state_bytes"], nvme
     if nvme["bound_seconds"] is None:  # io_uring refused here: no raw baseline
         assert nvme["read_gbps"] is None and nvme["ratio_to_bound"] is None, nvme
+        assert nvme["overlapped_bound_seconds"] is None, nvme
         return
     assert nvme["read_gbps"] > 0 and nvme["write_gbps"] > 0, nvme
     bound = (nvme["state_bytes"] / (nvme["read_gbps"] * 1e9) +
              nvme["state_bytes"] / (nvme["write_gbps"] * 1e9))
     assert close(nvme["bound_seconds"], bound), nvme
+    overlapped = max(nvme["state_bytes"] / (nvme["read_gbps"] * 1e9),
+                     nvme["state_bytes"] / (nvme["write_gbps"] * 1e9))
+    assert close(nvme["overlapped_bound_seconds"], overlapped), nvme
     assert close(nvme["ratio_to_bound"], nvme["bound_seconds"] / nvme["step_seconds"],
                  rel=5e-3), nvme
 

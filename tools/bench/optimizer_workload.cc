@@ -416,6 +416,12 @@ uint64_t bytes_per_param(const std::string& dtype) {
   return dtype_bytes(dtype) + 2 * kStateBytes + dtype_bytes(dtype);
 }
 
+double OptimizerNvme::overlapped_bound_seconds() const {
+  if (read_bytes_per_second <= 0 || write_bytes_per_second <= 0) return 0;
+  return std::max(static_cast<double>(state_bytes) / read_bytes_per_second,
+                  static_cast<double>(state_bytes) / write_bytes_per_second);
+}
+
 double OptimizerNvme::bound_seconds() const {
   if (read_bytes_per_second <= 0 || write_bytes_per_second <= 0) return 0;
   return static_cast<double>(state_bytes) / read_bytes_per_second +

@@ -59,7 +59,11 @@ struct OptimizerNvme {
   double read_bytes_per_second = 0;        // raw io_uring read pass, median
   double write_bytes_per_second = 0;       // raw io_uring write pass, median
   std::vector<std::string> buffered_dirs;  // where the raw pass could not use O_DIRECT
-  double bound_seconds() const;            // state_bytes / read + state_bytes / write
+  // state_bytes / read + state_bytes / write: a drive that reads and writes one at a time.
+  double bound_seconds() const;
+  // max(state_bytes / read, state_bytes / write): one that overlaps them fully (the step
+  // reads chunk k+1 while it writes chunk k-1).
+  double overlapped_bound_seconds() const;
   OptimizerStepRun run;
 };
 
