@@ -1,0 +1,393 @@
+"""strata.torch: train a torch nn.Module whose parameters live in strata.
+
+    import strata, strata.torch
+    rt = strata.Runtime()
+    model = strata.torch.offload(MyModel(), rt, home="cpu")     # or home="nvme"
+    opt = strata.torch.OffloadAdamW(model, lr=1e-3, weight_decay=0.01)
+    for x, y in data:
+        loss = loss_fn(model(x), y)
+        loss.backward()          # gradients go to strata as they are produced
+        opt.step()               # ZeRO-Offload: Adam on the CPU, parameters written back
+        opt.zero_grad()
+
+How it works (docs/python.md has the details):
+  - offload() copies each parameter into a strata tensor (home tier cpu or nvme) with a gradient
+    tensor beside it, and empties the torch parameter (a 0-element placeholder).
+  - A forward pre-hook on every module with parameters acquires them (tier "gpu": device memory
+    with the CUDA backend, host memory with the host backend) and points each parameter's .data
+    at the acquired memory through DLPack, zero copy. Without autograd (torch.no_grad, eval
+    loops) the forward post-hook releases them at once, layer by layer. With autograd they stay
+    acquired until backward has used them: autograd saves views of the weights (e.g. the
+    transposed weight of nn.Linear), which must not move while the graph lives. Each layer's
+    parameters are released as soon as backward is past the layer (when its input requires
+    grad), the rest when backward ends.
+  - A hook on each parameter copies its gradient into the strata gradient tensor and calls the
+    optimizer's grad_ready(), so the gradient's trip to the CPU overlaps the rest of backward.
+    p.grad is cleared when backward ends: the gradient lives in strata (use max_grad_norm for
+    clipping rather than torch.nn.utils.clip_grad_norm_).
+  - OffloadAdamW.step() runs strata's ZeRO-Offload step (fp32 master weights and moments in the
+    CPU tier or on NVMe) and closes the scheduler's step: the first step records the access
+    order and later steps prefetch along it; offload(order="module") gives the order up front.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+from torch import nn
+
+import strata
+
+__all__ = ["Offloaded", "OffloadAdamW", "offload"]
+
+_DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+}
+
+
+def _dtype_name(dtype) -> str:
+    if dtype not in _DTYPES:
+        raise ValueError(f"{dtype} is not a parameter dtype strata.torch supports: use "
+                         "torch.float32, torch.float16 or torch.bfloat16")
+    return _DTYPES[dtype]
+
+
+def _synchronize(tensor) -> None:
+    # Work torch issued on its own stream must be done before strata reuses the memory.
+    if tensor.is_cuda:
+        torch.cuda.current_stream(tensor.device).synchronize()
+
+
+class _Param:
+    """One torch parameter and its strata tensors."""
+
+    __slots__ = ("name", "param", "tensor", "grad_tensor", "pid", "acquisitions",
+                 "initial_master", "placeholder")
+
+    def __init__(self, name, param, tensor, grad_tensor, initial_master, placeholder):
+        self.name = name
+        self.param = param
+        self.tensor = tensor
+        self.grad_tensor = grad_tensor
+        self.pid = None  # set when an optimizer registers it
+        self.acquisitions = []
+        self.initial_master = initial_master  # fp32 numpy copy until an optimizer takes it
+        self.placeholder = placeholder
+
+
+class _Leaf:
+    """A module with parameters of its own, and the acquisitions its last forward holds."""
+
+    __slots__ = ("module", "params", "held", "pending_inputs")
+
+    def __init__(self, module, params):
+        self.module = module
+        self.params = params
+        self.held = 0  # forward calls whose acquisitions are not yet released
+        self.pending_inputs = 0
+
+
+class _ReleaseAfterBackward(torch.autograd.Function):
+    """Identity on a layer's input; its backward runs once backward is past the layer."""
+
+    @staticmethod
+    def forward(ctx, owner, leaf, tensor):  # noqa: D102
+        ctx.owner = owner
+        ctx.leaf = leaf
+        return tensor.detach()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        leaf = ctx.leaf
+        leaf.pending_inputs -= 1
+        if leaf.pending_inputs <= 0 and leaf.held > 0:
+            ctx.owner._release_leaf(leaf)
+        return None, None, grad
+
+
+class Offloaded(nn.Module):
+    """An nn.Module whose parameters live in strata (see the module docstring)."""
+
+    def __init__(self, module: nn.Module, runtime: "strata.Runtime", home: str = "cpu",
+                 dtype=torch.float32, tier: str = "gpu", order: str = "record",
+                 prefix: str = ""):
+        super().__init__()
+        if order not in ("record", "module"):
+            raise ValueError(f"order={order!r}: use 'record' (the first step records the "
+                             "access order) or 'module' (the module order, given up front)")
+        self.module = module
+        self.runtime = runtime
+        self.home = home
+        self.tier = tier
+        self.dtype = dtype
+        self._params: list[_Param] = []
+        self._leaves: list[_Leaf] = []
+        self._optimizer = None
+        self._in_step = False
+        self._backward_queued = False
+        self._hooks = []
+        dtype_name = _dtype_name(dtype)
+        by_id = {}
+        for module_name, sub in module.named_modules():
+            own = list(sub.named_parameters(recurse=False))
+            if not own:
+                continue
+            leaf_params = []
+            for param_name, p in own:
+                if id(p) in by_id:  # shared with an earlier module
+                    leaf_params.append(by_id[id(p)])
+                    continue
+                name = prefix + (f"{module_name}.{param_name}" if module_name else param_name)
+                shape = tuple(p.shape)
+                t = runtime.create(name, shape, dtype_name, home=home)
+                g = runtime.create(name + ".grad", shape, dtype_name, home=home)
+                with t.acquire("cpu", "w") as view:
+                    torch.from_dlpack(view).copy_(p.detach().reshape(shape))
+                master = p.detach().to("cpu", torch.float32).reshape(-1).numpy().copy()
+                placeholder = torch.empty(0, dtype=dtype, device=p.device)
+                p.data = placeholder
+                prm = _Param(name, p, t, g, master, placeholder)
+                by_id[id(p)] = prm
+                self._params.append(prm)
+                leaf_params.append(prm)
+                if p.requires_grad:
+                    self._hooks.append(p.register_hook(
+                        lambda grad, prm=prm: self._grad_hook(prm, grad)))
+            leaf = _Leaf(sub, leaf_params)
+            self._leaves.append(leaf)
+            self._hooks.append(sub.register_forward_pre_hook(
+                lambda mod, inputs, leaf=leaf: self._pre_forward(leaf, inputs)))
+            self._hooks.append(sub.register_forward_hook(
+                lambda mod, inputs, output, leaf=leaf: self._post_forward(leaf)))
+        if order == "module":
+            self.set_module_order()
+
+    # ---- the training step -----------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        self.begin_step()
+        return self.module(*args, **kwargs)
+
+    def begin_step(self) -> None:
+        """Opens the scheduler's step (forward does it; OffloadAdamW.step() closes it)."""
+        if not self._in_step:
+            self.runtime.step_begin()
+            self._in_step = True
+
+    def end_step(self) -> None:
+        """Releases what is still acquired and closes the scheduler's step (for loops without
+        an optimizer step, e.g. evaluation)."""
+        self.release_all()
+        if self._in_step:
+            self.runtime.step_end()
+            self._in_step = False
+
+    def set_module_order(self) -> None:
+        """Gives the scheduler the step's order up front: parameters in module order for
+        forward, then gradients in reverse order for backward."""
+        order = [(prm.tensor, self.tier) for leaf in self._leaves for prm in leaf.params]
+        order += [(prm.grad_tensor, self.tier) for prm in reversed(self._params)]
+        self.runtime.set_access_order(order)
+
+    # ---- hooks -----------------------------------------------------------------------------
+
+    def _acquire_param(self, prm: _Param) -> None:
+        acquisition = prm.tensor.acquire(self.tier, "r")
+        if not prm.acquisitions:
+            prm.param.data = torch.from_dlpack(acquisition)
+        prm.acquisitions.append(acquisition)
+
+    def _release_param(self, prm: _Param) -> None:
+        acquisition = prm.acquisitions.pop()
+        if not prm.acquisitions:
+            _synchronize(prm.param.data)
+            prm.param.data = prm.placeholder  # drops the DLPack view before the release
+        acquisition.release()
+
+    def _pre_forward(self, leaf: _Leaf, inputs):
+        for prm in leaf.params:
+            self._acquire_param(prm)
+        leaf.held += 1
+        if not torch.is_grad_enabled():
+            return None
+        # Release the layer once backward has produced the gradients of its inputs.
+        wrapped = []
+        count = 0
+        for x in inputs:
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                x = _ReleaseAfterBackward.apply(self, leaf, x)
+                count += 1
+            wrapped.append(x)
+        if count == 0:
+            return None
+        leaf.pending_inputs += count
+        return tuple(wrapped)
+
+    def _post_forward(self, leaf: _Leaf):
+        if not torch.is_grad_enabled() or not any(p.param.requires_grad for p in leaf.params):
+            self._release_leaf(leaf)
+        return None
+
+    def _release_leaf(self, leaf: _Leaf) -> None:
+        if leaf.held == 0:
+            return
+        leaf.held -= 1
+        for prm in reversed(leaf.params):
+            self._release_param(prm)
+
+    def release_all(self) -> None:
+        """Releases every parameter still acquired by forward passes."""
+        for leaf in self._leaves:
+            while leaf.held > 0:
+                self._release_leaf(leaf)
+            leaf.pending_inputs = 0
+
+    def _grad_hook(self, prm: _Param, grad):
+        if not self._backward_queued:
+            self._backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        with prm.grad_tensor.acquire(self.tier, "w") as view:
+            dst = torch.from_dlpack(view)
+            dst.copy_(grad.detach().reshape(dst.shape))
+            _synchronize(dst)
+            del dst
+        if self._optimizer is not None:
+            self._optimizer._grad_ready(prm)
+        return None
+
+    def _backward_done(self) -> None:
+        self._backward_queued = False
+        self.release_all()
+        for prm in self._params:
+            prm.param.grad = None  # the gradient lives in strata
+
+    # ---- inspection ------------------------------------------------------------------------
+
+    def strata_tensors(self):
+        """{parameter name: (parameter tensor, gradient tensor)}"""
+        return {prm.name: (prm.tensor, prm.grad_tensor) for prm in self._params}
+
+    def read_parameter(self, name: str):
+        """A CPU torch copy of a parameter's current value in strata."""
+        for prm in self._params:
+            if prm.name == name:
+                with prm.tensor.acquire("cpu", "r") as view:
+                    return torch.from_dlpack(view).clone()
+        raise KeyError(f"no parameter named {name!r}")
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def offload(module: nn.Module, runtime: "strata.Runtime", home: str = "cpu",
+            dtype=torch.float32, tier: str = "gpu", order: str = "record",
+            prefix: str = "") -> Offloaded:
+    """Moves `module`'s parameters into strata tensors homed in `home` (cpu or nvme) and
+    returns the wrapped module. `tier`: where forward and backward use them (gpu; with the
+    host backend that is host memory). `order`: "record" (the first step records the access
+    order) or "module" (module order, given up front). `prefix` names the tensors (several
+    models in one Runtime)."""
+    return Offloaded(module, runtime, home=home, dtype=dtype, tier=tier, order=order,
+                     prefix=prefix)
+
+
+class OffloadAdamW:
+    """AdamW (torch.optim.AdamW semantics) run by strata's ZeRO-Offload optimizer.
+
+    step() returns strata's step result as a dict (skipped, grad_norm, clip_coef, step,
+    loss_scale, ...). state_dict() holds the optimizer's checkpoint files (master weights,
+    moments, step counts, hyper-parameters: written by OffloadOptimizer.save into a temporary
+    directory and read back as bytes), so it pickles with torch.save; load_state_dict() writes
+    them back and loads them, which also sets the model's parameters to the saved masters.
+    """
+
+    def __init__(self, module: Offloaded, lr: float = 1e-3, betas=(0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, state_home: str = "cpu",
+                 max_grad_norm: float = 0.0, loss_scale: float = 1.0,
+                 dynamic_loss_scale: bool = False, chunk_elements: int = 0):
+        if not isinstance(module, Offloaded):
+            raise TypeError("OffloadAdamW takes the module returned by strata.torch.offload()")
+        if module._optimizer is not None:
+            raise ValueError("this module already has an OffloadAdamW")
+        self.module = module
+        self._opt = strata.OffloadOptimizer(
+            module.runtime, state_home=state_home, lr=lr, betas=tuple(betas), eps=eps,
+            weight_decay=weight_decay, decoupled=True, max_grad_norm=max_grad_norm,
+            loss_scale=loss_scale, dynamic_loss_scale=dynamic_loss_scale,
+            chunk_elements=chunk_elements)
+        for prm in module._params:
+            prm.pid = self._opt.add_param(prm.name, prm.tensor, prm.grad_tensor,
+                                          initial_master=prm.initial_master)
+            prm.initial_master = None
+        module._optimizer = self
+
+    @property
+    def optimizer(self) -> "strata.OffloadOptimizer":
+        return self._opt
+
+    @property
+    def lr(self) -> float:
+        return self._opt.group(0)["lr"]
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._opt.set_lr(0, value)
+
+    @property
+    def loss_scale(self) -> float:
+        return self._opt.loss_scale
+
+    def _grad_ready(self, prm: _Param) -> None:
+        self._opt.grad_ready(prm.pid)
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.module.release_all()
+        result = self._opt.step()
+        self.module.end_step()
+        if loss is not None:
+            result["loss"] = loss
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._opt.zero_grad()
+        for prm in self.module._params:
+            prm.param.grad = None
+
+    def stats(self) -> dict:
+        return self._opt.stats()
+
+    def state_dict(self) -> dict:
+        files = {}
+        with tempfile.TemporaryDirectory(prefix="strata-state-") as directory:
+            self._opt.save(directory)
+            for root, _, names in os.walk(directory):
+                for name in names:
+                    path = os.path.join(root, name)
+                    with open(path, "rb") as f:
+                        files[os.path.relpath(path, directory)] = f.read()
+        return {"format": "strata.torch.OffloadAdamW/1",
+                "params": [prm.name for prm in self.module._params],
+                "files": files}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("format") != "strata.torch.OffloadAdamW/1":
+            raise ValueError("not a strata.torch.OffloadAdamW state_dict")
+        self.module.release_all()
+        with tempfile.TemporaryDirectory(prefix="strata-state-") as directory:
+            for relative, data in state["files"].items():
+                path = os.path.join(directory, relative)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(data)
+            self._opt.load(directory)
