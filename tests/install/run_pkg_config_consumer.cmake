@@ -1,0 +1,31 @@
+# Installs strata from BUILD_DIR into a fresh prefix, then builds tests/install/c_consumer/main.c
+# as a C11 program with the flags `pkg-config --cflags --libs strata` gives, and runs it.
+foreach(var BUILD_DIR WORK_DIR SOURCE_DIR LIBDIR C_COMPILER)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "run_pkg_config_consumer.cmake needs -D${var}=...")
+  endif()
+endforeach()
+find_program(PKG_CONFIG NAMES pkg-config pkgconf REQUIRED)
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(prefix "${WORK_DIR}/prefix")
+
+function(run out_var)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "failed (${result}): ${ARGN}\n${out}\n${err}")
+  endif()
+  set(${out_var} "${out}" PARENT_SCOPE)
+endfunction()
+
+run(ignored ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+set(ENV{PKG_CONFIG_PATH} "${prefix}/${LIBDIR}/pkgconfig")
+run(flags ${PKG_CONFIG} --cflags --libs strata)
+string(STRIP "${flags}" flags)
+message(STATUS "pkg-config --cflags --libs strata: ${flags}")
+separate_arguments(flags UNIX_COMMAND "${flags}")
+separate_arguments(extra UNIX_COMMAND "${CONSUMER_FLAGS}")
+run(ignored ${C_COMPILER} -std=c11 -Wall -Wextra -Werror ${extra}
+    "${SOURCE_DIR}/tests/install/c_consumer/main.c" -o "${WORK_DIR}/c_consumer" ${flags})
+run(out "${WORK_DIR}/c_consumer")
+message(STATUS "${out}")
+file(REMOVE_RECURSE "${WORK_DIR}")
