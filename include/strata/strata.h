@@ -1,5 +1,5 @@
-/* strata's C API: the runtime, its tensors and streams, for C programs and for other
- * languages' bindings. Plain C11; also compiles as C++.
+/* strata's C API: the runtime, its tensors and streams, and the offload optimizer, for C
+ * programs and for other languages' bindings. Plain C11; also compiles as C++.
  *
  *   strata_runtime_t* runtime;
  *   if (strata_runtime_create_from_env(&runtime) != STRATA_OK) {
@@ -249,6 +249,166 @@ STRATA_API strata_status_t strata_tensor_prefetch(strata_tensor_t tensor, strata
 /* Drops the copy in `tier`, writing it back home first when it holds the only newest bytes.
  * The home copy is never evicted (STRATA_INVALID_ARGUMENT). */
 STRATA_API strata_status_t strata_tensor_evict(strata_tensor_t tensor, strata_tier_t tier);
+
+/* ---- Offload optimizer (ZeRO-Offload / ZeRO-Infinity) -----------------------------------------
+ */
+
+/* Adam/AdamW with fp32 master weights and moments in the pinned CPU tier or on NVMe, stepped on
+ * the CPU; see include/strata/offload_optimizer.h for the step's pipeline and its data safety
+ * (a step applies completely or not at all). Belongs to one runtime. */
+typedef struct strata_optimizer strata_optimizer_t; /* opaque */
+
+typedef int32_t strata_param_type_t; /* the parameter copy the model computes with */
+enum { STRATA_PARAM_F32 = 0, STRATA_PARAM_F16 = 1, STRATA_PARAM_BF16 = 2 };
+typedef int32_t strata_grad_type_t;
+enum { STRATA_GRAD_F32 = 0, STRATA_GRAD_F16 = 1, STRATA_GRAD_BF16 = 2 };
+typedef int32_t strata_cpu_isa_t; /* the CPU Adam kernel: AUTO picks the best the CPU has */
+enum {
+  STRATA_CPU_ISA_AUTO = 0,
+  STRATA_CPU_ISA_SCALAR = 1,
+  STRATA_CPU_ISA_AVX2 = 2,
+  STRATA_CPU_ISA_AVX512 = 3
+};
+
+/* One parameter group's hyper-parameters (torch's param_groups). */
+typedef struct strata_adam_group {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  int32_t decoupled; /* 1: AdamW; 0: Adam with L2 weight decay */
+} strata_adam_group_t;
+
+/* fp16 loss scaling, as torch.cuda.amp.GradScaler: gradients arrive multiplied by `scale`. */
+typedef struct strata_loss_scaling {
+  float scale;
+  int32_t dynamic; /* 1: an overflow backs off, growth_interval clean steps grow */
+  float growth_factor;
+  float backoff_factor;
+  uint32_t growth_interval;
+  float min_scale;
+} strata_loss_scaling_t;
+
+typedef struct strata_optimizer_options {
+  strata_tier_t state_home;     /* STRATA_TIER_CPU or STRATA_TIER_NVME */
+  strata_adam_group_t defaults; /* group 0 */
+  float max_grad_norm;          /* > 0: clip the global L2 norm of the gradients to this */
+  int32_t skip_on_overflow;     /* 1: an inf/nan gradient skips the step */
+  strata_loss_scaling_t loss_scaling;
+  uint64_t chunk_elements; /* elements per pipeline chunk; 0: from the staging chunk size */
+  strata_cpu_isa_t isa;
+} strata_optimizer_options_t;
+
+/* Fill the structs with the defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, AdamW; states in the
+ * CPU tier; no clipping; scale 1). */
+STRATA_API strata_status_t strata_adam_group_init(strata_adam_group_t* group);
+STRATA_API strata_status_t strata_optimizer_options_init(strata_optimizer_options_t* options);
+
+typedef struct strata_param {
+  uint32_t index;
+} strata_param_t;
+
+typedef struct strata_param_spec {
+  const char* name;      /* unique; the optimizer's own tensors are named "<name>.master" etc. */
+  strata_tensor_t param; /* `count` elements of `param_type`, the copy the model computes with */
+  strata_tensor_t grad;  /* `count` elements of `grad_type`, written by backward */
+  strata_param_type_t param_type;
+  strata_grad_type_t grad_type;
+  uint64_t count;
+  uint32_t group;
+  /* NULL, or `count` initial fp32 master weights (copied); NULL widens the parameter tensor's
+   * contents. The parameter tensor is then set to the rounded master. */
+  const float* initial_master;
+} strata_param_spec_t;
+
+typedef struct strata_step_result {
+  int32_t skipped;  /* an inf/nan gradient: nothing was updated, the gradients dropped */
+  double grad_norm; /* global L2 norm of the unscaled gradients, before clipping */
+  double clip_coef; /* factor the gradients were multiplied by (1: no clipping) */
+  uint64_t params_updated;
+  uint64_t step;    /* optimizer steps taken so far (skipped ones excluded) */
+  float loss_scale; /* the scale to use for the next backward */
+} strata_step_result_t;
+
+typedef struct strata_optimizer_stats_s { /* "_s": strata_optimizer_stats is the function */
+  uint64_t steps;
+  uint64_t skipped_steps;
+  uint64_t failed_steps;
+  uint64_t grads_landed; /* strata_optimizer_grad_ready() calls completed */
+  uint64_t grad_bytes_landed;
+  uint64_t params;
+  uint64_t elements;
+  uint64_t chunk_elements;
+  uint64_t chunks;
+  uint64_t last_step_ns;      /* host time of the last step */
+  uint64_t last_step_wait_ns; /* of which waiting for gradients still landing */
+  uint64_t last_adam_ns;      /* of which running the CPU Adam kernels */
+  uint64_t last_nvme_wait_ns; /* of which waiting for NVMe reads/writes */
+  uint64_t nvme_bytes_read;
+  uint64_t nvme_bytes_written;
+  uint64_t peak_staging_chunks; /* pinned staging chunks held at once by one step */
+} strata_optimizer_stats_t;
+
+/* `options` may be NULL for the defaults. FAILED_PRECONDITION for states on NVMe without an NVMe
+ * tier. Destroyed with its runtime at the latest. */
+STRATA_API strata_status_t strata_optimizer_create(strata_runtime_t* runtime,
+                                                   const strata_optimizer_options_t* options,
+                                                   strata_optimizer_t** out);
+STRATA_API strata_status_t strata_optimizer_destroy(strata_optimizer_t* optimizer);
+
+STRATA_API strata_status_t strata_optimizer_add_group(strata_optimizer_t* optimizer,
+                                                      const strata_adam_group_t* group,
+                                                      uint32_t* out);
+/* Changes a group's hyper-parameters between steps. */
+STRATA_API strata_status_t strata_optimizer_set_group(strata_optimizer_t* optimizer, uint32_t group,
+                                                      const strata_adam_group_t* hyper);
+STRATA_API strata_status_t strata_optimizer_get_group(strata_optimizer_t* optimizer, uint32_t group,
+                                                      strata_adam_group_t* out);
+STRATA_API strata_status_t strata_optimizer_set_loss_scale(strata_optimizer_t* optimizer,
+                                                           float scale);
+STRATA_API strata_status_t strata_optimizer_loss_scale(strata_optimizer_t* optimizer, float* out);
+STRATA_API strata_status_t strata_optimizer_step_count(strata_optimizer_t* optimizer,
+                                                       uint64_t* out);
+
+/* Registers a parameter: its master and moment state (moments zero) and its gradient landing
+ * buffer. The tensors must belong to the optimizer's runtime. */
+STRATA_API strata_status_t strata_optimizer_add_param(strata_optimizer_t* optimizer,
+                                                      const strata_param_spec_t* spec,
+                                                      strata_param_t* out);
+STRATA_API strata_status_t strata_optimizer_find_param(strata_optimizer_t* optimizer,
+                                                       const char* name, strata_param_t* out);
+STRATA_API strata_status_t strata_optimizer_param_step_count(strata_optimizer_t* optimizer,
+                                                             strata_param_t param, uint64_t* out);
+
+/* The parameter's gradient is complete once the work issued so far on `stream` is done. Returns
+ * after issuing its copy to the CPU. Several calls before a step accumulate (sum) the gradient.
+ * May be called from several threads. */
+STRATA_API strata_status_t strata_optimizer_grad_ready(strata_optimizer_t* optimizer,
+                                                       strata_param_t param,
+                                                       strata_stream_t* stream);
+/* Drops every gradient landed since the last step. */
+STRATA_API strata_status_t strata_optimizer_zero_grad(strata_optimizer_t* optimizer);
+/* Steps every parameter that received a gradient since the last step; `out` may be NULL. The
+ * updated parameters are in their tensors for any work issued afterwards. */
+STRATA_API strata_status_t strata_optimizer_step(strata_optimizer_t* optimizer,
+                                                 strata_step_result_t* out);
+
+/* Checkpoint: states, step counts, hyper-parameters and loss scale into `directory` (created if
+ * missing, replaced atomically); load() restores one for the same parameters. */
+STRATA_API strata_status_t strata_optimizer_save(strata_optimizer_t* optimizer,
+                                                 const char* directory);
+STRATA_API strata_status_t strata_optimizer_load(strata_optimizer_t* optimizer,
+                                                 const char* directory);
+
+/* Copies the parameter's fp32 state; each of the three arrays holds `count` floats (the
+ * parameter's count) or is NULL to skip it. */
+STRATA_API strata_status_t strata_optimizer_read_state(strata_optimizer_t* optimizer,
+                                                       strata_param_t param, float* master,
+                                                       float* exp_avg, float* exp_avg_sq,
+                                                       uint64_t count);
+STRATA_API strata_status_t strata_optimizer_stats(strata_optimizer_t* optimizer,
+                                                  strata_optimizer_stats_t* out);
 
 #ifdef __cplusplus
 } /* extern "C" */
