@@ -113,6 +113,9 @@ Registry& Registry::get() {
 uint64_t Registry::add(Entry entry) {
   MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
+  // Set before the entry is visible: a lookup never sees an object without its id.
+  if (entry.runtime != nullptr) entry.runtime->id = id;
+  if (entry.child != nullptr) entry.child->id = id;
   live_.emplace(id, std::move(entry));
   return id;
 }

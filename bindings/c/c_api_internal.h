@@ -114,6 +114,7 @@ struct Entry {
 class Registry {
  public:
   static Registry& get();
+  // Registers the entry under a new id, which it also stores in the entry's object.
   uint64_t add(Entry entry);
   // The live entry `id` of kind `kind`; `param` names it in errors.
   absl::StatusOr<Entry> find(uint64_t id, Kind kind, absl::string_view param) const;

@@ -164,8 +164,7 @@ strata_status_t strata_optimizer_create(strata_runtime_t* runtime,
     child->optimizer = *std::move(optimizer);
     // Registered under the runtime's lock: its destroy then sees the child in its list.
     strata::MutexLock lock(&(*state)->mu);
-    child->id = Registry::get().add(Entry{Kind::kOptimizer, nullptr, child});
-    (*state)->children.push_back(child->id);
+    (*state)->children.push_back(Registry::get().add(Entry{Kind::kOptimizer, nullptr, child}));
     *out = handle_of<strata_optimizer_t>(child->id);
     return absl::OkStatus();
   });

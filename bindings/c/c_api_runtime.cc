@@ -39,8 +39,7 @@ absl::Status create_runtime(const std::map<std::string, std::string>& vars,
   if (!runtime.ok()) return runtime.status();
   auto state = std::make_shared<RuntimeState>();
   state->runtime = *std::move(runtime);
-  // Nobody can know the id before it is returned, so it is set after registering.
-  state->id = Registry::get().add(Entry{Kind::kRuntime, state, nullptr});
+  Registry::get().add(Entry{Kind::kRuntime, state, nullptr});
   *out = handle_of<strata_runtime_t>(state->id);
   return absl::OkStatus();
 }
@@ -331,8 +330,7 @@ strata_status_t strata_stream_create(strata_runtime_t* runtime, strata_stream_t*
     child->stream = *std::move(stream);
     // Registered under the runtime's lock: its destroy then sees the child in its list.
     strata::MutexLock lock(&(*state)->mu);
-    child->id = Registry::get().add(Entry{Kind::kStream, nullptr, child});
-    (*state)->children.push_back(child->id);
+    (*state)->children.push_back(Registry::get().add(Entry{Kind::kStream, nullptr, child}));
     *out = handle_of<strata_stream_t>(child->id);
     return absl::OkStatus();
   });
