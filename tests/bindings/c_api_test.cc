@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -162,6 +164,64 @@ TEST_CASE("c_api: runtime creation errors name the setting", "[c_api]") {
                "strata_runtime_create: settings[1].name is NULL");
   expect_error(strata_runtime_create_from_env(nullptr), STRATA_INVALID_ARGUMENT,
                "strata_runtime_create_from_env: out is NULL");
+}
+
+// Sets environment variables for one scope and puts the old values back.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::vector<std::pair<std::string, const char*>>& vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name.c_str());
+      saved_.emplace_back(name, old == nullptr ? std::nullopt : std::optional<std::string>(old));
+      if (value == nullptr) {
+        unsetenv(name.c_str());
+      } else {
+        setenv(name.c_str(), value, 1);
+      }
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value.has_value()) {
+        setenv(name.c_str(), value->c_str(), 1);
+      } else {
+        unsetenv(name.c_str());
+      }
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+TEST_CASE("c_api: the environment, and settings that override or unset it", "[c_api]") {
+  ScopedEnv env({{"STRATA_BACKEND", "host"},
+                 {"STRATA_GPU_BYTES", "12XB"},
+                 {"STRATA_CPU_BYTES", "4MiB"},
+                 {"STRATA_NVME_PATHS", "/nonexistent/strata-c-api"}});
+  strata_runtime_t* runtime = nullptr;
+  expect_error(strata_runtime_create_from_env(&runtime), STRATA_INVALID_ARGUMENT,
+               "strata_runtime_create_from_env: STRATA_GPU_BYTES='12XB' is not a size");
+  CHECK(runtime == nullptr);
+  // A setting overrides the variable; a NULL value unsets it.
+  const strata_setting_t fixed[] = {{"STRATA_GPU_BYTES", "1MiB"}, {"STRATA_NVME_PATHS", nullptr}};
+  REQUIRE_OK(strata_runtime_create(fixed, 2, &runtime));
+  strata_stats_t stats;
+  REQUIRE_OK(strata_runtime_stats(runtime, &stats));
+  CHECK(stats.tiers[STRATA_TIER_GPU].capacity <= 1024 * kKiB);
+  CHECK(stats.tiers[STRATA_TIER_NVME].present == 0);
+  REQUIRE_OK(strata_runtime_destroy(runtime));
+  // Without the override the environment's value is used (and reported).
+  const strata_setting_t gpu_only[] = {{"STRATA_GPU_BYTES", "1MiB"}};
+  expect_error(strata_runtime_create(gpu_only, 1, &runtime), STRATA_NOT_FOUND,
+               "strata_runtime_create: STRATA_NVME_PATHS entry '/nonexistent/strata-c-api'");
+  {
+    ScopedEnv fine({{"STRATA_GPU_BYTES", "1MiB"}, {"STRATA_NVME_PATHS", nullptr}});
+    REQUIRE_OK(strata_runtime_create_from_env(&runtime));
+    REQUIRE_OK(strata_runtime_destroy(runtime));
+  }
 }
 
 TEST_CASE("c_api: every call with bad arguments returns an error code and a message", "[c_api]") {
