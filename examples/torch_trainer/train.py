@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""torch_trainer: a small transformer trained with PyTorch, its parameters offloaded through
+strata.torch, checked step by step against the same model trained with torch.optim.AdamW in
+memory.
+
+The model: token and position embeddings, two pre-LayerNorm blocks (causal multi-head
+self-attention written with nn.Linear q/k/v/o, then an MLP, each with a residual), a final
+LayerNorm and an LM head. The task: next-token prediction on sequences drawn from a fixed random
+Markov chain (each token has a few likely successors), so the loss can fall well below ln(vocab).
+
+Two identical models are built from one seed. One is wrapped with strata.torch.offload() (its
+parameters homed on NVMe when STRATA_NVME_PATHS is set, else in the CPU tier) and trained with
+strata.torch.OffloadAdamW (moments on NVMe likewise); the other stays in memory and is trained
+with torch.optim.AdamW(foreach=False): same hyper-parameters, same batches, gradient clipping in
+both (strata: max_grad_norm; torch: clip_grad_norm_). With a GPU arena (STRATA_GPU_BYTES) that
+holds the parameters but not the gradients too, tensors move between tiers every step.
+
+The forward and backward passes are the same operations on the same values in both runs; only
+the AdamW arithmetic differs (strata's CPU kernel vs torch's), by float32 rounding. So the losses
+agree to about 2e-7 relative, and --tolerance (default 1e-4) leaves a wide margin.
+
+Exit status: 0 (prints PASS) when every step's losses agree within --tolerance and the strata
+loss fell (final < 0.7 x initial); 1 (prints FAIL) otherwise; 2 on a usage error; 77 when
+torch is not installed.
+
+    PYTHONPATH=<build>/python STRATA_BACKEND=host python3 examples/torch_trainer/train.py
+    PYTHONPATH=<build>/python python3 examples/torch_trainer/train.py --device=cuda   # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import sys
+import time
+
+try:
+    import torch
+except ImportError:  # the CTest test counts exit 77 as skipped
+    print("SKIP: torch is not installed (Debian: apt install python3-torch)")
+    sys.exit(77)
+from torch import nn
+from torch.nn import functional as F
+
+import strata
+import strata.torch as st
+
+VOCAB = 64
+D_MODEL = 64
+HEADS = 4
+D_MLP = 256
+LAYERS = 2
+SEQ = 32
+BATCH = 8
+HYPER = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)
+MAX_GRAD_NORM = 0.5
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention from four nn.Linear (q, k, v, o)."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.o = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.heads
+
+        def split(y):  # (b, t, d) -> (b, h, t, d/h)
+            return y.view(b, t, h, d // h).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        scores = scores.masked_fill(causal, float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ v
+        return self.o(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, heads: int, d_mlp: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_mlp), nn.GELU(), nn.Linear(d_mlp, d_model))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, D_MODEL)
+        self.pos = nn.Embedding(SEQ, D_MODEL)
+        self.blocks = nn.ModuleList(Block(D_MODEL, HEADS, D_MLP) for _ in range(LAYERS))
+        self.ln_f = nn.LayerNorm(D_MODEL)
+        self.head = nn.Linear(D_MODEL, VOCAB)
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok(tokens) + self.pos(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def markov_batches(steps: int, seed: int = 7):
+    """`steps` batches of (input, target) token sequences from a fixed random Markov chain whose
+    every token has 3 successors (probabilities 0.7, 0.2, 0.1): entropy ~0.8 nats, against
+    ln(64) ~4.16 for a uniform guess."""
+    g = torch.Generator().manual_seed(seed)
+    successors = torch.stack([torch.randperm(VOCAB, generator=g)[:3] for _ in range(VOCAB)])
+    probs = torch.tensor([0.7, 0.2, 0.1])
+    batches = []
+    for _ in range(steps):
+        seq = torch.empty(BATCH, SEQ + 1, dtype=torch.long)
+        seq[:, 0] = torch.randint(VOCAB, (BATCH,), generator=g)
+        for t in range(SEQ):
+            choice = torch.multinomial(probs, BATCH, replacement=True, generator=g)
+            seq[:, t + 1] = successors[seq[:, t], choice]
+        batches.append((seq[:, :-1], seq[:, 1:]))
+    return batches
+
+
+def lm_loss(model, tokens, targets):
+    logits = model(tokens)
+    return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda when torch has CUDA and strata's runtime is on the cuda "
+                        "backend, else cpu")
+    p.add_argument("--tolerance", type=float, default=1e-4,
+                   help="largest relative difference allowed between the two runs' losses at "
+                        "any step (default 1e-4)")
+    args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error("--steps must be at least 2")
+    if not args.tolerance > 0:
+        p.error("--tolerance must be positive")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.manual_seed(1234)
+    reference = TinyTransformer()
+    n_params = sum(p.numel() for p in reference.parameters())
+    param_bytes = 4 * n_params
+    # The GPU arena: STRATA_GPU_BYTES when set; else room for the parameters (all acquired at the
+    # end of forward) and a little more, but not for the gradients as well, so tensors move.
+    overrides = {}
+    if "STRATA_GPU_BYTES" not in os.environ:
+        overrides["gpu_bytes"] = str(param_bytes + param_bytes // 2)
+    rt = strata.Runtime(**overrides)
+
+    backend = rt.backend
+    if args.device == "auto":
+        device = "cuda" if torch.cuda.is_available() and backend == "cuda" else "cpu"
+    else:
+        device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        print("--device=cuda: torch has no CUDA device", file=sys.stderr)
+        return 2
+    if device == "cuda" and backend != "cuda":
+        print(f"--device=cuda: strata's runtime is on the {backend} backend (its 'gpu' tier is "
+              "host memory); set STRATA_BACKEND=cuda", file=sys.stderr)
+        return 2
+    if device == "cpu" and backend == "cuda":
+        print("--device=cpu: strata's runtime is on the cuda backend; set STRATA_BACKEND=host "
+              "to train on the CPU", file=sys.stderr)
+        return 2
+
+    home = "nvme" if rt.has_nvme else "cpu"
+    gpu_bytes = rt.config["gpu_bytes"]
+    print(f"model: {n_params} parameters ({param_bytes / 1024:.0f} KiB fp32), "
+          f"{LAYERS} blocks, d_model {D_MODEL}, {HEADS} heads, vocab {VOCAB}, seq {SEQ}, "
+          f"batch {BATCH}")
+    print(f"strata: backend {backend}, device {device}, GPU arena {gpu_bytes / 1024:.0f} KiB, "
+          f"parameters homed in {home}, optimizer states in {home}")
+    if gpu_bytes >= 2 * param_bytes:
+        print("note: the GPU arena holds parameters and gradients together; set "
+              "STRATA_GPU_BYTES below twice the model's size to make tensors move")
+
+    model = copy.deepcopy(reference).to(device)
+    reference.to(device)
+    wrapped = st.offload(model, rt, home=home)
+    opt = st.OffloadAdamW(wrapped, state_home=home, max_grad_norm=MAX_GRAD_NORM, **HYPER)
+    ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **HYPER)
+
+    batches = [(x.to(device), y.to(device)) for x, y in markov_batches(args.steps)]
+    print(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}")
+    losses, ref_losses = [], []
+    worst = 0.0
+    clipped = 0
+    start = time.perf_counter()
+    for step, (x, y) in enumerate(batches, 1):
+        loss = lm_loss(wrapped, x, y)
+        loss.backward()
+        result = opt.step()
+        opt.zero_grad()
+        clipped += result["clip_coef"] < 1.0
+
+        ref_loss = lm_loss(reference, x, y)
+        ref_loss.backward()
+        nn.utils.clip_grad_norm_(reference.parameters(), MAX_GRAD_NORM)
+        ref_opt.step()
+        ref_opt.zero_grad()
+
+        a, b = loss.item(), ref_loss.item()
+        rel = abs(a - b) / max(abs(b), 1e-12)
+        worst = max(worst, rel) if math.isfinite(rel) else math.inf
+        losses.append(a)
+        ref_losses.append(b)
+        mark = "" if rel <= args.tolerance else "  <-- over tolerance"
+        print(f"{step:4d}  {a:10.6f}  {b:10.6f}  {rel:9.2e}{mark}")
+    elapsed = time.perf_counter() - start
+
+    stats = rt.stats()
+    moved = sum(m["bytes"] for m in stats["moves"].values())
+    per_pair = ", ".join(f"{pair} {m['bytes'] / 1024:.0f} KiB"
+                         for pair, m in stats["moves"].items() if m["bytes"])
+    ostats = opt.stats()
+    print(f"largest relative loss difference: {worst:.3g} (tolerance {args.tolerance:g})")
+    print(f"strata loss {losses[0]:.4f} -> {losses[-1]:.4f} "
+          f"(must fall below 0.7 x initial = {0.7 * losses[0]:.4f})")
+    print(f"bytes moved between tiers: {moved} ({moved / 2**20:.2f} MiB: {per_pair or 'none'}); "
+          f"optimizer NVMe read {ostats['nvme_bytes_read']}, "
+          f"written {ostats['nvme_bytes_written']}")
+    print(f"gradient clipping (max norm {MAX_GRAD_NORM:g}) applied at {clipped} of "
+          f"{args.steps} steps")
+    print(f"{args.steps} steps of both runs in {elapsed:.2f} s")
+
+    ok = True
+    if worst > args.tolerance:
+        print(f"the losses differ by {worst:.3g} relative, more than --tolerance "
+              f"{args.tolerance:g}")
+        ok = False
+    if not losses[-1] < 0.7 * losses[0]:
+        print("the strata run's loss did not fall below 0.7 x its initial value")
+        ok = False
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
