@@ -3,8 +3,11 @@
 # present it only checks and returns. Uses sudo only when not already root.
 set -euo pipefail
 
+# python3-dev, pybind11-dev: the Python module; python3-pytest, python3-numpy, python3-torch: its
+# tests and the PyTorch example trainer (CPU torch; the same scripts run on CUDA elsewhere).
 packages=(g++ make cmake ninja-build pkg-config python3
-          liburing-dev libtbb-dev libabsl-dev catch2 libxxhash-dev)
+          liburing-dev libtbb-dev libabsl-dev catch2 libxxhash-dev
+          python3-dev pybind11-dev python3-pytest python3-numpy python3-torch)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "strata: not a Debian-based system; make sure these (or your distribution's equivalents)" \
