@@ -57,9 +57,10 @@ class TriadBuffers {
   static std::string description();
 
   // A second reference with the step's own access shape on its state: every element of a, b
-  // and c read and written back in place (x = x * k), 24 B per element, no write-allocate
-  // traffic (the lines were just read). On some machines this shape reaches more bandwidth
-  // than the triad, and the step with it.
+  // and c read and written back in place (x = x * k; the workload passes k = -1, so that every
+  // store changes the bits), 24 B per element, no write-allocate traffic (the lines were just
+  // read). On some machines this shape reaches more bandwidth than the triad, and the step
+  // with it.
   void in_place(float k);
   uint64_t in_place_bytes_per_pass() const { return elements_ * 24; }
 

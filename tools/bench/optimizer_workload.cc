@@ -284,7 +284,7 @@ absl::StatusOr<OptimizerStepRun> run_steps(const OptimizerOptions& o, const Conf
       if (triad) {
         floor->buffers->triad(0.5F);
       } else {
-        floor->buffers->in_place(1.0F);
+        floor->buffers->in_place(-1.0F);
       }
       (triad ? floor->triad_seconds : floor->in_place_seconds)
           .push_back(absl::ToDoubleSeconds(absl::Now() - start));
@@ -478,7 +478,7 @@ int run_optimizer_workload(const OptimizerOptions& o, const std::string& json,
     auto triad = TriadBuffers::create(o.params);
     if (!triad.ok()) return fail(triad.status());
     triad->triad(0.5F);  // warm-up
-    triad->in_place(1.0F);
+    triad->in_place(-1.0F);
     measure_naive(o, *triad, report, human);
     FloorSamples floor;
     floor.buffers = &*triad;
