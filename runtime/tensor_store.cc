@@ -417,15 +417,19 @@ absl::Status TensorStore::destroy(TensorHandle handle) {
   for (TierKind tier : kTiers) {
     Impl::Copy& c = t.copies[tier_index(tier)];
     if (!c.present) continue;
-    (void)s.settle(t, tier);
+    const absl::Status settled = s.settle(t, tier);
     if (tier == TierKind::kNvme) {
       (void)s.nvme->free(c.extent);
       c = Impl::Copy();
-    } else {
-      c.pins = 0;
-      c.moving = false;
-      s.drop_copy(t, tier);
+    } else if (settled.ok()) {
+      // Not drop_copy(): its rule-1 guard keeps the last valid copy, which here must go too.
+      MemoryTier& memory = *s.tier_of(tier);
+      if (c.arena_pinned) (void)memory.unpin(c.block);
+      (void)memory.free(c.block);
+      c = Impl::Copy();
     }
+    // A copy whose device work could not be confirmed finished keeps its memory: the device
+    // may still be writing it.
   }
   s.watched.erase(Impl::key(handle.index, TierKind::kGpu));
   s.watched.erase(Impl::key(handle.index, TierKind::kCpu));

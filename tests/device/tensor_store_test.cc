@@ -175,6 +175,27 @@ STRATA_BOTH_BACKENDS("A full GPU arena writes back what only it holds", "[store]
   CHECK(stats.misses > 0);
 }
 
+TEST_CASE("destroy frees every copy, the only valid one included", "[store]") {
+  auto device = testing::host_device();
+  Fixture f(*device, StoreSetup{});
+  TensorStore& store = f.store();
+  for (TierKind home : {TierKind::kCpu, TierKind::kNvme}) {
+    for (TierKind written : {TierKind::kGpu, TierKind::kCpu}) {
+      INFO("home " << to_string(home) << ", written in " << to_string(written));
+      const StoreStats before = store.stats();
+      auto t = store.create("x", 256 * kKiB, home);
+      REQUIRE(t.ok());
+      f.write(*t, 256 * kKiB, 9, written);  // the written copy is the only valid one
+      REQUIRE(store.destroy(*t).ok());
+      const StoreStats after = store.stats();
+      for (TierKind tier : {TierKind::kGpu, TierKind::kCpu, TierKind::kNvme}) {
+        CHECK(after.tiers[static_cast<size_t>(tier)].used ==
+              before.tiers[static_cast<size_t>(tier)].used);
+      }
+    }
+  }
+}
+
 TEST_CASE("A clean GPU copy is dropped without any write-back I/O", "[store]") {
   auto device = testing::host_device();
   Fixture f(*device, StoreSetup{});
