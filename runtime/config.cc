@@ -344,6 +344,10 @@ absl::StatusOr<Config> Config::from_variables(const std::map<std::string, std::s
 }
 
 absl::StatusOr<Config> Config::from_environment() {
+  return from_variables(environment_variables());
+}
+
+std::map<std::string, std::string> Config::environment_variables() {
   std::map<std::string, std::string> vars;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view text(*entry);
@@ -352,7 +356,7 @@ absl::StatusOr<Config> Config::from_environment() {
     const std::string_view name = text.substr(0, equals);
     if (name.starts_with(kPrefix)) vars.emplace(name, text.substr(equals + 1));
   }
-  return from_variables(vars);
+  return vars;
 }
 
 }  // namespace strata

@@ -11,25 +11,10 @@
 #include "strata/config.h"
 #include "strata/mutex.h"
 
-extern char** environ;
-
 namespace strata::c_api {
 namespace {
 
 constexpr char kPrefix[] = "STRATA_";
-
-// The STRATA_* variables of the process environment (as Config::from_environment reads them).
-std::map<std::string, std::string> environment_variables() {
-  std::map<std::string, std::string> vars;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    const std::string_view text(*entry);
-    const size_t equals = text.find('=');
-    if (equals == std::string_view::npos) continue;
-    const std::string_view name = text.substr(0, equals);
-    if (name.starts_with(kPrefix)) vars.emplace(name, text.substr(equals + 1));
-  }
-  return vars;
-}
 
 absl::Status create_runtime(const std::map<std::string, std::string>& vars,
                             strata_runtime_t** out) {
@@ -201,7 +186,7 @@ strata_status_t strata_runtime_create_from_env(strata_runtime_t** out) {
   return boundary("strata_runtime_create_from_env", [&]() -> absl::Status {
     if (out == nullptr) return null_argument("out");
     *out = nullptr;
-    return create_runtime(environment_variables(), out);
+    return create_runtime(strata::Config::environment_variables(), out);
   });
 }
 
@@ -211,7 +196,7 @@ strata_status_t strata_runtime_create(const strata_setting_t* settings, size_t c
     if (out == nullptr) return null_argument("out");
     *out = nullptr;
     if (settings == nullptr && count > 0) return null_argument("settings (with count > 0)");
-    std::map<std::string, std::string> vars = environment_variables();
+    std::map<std::string, std::string> vars = strata::Config::environment_variables();
     for (size_t i = 0; i < count; ++i) {
       const strata_setting_t& setting = settings[i];
       if (setting.name == nullptr) return null_argument(absl::StrCat("settings[", i, "].name"));

@@ -63,6 +63,8 @@ struct Config {
 
   // Reads the process environment.
   static absl::StatusOr<Config> from_environment();
+  // The STRATA_* variables of the process environment, for callers that add overrides.
+  static std::map<std::string, std::string> environment_variables();
   // Same, from a name → value map; names not starting with STRATA_ are ignored.
   static absl::StatusOr<Config> from_variables(const std::map<std::string, std::string>& vars);
 };
