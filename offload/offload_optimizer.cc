@@ -509,7 +509,8 @@ float OffloadOptimizer::loss_scale() const {
 OffloadOptimizerStats OffloadOptimizer::stats() const {
   MutexLock lock(&impl_->state_mu);
   OffloadOptimizerStats out = impl_->counters;
-  out.chunks = impl_->chunks.size();
+  // Pipeline chunks over all registered elements (with states on NVMe, also swap chunks).
+  out.chunks = (impl_->elements + impl_->chunk_elements - 1) / impl_->chunk_elements;
   return out;
 }
 

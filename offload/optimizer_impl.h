@@ -160,10 +160,6 @@ struct OffloadOptimizer::Impl {
                                   uint64_t count);
   // Reads a parameter's state (any of the three arrays may be null).
   absl::Status read_param_state(const Param& p, float* master, float* exp_avg, float* exp_avg_sq);
-  // Replaces a parameter's state; on NVMe the new state is committed by the caller's
-  // commit_slots() for the chunks returned in `written`.
-  absl::Status write_param_state(const Param& p, const float* master, const float* exp_avg,
-                                 const float* exp_avg_sq);
 
   // optimizer_step.cc
   absl::StatusOr<StepResult> step();

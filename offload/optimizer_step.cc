@@ -432,6 +432,8 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   absl::Status status = options.state_home == TierKind::kCpu
                             ? step_cpu_states(*this, plan, adam_ns)
                             : step_nvme_states(*this, plan, written, adam_ns, io_wait_ns, restored);
+  // step_mu is held: nothing observes the slots between this commit and the counts below.
+  if (status.ok()) commit_slots(written);
   MutexLock lock(&state_mu);
   counters.last_step_ns = since_ns(start);
   counters.last_step_wait_ns = wait_ns;
@@ -447,7 +449,6 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
                               : "; states in the CPU tier were updated in place up to the "
                                 "failure: load() the last checkpoint"));
   }
-  for (uint64_t c : written) chunks[c].current ^= 1U;
   for (size_t i = 0; i < params.size() && i < plan.landed.size(); ++i) {
     if (plan.landed[i]) ++params[i].steps;
   }

@@ -119,7 +119,7 @@ struct OffloadOptimizerStats {
   uint64_t params = 0;
   uint64_t elements = 0;
   uint64_t chunk_elements = 0;
-  uint64_t chunks = 0;
+  uint64_t chunks = 0;             // chunk_elements-sized pieces of all registered elements
   uint64_t last_step_ns = 0;       // host time of the last step()
   uint64_t last_step_wait_ns = 0;  // of which waiting for gradients still landing
   uint64_t last_adam_ns = 0;       // of which running the CPU Adam kernels

@@ -115,6 +115,8 @@ TEST_CASE("OffloadOptimizer matches an in-memory AdamW step for step", "[optimiz
   const OffloadOptimizerStats stats = rig.optimizer().stats();
   CHECK(stats.steps == 12);
   CHECK(stats.grads_landed == 12u * 3 * v.micro_steps);
+  CHECK(stats.chunk_elements == 2048);
+  CHECK(stats.chunks == 5);  // 9913 elements
   if (v.home == TierKind::kNvme) {
     CHECK(stats.peak_staging_chunks <= 3);
     CHECK(stats.peak_staging_chunks >= 2);
