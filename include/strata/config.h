@@ -18,13 +18,12 @@
 #include <utility>
 #include <vector>
 
+#include "strata/base/log.h"
 #include "strata/io_engine.h"
 #include "strata/machine_info.h"
 #include "strata/size.h"
 
 namespace strata {
-
-enum class LogLevel { kError, kWarn, kInfo, kDebug };
 
 std::string_view to_string(IoEngineKind engine);
 std::string_view to_string(LogLevel level);
