@@ -1,5 +1,5 @@
 // What both IoEngines share: request validation, the retry/short-transfer policy, error texts
-// and statistics. Private to nvme/.
+// and statistics (defined in io_common.cc, which knows no engine). Private to nvme/.
 #pragma once
 
 #include <absl/status/status.h>
@@ -73,8 +73,9 @@ class Attempt {
 
   // Applies the fault injector (if any) to the raw result of the last attempt, then the retry
   // policy. `engine` names the engine in errors. On kFailed, error() says why.
+  // `names` words the hints (which setting to lower).
   Next on_result(int64_t raw, FaultInjector* faults, std::string_view engine, const IoFile& file,
-                 StatsCounter& stats);
+                 const IoSettingNames& names, StatsCounter& stats);
 
   // Records the request as finished in `stats` (once): engines call it when the request leaves
   // the device, which may be before its callback runs.

@@ -25,7 +25,7 @@ constexpr uint32_t kMaxThreads = 64;
 class PsyncEngine final : public IoEngine {
  public:
   explicit PsyncEngine(const IoEngineOptions& options)
-      : files_(options.files), faults_(options.faults) {}
+      : files_(options.files), faults_(options.faults), names_(options.names) {}
 
   ~PsyncEngine() override {
     {
@@ -87,7 +87,8 @@ class PsyncEngine final : public IoEngine {
               ? pread(file.fd, a.buffer(), a.length(), static_cast<off_t>(a.offset()))
               : pwrite(file.fd, a.buffer(), a.length(), static_cast<off_t>(a.offset()));
       const int64_t raw = n < 0 ? -int64_t{errno} : int64_t{n};
-      if (a.on_result(raw, faults_.get(), "psync", file, stats_) != Attempt::Next::kResubmit) {
+      if (a.on_result(raw, faults_.get(), "psync", file, names_, stats_) !=
+          Attempt::Next::kResubmit) {
         return;
       }
     }
@@ -95,6 +96,7 @@ class PsyncEngine final : public IoEngine {
 
   const std::vector<IoFile> files_;
   const std::shared_ptr<FaultInjector> faults_;
+  const IoSettingNames names_;
   io::StatsCounter stats_;
   absl::Mutex mu_;
   absl::CondVar cv_;

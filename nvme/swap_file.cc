@@ -13,12 +13,13 @@
 #include <cstring>
 #include <string>
 
+#include "io_common.h"
 #include "strata/format_bytes.h"
 
 namespace strata {
 namespace {
 
-std::string errno_text(int error) { return std::strerror(error); }
+using io::errno_text;  // thread-safe, unlike strerror
 
 std::string filesystem_name(int fd) {
   struct statfs fs {};
@@ -83,17 +84,18 @@ int open_unnamed(const std::string& dir, int flags, int* error) {
 
 }  // namespace
 
-absl::StatusOr<SwapFile> SwapFile::create(const std::string& dir, uint64_t bytes) {
+absl::StatusOr<SwapFile> SwapFile::create(const std::string& dir, uint64_t bytes,
+                                          const IoSettingNames& names) {
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0) {
     const int error = errno;
     return absl::NotFoundError(
-        absl::StrFormat("STRATA_NVME_PATHS entry '%s': %s; create the directory or fix the path",
-                        dir, errno_text(error)));
+        absl::StrFormat("%s entry '%s': %s; create the directory or fix the path", names.paths, dir,
+                        errno_text(error)));
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "STRATA_NVME_PATHS entry '%s' is not a directory; name a directory on an NVMe drive", dir));
+        "%s entry '%s' is not a directory; name a directory on an NVMe drive", names.paths, dir));
   }
 
   SwapFile file;
@@ -109,17 +111,16 @@ absl::StatusOr<SwapFile> SwapFile::create(const std::string& dir, uint64_t bytes
       file.direct_io_ = false;
       file.warning_ = absl::StrFormat(
           "swap file in '%s': the file system does not support O_DIRECT, so swap uses buffered "
-          "I/O (every byte also passes through the page cache); point STRATA_NVME_PATHS at an "
-          "ext4 or xfs directory on an NVMe drive",
-          dir);
+          "I/O (every byte also passes through the page cache); point %s at an ext4 or xfs "
+          "directory on an NVMe drive",
+          dir, names.paths);
     }
   }
   if (fd < 0) {
     if (error == EACCES || error == EPERM || error == EROFS) {
       return absl::PermissionDeniedError(absl::StrFormat(
-          "STRATA_NVME_PATHS entry '%s' is not writable (%s); choose a directory this user can "
-          "write to",
-          dir, errno_text(error)));
+          "%s entry '%s' is not writable (%s); choose a directory this user can write to",
+          names.paths, dir, errno_text(error)));
     }
     return absl::InternalError(
         absl::StrFormat("cannot create a swap file in '%s': %s", dir, errno_text(error)));
@@ -134,9 +135,10 @@ absl::StatusOr<SwapFile> SwapFile::create(const std::string& dir, uint64_t bytes
       struct statvfs fs {};
       const uint64_t free_bytes = fstatvfs(fd, &fs) == 0 ? uint64_t{fs.f_bavail} * fs.f_frsize : 0;
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "cannot preallocate %s of swap in '%s': %s (%s free there); lower STRATA_NVME_BYTES "
-          "or free space on that drive",
-          format_bytes(bytes), dir, errno_text(fallocate_error), format_bytes(free_bytes)));
+          "cannot preallocate %s of swap in '%s': %s (%s free there); lower %s or free space on "
+          "that drive",
+          format_bytes(bytes), dir, errno_text(fallocate_error), format_bytes(free_bytes),
+          names.bytes_per_path));
     }
     if (fallocate_error != EOPNOTSUPP) {
       return absl::InternalError(absl::StrFormat("cannot preallocate %s of swap in '%s': %s",

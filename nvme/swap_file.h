@@ -8,14 +8,16 @@
 #include <cstdint>
 #include <string>
 
+#include "strata/io_engine.h"
 #include "strata/unique_fd.h"
 
 namespace strata {
 
 class SwapFile {
  public:
-  // Creates and preallocates `bytes` in directory `dir`.
-  static absl::StatusOr<SwapFile> create(const std::string& dir, uint64_t bytes);
+  // Creates and preallocates `bytes` in directory `dir`; `names` words the hints in errors.
+  static absl::StatusOr<SwapFile> create(const std::string& dir, uint64_t bytes,
+                                         const IoSettingNames& names);
 
   int fd() const { return fd_.get(); }
   const std::string& dir() const { return dir_; }

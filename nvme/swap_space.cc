@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <span>
 
 #include "strata/fault_injector.h"
@@ -29,6 +30,7 @@ struct SwapSpace::Impl {
     bool live = false;
     std::string name;
     uint64_t bytes = 0;
+    uint32_t first_path = 0;          // the path of unit 0; unit i is on (first_path + i) % paths
     std::vector<BlockHandle> blocks;  // per path; invalid where the path holds no unit
     std::vector<uint64_t> checksums;  // per unit, XXH3-64 of its data bytes
     std::vector<uint8_t> valid;       // per unit: written completely, checksum recorded
@@ -73,6 +75,7 @@ struct SwapSpace::Impl {
   std::vector<Extent> extents ABSL_GUARDED_BY(mu);
   std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
   uint64_t live_extents ABSL_GUARDED_BY(mu) = 0;
+  uint32_t next_first ABSL_GUARDED_BY(mu) = 0;  // round-robin cursor for the first path
 
   // Last: destroyed first, so in-flight completions finish while everything they touch exists.
   std::unique_ptr<IoEngine> engine;
@@ -82,15 +85,45 @@ struct SwapSpace::Impl {
   }
   uint32_t paths() const { return static_cast<uint32_t>(files.size()); }
 
-  // Bytes path `p` holds of a tensor of `bytes`.
-  uint64_t path_bytes(uint64_t bytes, uint32_t p) const {
+  // Bytes path `p` holds of a tensor of `bytes` whose unit 0 is on path `first`.
+  uint64_t path_bytes(uint64_t bytes, uint32_t first, uint32_t p) const {
+    const uint32_t slot = (p + paths() - first) % paths();  // p holds units slot, slot + paths, ...
     const uint64_t units = units_of(bytes);
-    if (units <= p) return 0;
-    const uint64_t count = (units - p + paths() - 1) / paths();
+    if (units <= slot) return 0;
+    const uint64_t count = (units - slot + paths() - 1) / paths();
     const uint64_t last = units - 1;
-    if (last % paths() != p) return count * options.stripe_bytes;
+    if (last % paths() != slot) return count * options.stripe_bytes;
     const uint64_t tail = bytes - last * options.stripe_bytes;
     return (count - 1) * options.stripe_bytes + round_up(tail, granularity);
+  }
+
+  // The path for unit 0 of a new tensor of `bytes`, or nullopt when no choice fits. Every start
+  // whose blocks all fit is a candidate (so a tensor smaller than a unit may land on any path with
+  // room); the one leaving the most free space on its fullest path wins, ties going round robin,
+  // so small tensors spread over every path and the paths fill evenly.
+  std::optional<uint32_t> choose_first_path(uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::optional<uint32_t> best;
+    uint64_t best_margin = 0;
+    for (uint32_t k = 0; k < paths(); ++k) {
+      const uint32_t first = (next_first + k) % paths();
+      bool fits = true;
+      uint64_t margin = UINT64_MAX;
+      for (uint32_t p = 0; p < paths() && fits; ++p) {
+        const uint64_t need = path_bytes(bytes, first, p);
+        if (need == 0) continue;
+        const ArenaStats stats = arenas[p].stats();
+        // Blocks are multiples of the granularity at its alignment: a block fits exactly when
+        // the largest free block holds it (best fit).
+        fits = need <= stats.largest_free;
+        margin = std::min(margin, stats.free - need);
+      }
+      if (fits && (!best || margin > best_margin)) {
+        best = first;
+        best_margin = margin;
+      }
+    }
+    return best;
   }
 
   absl::StatusOr<Extent*> live_extent(ExtentHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -105,7 +138,7 @@ struct SwapSpace::Impl {
   }
 
   Unit unit(const Extent& extent, uint64_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const uint32_t path = static_cast<uint32_t>(index % paths());
+    const uint32_t path = static_cast<uint32_t>((extent.first_path + index) % paths());
     const uint64_t start = index * options.stripe_bytes;
     const uint64_t data = std::min(options.stripe_bytes, extent.bytes - start);
     return Unit{index, path,
@@ -155,27 +188,29 @@ struct SwapSpace::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<SwapSpace>> SwapSpace::create(SwapSpaceOptions options) {
+  const IoSettingNames& names = options.names;
   if (options.paths.empty()) {
-    return absl::InvalidArgumentError("swap space needs at least one path (STRATA_NVME_PATHS)");
+    return absl::InvalidArgumentError(
+        absl::StrFormat("swap space needs at least one path (%s is empty)", names.paths));
   }
   if (options.stripe_bytes == 0 || options.stripe_bytes % 4096 != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "STRATA_IO_BLOCK=%d must be a positive multiple of 4096", options.stripe_bytes));
+    return absl::InvalidArgumentError(absl::StrFormat("%s %d must be a positive multiple of 4096",
+                                                      names.stripe, options.stripe_bytes));
   }
-  if (options.depth == 0) {
-    return absl::InvalidArgumentError("STRATA_IO_DEPTH must be at least 1");
+  if (absl::Status s = check_io_depth(options.depth); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s %s", names.depth, s.message()));
   }
   if (options.bytes_per_path < options.stripe_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("STRATA_NVME_BYTES=%s is smaller than one stripe unit (STRATA_IO_BLOCK=%s)",
-                        format_bytes(options.bytes_per_path), format_bytes(options.stripe_bytes)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s %s is smaller than one stripe unit (%s %s)", names.bytes_per_path,
+        format_bytes(options.bytes_per_path), names.stripe, format_bytes(options.stripe_bytes)));
   }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   const SwapSpaceOptions& o = impl->options;
   const uint64_t file_bytes = o.bytes_per_path / 4096 * 4096;
   for (const std::string& path : o.paths) {
-    auto file = SwapFile::create(path, file_bytes);
+    auto file = SwapFile::create(path, file_bytes, o.names);
     if (!file.ok()) return file.status();
     if (!file->warning().empty()) impl->warnings.push_back(file->warning());
     impl->alignment = std::max<uint64_t>(impl->alignment, file->alignment());
@@ -183,9 +218,9 @@ absl::StatusOr<std::unique_ptr<SwapSpace>> SwapSpace::create(SwapSpaceOptions op
   }
   impl->granularity = std::max<uint64_t>(impl->alignment, 4096);
   if (o.stripe_bytes % impl->granularity != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "STRATA_IO_BLOCK=%d is not a multiple of the swap files' O_DIRECT alignment (%d)",
-        o.stripe_bytes, impl->granularity));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s %d is not a multiple of the swap files' O_DIRECT alignment (%d)",
+                        o.names.stripe, o.stripe_bytes, impl->granularity));
   }
   {
     MutexLock lock(&impl->mu);
@@ -206,12 +241,16 @@ absl::StatusOr<std::unique_ptr<SwapSpace>> SwapSpace::create(SwapSpaceOptions op
   engine_options.depth = o.depth;
   engine_options.workers = static_cast<uint32_t>(impl->files.size());
   engine_options.faults = o.faults;
-  auto choice = make_io_engine(o.engine, engine_options);
+  engine_options.names = o.names;
+  auto choice = o.decided ? make_io_engine(*o.decided, engine_options)
+                          : make_io_engine(o.engine, engine_options);
   if (!choice.ok()) return choice.status();
   impl->engine = std::move(choice->engine);
-  impl->engine_reason = o.engine_reason.empty() ? std::move(choice->reason) : o.engine_reason;
-  if (o.engine == IoEngineKind::kAuto && impl->engine->name() != "io_uring") {
-    impl->warnings.push_back(impl->engine_reason);
+  impl->engine_reason = choice->decision.reason;
+  // A fallback decided upstream was already reported there; one made here is reported here.
+  const IoEngineDecision& decision = choice->decision;
+  if (!decision.warning.empty() && (!o.decided || o.decided->kind != decision.kind)) {
+    impl->warnings.push_back(decision.warning);
   }
   if (const std::string warning = impl->engine->warning(); !warning.empty()) {
     impl->warnings.push_back(warning);
@@ -239,28 +278,40 @@ absl::StatusOr<ExtentHandle> SwapSpace::allocate(uint64_t bytes, std::string nam
     return absl::InvalidArgumentError(absl::StrFormat("tensor '%s': cannot swap 0 bytes", name));
   }
   MutexLock lock(&s.mu);
+  const std::optional<uint32_t> first = s.choose_first_path(bytes);
+  if (!first) {
+    uint64_t free_bytes = 0, capacity = 0, largest = 0;
+    for (const Arena& arena : s.arenas) {
+      const ArenaStats stats = arena.stats();
+      free_bytes += stats.free;
+      capacity += stats.capacity;
+      largest = std::max(largest, stats.largest_free);
+    }
+    const uint64_t units = s.units_of(bytes);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "swap space full: tensor '%s' needs %s (%d stripe unit(s) of %s over %d path(s)) but %s "
+        "of %s are free across %d path(s), at most %s in one piece on any path; raise %s or "
+        "add paths to %s",
+        name, format_bytes(bytes), units, format_bytes(s.options.stripe_bytes),
+        std::min<uint64_t>(units, s.paths()), format_bytes(free_bytes), format_bytes(capacity),
+        s.paths(), format_bytes(largest), s.options.names.bytes_per_path, s.options.names.paths));
+  }
   std::vector<BlockHandle> blocks(s.paths());
   for (uint32_t p = 0; p < s.paths(); ++p) {
-    const uint64_t need = s.path_bytes(bytes, p);
+    const uint64_t need = s.path_bytes(bytes, *first, p);
     if (need == 0) continue;
     auto block = s.arenas[p].allocate(need);
-    if (!block.ok()) {
+    if (!block.ok()) {  // not expected: choose_first_path checked that every block fits
       for (uint32_t q = 0; q < p; ++q) {
         if (blocks[q].valid()) (void)s.arenas[q].free(blocks[q]);
       }
-      uint64_t free_bytes = 0, capacity = 0;
-      for (const Arena& arena : s.arenas) {
-        free_bytes += arena.stats().free;
-        capacity += arena.capacity();
-      }
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "swap space full: tensor '%s' needs %s but %s of %s are free across %d path(s) (%s); "
-          "raise STRATA_NVME_BYTES or add paths to STRATA_NVME_PATHS",
-          name, format_bytes(bytes), format_bytes(free_bytes), format_bytes(capacity), s.paths(),
-          block.status().message()));
+      return absl::InternalError(
+          absl::StrFormat("swap space: tensor '%s' (%s) on path %d of %d: %s", name,
+                          format_bytes(bytes), p, s.paths(), block.status().message()));
     }
     blocks[p] = *block;
   }
+  s.next_first = (*first + 1) % s.paths();
   uint32_t index;
   if (!s.free_slots.empty()) {
     index = s.free_slots.back();
@@ -273,6 +324,7 @@ absl::StatusOr<ExtentHandle> SwapSpace::allocate(uint64_t bytes, std::string nam
   extent.live = true;
   extent.name = std::move(name);
   extent.bytes = bytes;
+  extent.first_path = *first;
   extent.blocks = std::move(blocks);
   extent.checksums.assign(s.units_of(bytes), 0);
   extent.valid.assign(s.units_of(bytes), 0);
@@ -383,7 +435,7 @@ absl::Status SwapSpace::Impl::submit(ExtentHandle handle, uint64_t offset, void*
   if (op == IoOp::kWrite) {
     // The source is final while the write is in flight: hash it here, overlapping the I/O,
     // rather than on the engine's threads, which should be refilling the drive. With
-    // STRATA_VERIFY=off nothing would ever check the hash, so none is made.
+    // verification off nothing would ever check the hash, so none is made.
     const auto* base = static_cast<const std::byte*>(buffer);
     for (size_t entry = 0; options.verify && entry < batch->units.size(); ++entry) {
       const Unit& u = batch->units[entry];

@@ -9,6 +9,7 @@
 #include <absl/strings/str_format.h>
 #include <absl/synchronization/mutex.h>
 #include <absl/time/clock.h>
+#include <fcntl.h>
 #include <liburing.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
@@ -23,6 +24,7 @@
 #include "io_common.h"
 #include "strata/fault_injector.h"
 #include "strata/mutex.h"
+#include "strata/unique_fd.h"
 
 namespace strata {
 namespace {
@@ -71,15 +73,24 @@ class Ring {
 std::string setup_failure(int err) {
   std::string why;
   if (err == EPERM) {
-    why = "seccomp (Docker's default profile) or kernel.io_uring_disabled";
+    why =
+        "blocked by a seccomp filter (Docker's default profile) or by the "
+        "kernel.io_uring_disabled sysctl";
+    char value = 0;
+    if (UniqueFd f(open("/proc/sys/kernel/io_uring_disabled", O_RDONLY | O_CLOEXEC));
+        f.get() >= 0 && read(f.get(), &value, 1) == 1 && value >= '0' && value <= '9') {
+      why += absl::StrFormat(" (it is %c here)", value);
+    }
   } else if (err == ENOSYS) {
-    why = "the kernel has no io_uring: older than 5.1, built without it, or a sandbox (gVisor)";
+    why =
+        "the kernel has no io_uring (older than 5.1, built without it, or a sandbox such as "
+        "gVisor)";
   } else if (err == ENOMEM) {
-    why = "not enough locked memory for the ring: raise RLIMIT_MEMLOCK (ulimit -l)";
+    why = "not enough locked memory for the ring (raise RLIMIT_MEMLOCK: ulimit -l)";
   } else {
-    why = "unexpected";
+    why = "unexpected error";
   }
-  return absl::StrFormat("io_uring_queue_init: %s — %s", errno_text(err), why);
+  return absl::StrFormat("io_uring_queue_init failed: %s: %s", errno_text(err), why);
 }
 
 std::string registration_warning(int err, uint64_t bytes) {
@@ -105,6 +116,7 @@ struct Shared {
   std::vector<IoFile> files;
   std::vector<iovec> iovecs;  // fixed buffers cut into <= 1 GiB pieces, sorted by address
   std::shared_ptr<FaultInjector> faults;
+  IoSettingNames names;
   io::StatsCounter stats;
 
   // The registered piece holding [p, p + n) entirely, or -1.
@@ -323,8 +335,8 @@ void Worker::run() {
       // Unsubmitted SQEs stay in the ring for the next call. Wait for completions to free
       // kernel resources, or back off briefly if none are coming.
       if (++failed_submits > IoEngine::kMaxRetries) {
-        die(absl::UnavailableError(absl::StrFormat(
-            "io_uring_enter kept failing: %s; lower STRATA_IO_DEPTH", errno_text(-ret))));
+        die(absl::UnavailableError(absl::StrFormat("io_uring_enter kept failing: %s; lower %s",
+                                                   errno_text(-ret), shared_.names.depth)));
         break;
       }
       io_uring_cqe* cqe = nullptr;
@@ -334,9 +346,9 @@ void Worker::run() {
         absl::SleepFor(absl::Milliseconds(1));
       }
     } else {
-      die(absl::InternalError(absl::StrFormat(
-          "io_uring_enter failed: %s; the ring is unusable: set STRATA_IO_ENGINE=psync",
-          errno_text(-ret))));
+      die(absl::InternalError(
+          absl::StrFormat("io_uring_enter failed: %s; the ring is unusable: set %s to psync",
+                          errno_text(-ret), shared_.names.engine)));
       break;
     }
     reap();
@@ -436,8 +448,9 @@ void Worker::reap() {
     const auto s = static_cast<uint32_t>(tag);
     --in_kernel_;
     Attempt& a = slots_[s];
-    const Attempt::Next next = a.on_result(res, shared_.faults.get(), "io_uring",
-                                           shared_.files[a.request().file], shared_.stats);
+    const Attempt::Next next =
+        a.on_result(res, shared_.faults.get(), "io_uring", shared_.files[a.request().file],
+                    shared_.names, shared_.stats);
     if (next == Attempt::Next::kResubmit) {
       state_[s] = SlotState::kReady;
       ready_.push_back(s);
@@ -570,6 +583,7 @@ absl::StatusOr<std::unique_ptr<IoEngine>> make_uring_engine(const IoEngineOption
   auto shared = std::make_unique<Shared>();
   shared->files = options.files;
   shared->faults = options.faults;
+  shared->names = options.names;
   for (const IoBuffer& b : options.fixed_buffers) {
     auto* p = static_cast<std::byte*>(b.data);
     for (uint64_t at = 0; b.data != nullptr && at < b.bytes; at += kMaxRegisteredBytes) {

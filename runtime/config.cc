@@ -12,6 +12,7 @@
 #include <set>
 
 #include "config_internal.h"
+#include "strata/io_engine.h"
 #include "text.h"
 
 extern char** environ;
@@ -154,10 +155,7 @@ void config_internal::validate_values(const Config& c, Errors& errors) {
   check_setting(c.cpu_bytes, kCpuBytes, errors);
   check_setting(c.nvme_bytes, kNvmeBytes, errors);
   errors.add_prefixed(kNvmePaths, check_paths(c.nvme_paths, join(c.nvme_paths, ",")));
-  if (c.io_depth < 1 || c.io_depth > kMaxIoDepth) {
-    errors.add(invalid(cat(kIoDepth, "=", c.io_depth, " is out of range: use an integer from 1 to ",
-                           kMaxIoDepth)));
-  }
+  errors.add_prefixed(kIoDepth, check_io_depth(c.io_depth));  // the NVMe floor's one check
   const bool block_ok = io_block_ok(c.io_block);
   if (!block_ok) {
     errors.add(
@@ -226,8 +224,17 @@ const std::vector<Variable>& variables() {
       {kIoEngine, "auto",
        field(parse_io_engine, [](Config& c, IoEngineKind v) { c.io_engine = v; })},
       {kIoDepth, "32",
-       field([](std::string_view t) { return parse_integer(t, 1, kMaxIoDepth, "a depth"); },
-             [](Config& c, int64_t v) { c.io_depth = static_cast<uint32_t>(v); })},
+       field(
+           [](std::string_view t) -> absl::StatusOr<int64_t> {
+             int64_t depth = 0;
+             if (!absl::SimpleAtoi(to_absl(trim(t)), &depth)) {
+               return invalid(
+                   cat("'", t, "' is not a depth: use an integer from 1 to ", kMaxIoDepth));
+             }
+             if (absl::Status s = check_io_depth(depth); !s.ok()) return s;
+             return depth;
+           },
+           [](Config& c, int64_t v) { c.io_depth = static_cast<uint32_t>(v); })},
       {kIoBlock, "1MiB",
        field(
            [](std::string_view t) -> absl::StatusOr<uint64_t> {
@@ -247,18 +254,6 @@ const std::vector<Variable>& variables() {
 }
 
 }  // namespace
-
-std::string_view to_string(IoEngineKind engine) {
-  switch (engine) {
-    case IoEngineKind::kAuto:
-      return "auto";
-    case IoEngineKind::kIoUring:
-      return "io_uring";
-    case IoEngineKind::kPsync:
-      return "psync";
-  }
-  return "invalid";
-}
 
 std::string_view to_string(LogLevel level) {
   switch (level) {

@@ -13,6 +13,8 @@
 #include "config_internal.h"
 #include "strata/backend.h"
 #include "strata/config.h"
+#include "strata/io_engine.h"
+#include "strata/swap_config.h"
 #include "text.h"
 
 namespace strata {
@@ -166,31 +168,22 @@ absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& 
     }
   }
 
-  // I/O engine.
-  const std::string uring = cat("io_uring is unavailable here: ", machine.io_uring_detail);
-  switch (config.io_engine) {
-    case IoEngineKind::kIoUring:
-      r.io_engine = IoEngineKind::kIoUring;
-      r.io_engine_reason = "STRATA_IO_ENGINE=io_uring";
-      if (!machine.io_uring_available) {
-        errors.add(absl::FailedPreconditionError(
-            cat(kIoEngine, "=io_uring but ", uring, "; use psync, or auto to fall back to it")));
-      }
-      break;
-    case IoEngineKind::kPsync:
-      r.io_engine = IoEngineKind::kPsync;
-      r.io_engine_reason = "STRATA_IO_ENGINE=psync";
-      break;
-    case IoEngineKind::kAuto:
-      r.io_engine = machine.io_uring_available ? IoEngineKind::kIoUring : IoEngineKind::kPsync;
-      r.io_engine_reason =
-          machine.io_uring_available ? "auto: the io_uring probe passed" : cat("auto: ", uring);
-      if (!machine.io_uring_available && !config.nvme_paths.empty()) {
-        r.warnings.push_back(cat(uring,
-                                 "; NVMe I/O uses psync (a thread pool doing "
-                                 "pread/pwrite), which costs more CPU per GB"));
-      }
-      break;
+  // I/O engine: decided once, by the NVMe floor's decide_io_engine(), from the machine's probe;
+  // the swap space starts what was decided here (and decides again only if io_uring then fails
+  // under auto).
+  r.io_engine_requested = config.io_engine;
+  absl::StatusOr<IoEngineDecision> engine = decide_io_engine(
+      config.io_engine, IoUringProbe{machine.io_uring_available, machine.io_uring_detail},
+      io_setting_names());
+  if (!engine.ok()) {
+    errors.add(engine.status());
+  } else {
+    r.io_engine = engine->kind;
+    r.io_engine_reason = engine->reason;
+    if (!config.nvme_paths.empty()) {  // without an NVMe tier the fallback costs nothing
+      r.io_engine_warning = engine->warning;
+      if (!engine->warning.empty()) r.warnings.push_back(engine->warning);
+    }
   }
   if (r.io_engine == IoEngineKind::kIoUring && !config.nvme_paths.empty() &&
       !memlock_allows(machine, config.staging_bytes)) {

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "strata/config.h"
+#include "strata/backend_kind.h"
 #include "strata/device.h"
 #include "strata/machine_info.h"
 

@@ -18,15 +18,15 @@
 #include <utility>
 #include <vector>
 
+#include "strata/backend_kind.h"
 #include "strata/base/log.h"
-#include "strata/io_engine.h"
+#include "strata/io_engine_kind.h"
 #include "strata/machine_info.h"
 #include "strata/size.h"
 
 namespace strata {
 
-std::string_view to_string(IoEngineKind engine);
-std::string_view to_string(LogLevel level);
+std::string_view to_string(LogLevel level);  // to_string(IoEngineKind): io_engine_kind.h
 
 // Enum words, case-insensitive. Errors start with the quoted text ("'gpu' is not a backend:
 // use auto, cuda or host"); callers prefix the variable or flag name.
@@ -39,8 +39,8 @@ absl::StatusOr<bool> parse_switch(std::string_view text);
 // Every variable strata reads, in documentation order.
 const std::vector<std::string_view>& known_variables();
 
-// Limits checked by from_variables() and again by resolve() (for values set from C++).
-inline constexpr uint32_t kMaxIoDepth = 4096;
+// Limits checked by from_variables() and again by resolve() (for values set from C++). The I/O
+// depth's range is the NVMe floor's (kMaxIoDepth, check_io_depth in io_engine.h).
 inline constexpr uint64_t kIoBlockAlignment = 4096;
 inline constexpr uint64_t kMaxIoBlock = uint64_t{64} << 20;
 
@@ -75,9 +75,11 @@ struct ResolvedConfig {
   uint64_t gpu_bytes = 0;
   uint64_t cpu_bytes = 0;
   std::vector<std::string> nvme_paths;
-  uint64_t nvme_bytes = 0;                        // per path; 0 when there is no NVMe tier
-  IoEngineKind io_engine = IoEngineKind::kPsync;  // kIoUring or kPsync, never kAuto
-  std::string io_engine_reason;
+  uint64_t nvme_bytes = 0;                                 // per path; 0 when there is no NVMe tier
+  IoEngineKind io_engine = IoEngineKind::kPsync;           // kIoUring or kPsync, never kAuto
+  IoEngineKind io_engine_requested = IoEngineKind::kAuto;  // as the user asked (may be kAuto)
+  std::string io_engine_reason;                            // from decide_io_engine: why io_engine
+  std::string io_engine_warning;  // set when auto fell back to psync (also in `warnings`)
   uint32_t io_depth = 0;
   uint64_t io_block = 0;
   uint64_t staging_bytes = 0;

@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "strata/config.h"
+#include "strata/backend_kind.h"
 
 namespace strata {
 

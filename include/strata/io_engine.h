@@ -24,11 +24,26 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/io_engine_kind.h"
 
 namespace strata {
 
-// STRATA_IO_ENGINE.
-enum class IoEngineKind { kAuto, kIoUring, kPsync };
+// How errors and hints name the settings a user can change. The nvme/ floor speaks in its own
+// words by default; the runtime passes its variable names (STRATA_IO_DEPTH, ...), so that a user
+// reads the knob to turn.
+struct IoSettingNames {
+  std::string engine = "the I/O engine setting";
+  std::string depth = "the I/O depth";
+  std::string stripe = "the stripe unit";
+  std::string bytes_per_path = "the swap size per path";
+  std::string paths = "the swap path list";
+};
+
+// Requests in flight per io_uring worker, or psync threads (capped at 64), 1..kMaxIoDepth.
+inline constexpr uint32_t kMaxIoDepth = 4096;
+// The one check of a depth: "0 is out of range: use an integer from 1 to 4096". The message
+// starts with the value; callers put the setting's name in front ("io depth ", "STRATA_IO_DEPTH=").
+absl::Status check_io_depth(int64_t depth);
 
 enum class IoOp { kRead, kWrite };
 
@@ -46,7 +61,7 @@ struct IoRequest {
 };
 
 struct IoFile {
-  int fd = -1;       // opened by the caller (O_DIRECT where supported); the engine does not close it
+  int fd = -1;  // opened by the caller (O_DIRECT where supported); the engine does not close it
   std::string name;  // for error messages: the path or "swap file in /mnt/nvme0"
 };
 
@@ -62,6 +77,7 @@ struct IoEngineOptions {
   std::vector<IoBuffer> fixed_buffers;
   uint32_t depth = 32;   // requests in flight per worker (io_uring) or threads (psync)
   uint32_t workers = 0;  // io_uring rings, each on its own thread; 0: one per file
+  IoSettingNames names;  // for errors and hints
   // Tests only: faults applied to raw results before the retry logic.
   std::shared_ptr<class FaultInjector> faults;
 };
@@ -71,11 +87,11 @@ struct IoStats {
   uint64_t writes = 0;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
-  uint64_t errors = 0;            // requests completed with an error
-  uint64_t retries = 0;           // EAGAIN/EINTR resubmissions
-  uint64_t short_transfers = 0;   // remainders resubmitted
-  uint64_t fixed_requests = 0;    // requests that used a registered buffer
-  uint64_t busy_ns = 0;           // summed submit-to-completion time of all requests
+  uint64_t errors = 0;           // requests completed with an error
+  uint64_t retries = 0;          // EAGAIN/EINTR resubmissions
+  uint64_t short_transfers = 0;  // remainders resubmitted
+  uint64_t fixed_requests = 0;   // requests that used a registered buffer
+  uint64_t busy_ns = 0;          // summed submit-to-completion time of all requests
   uint64_t max_in_flight = 0;
 };
 
@@ -103,13 +119,40 @@ absl::StatusOr<std::unique_ptr<IoEngine>> make_uring_engine(const IoEngineOption
 // A pool of threads doing pread/pwrite; for machines where io_uring is refused.
 absl::StatusOr<std::unique_ptr<IoEngine>> make_psync_engine(const IoEngineOptions& options);
 
+// What the io_uring probe found: a real ring, a request through it, and in words what worked or
+// why not ("io_uring_queue_init: Operation not permitted (errno 1) — seccomp ...").
+struct IoUringProbe {
+  bool available = false;
+  std::string detail;
+};
+
+// Which engine runs and why, in words a user can check.
+struct IoEngineDecision {
+  IoEngineKind requested = IoEngineKind::kAuto;  // what was asked for
+  IoEngineKind kind = IoEngineKind::kPsync;      // kIoUring or kPsync, never kAuto
+  std::string reason;   // "auto: the io_uring probe passed (...)", "asked for by ..."
+  std::string warning;  // set when auto fell back to psync: it works, at more CPU per GB
+};
+
+// The one place that turns the requested engine and what io_uring did into a decision, and
+// says why (logged at info). auto takes io_uring when the probe passed, else psync with a
+// warning; an explicit io_uring the probe refused is FailedPrecondition; psync needs no probe.
+absl::StatusOr<IoEngineDecision> decide_io_engine(IoEngineKind requested, const IoUringProbe& probe,
+                                                  const IoSettingNames& names = {});
+
+// Probes io_uring without files: sets up a ring and completes a READ of its eventfd.
+IoUringProbe probe_io_uring();
+
 struct EngineChoice {
   std::unique_ptr<IoEngine> engine;
-  std::string reason;  // "STRATA_IO_ENGINE=auto: io_uring probe passed" / why psync
+  IoEngineDecision decision;  // as made by decide_io_engine, possibly again at start
 };
-// kIoUring or kPsync as asked (an io_uring that cannot start is an error naming
-// STRATA_IO_ENGINE); kAuto probes io_uring with a real read on files[0] and falls back to psync,
-// saying why in `reason`.
+// Starts the engine `decision` names. Under auto, io_uring must also start and complete a real
+// 4096-byte read of files[0]; if it does not, the decision is made again with that fact (psync,
+// with a warning). An explicit io_uring that cannot start is an error that says how to fall back.
+absl::StatusOr<EngineChoice> make_io_engine(const IoEngineDecision& decision,
+                                            const IoEngineOptions& options);
+// Decides at start: kIoUring or kPsync as asked, kAuto tries io_uring (as above) and falls back.
 absl::StatusOr<EngineChoice> make_io_engine(IoEngineKind kind, const IoEngineOptions& options);
 
 // Blocks until every request of a batch has completed; keeps the first error.

@@ -11,12 +11,9 @@
 #include <string_view>
 #include <vector>
 
-namespace strata {
+#include "strata/backend_kind.h"
 
-// The device backend. Declared here rather than in config.h because MachineInfo records the
-// backend the device layer chose, and config.h depends on this header.
-enum class Backend { kAuto, kCuda, kHost };
-std::string_view to_string(Backend backend);
+namespace strata {
 
 struct GpuInfo {
   int ordinal = 0;

@@ -11,6 +11,7 @@
 
 #include "strata/config.h"
 #include "strata/machine_info.h"
+#include "strata/swap_config.h"
 #include "temp_dir.h"
 
 namespace strata {
@@ -227,6 +228,20 @@ TEST_CASE("resolve: I/O engine", "[config][resolve]") {
   Config c;
   c.nvme_paths = {"/nvme0"};
   CHECK(resolved_of(c, m).io_engine == IoEngineKind::kIoUring);
+  {
+    // auto is settled here once; the swap space is handed the decision and what was asked, so
+    // a later failure of io_uring is judged as auto, never as an explicit io_uring.
+    const ResolvedConfig ok = resolved_of(c, m);
+    CHECK(ok.io_engine_requested == IoEngineKind::kAuto);
+    CHECK(ok.io_engine_reason == "auto: the io_uring probe passed (test ring)");
+    const SwapSpaceOptions swap = swap_space_options(ok, nullptr);
+    CHECK(swap.engine == IoEngineKind::kAuto);
+    REQUIRE(swap.decided.has_value());
+    CHECK(swap.decided->requested == IoEngineKind::kAuto);
+    CHECK(swap.decided->kind == IoEngineKind::kIoUring);
+    CHECK(swap.decided->reason == ok.io_engine_reason);
+    CHECK(swap.names.depth == "STRATA_IO_DEPTH");
+  }
 
   m.io_uring_available = false;
   m.io_uring_detail = "io_uring_queue_init failed: Operation not permitted (errno 1)";
@@ -235,18 +250,22 @@ TEST_CASE("resolve: I/O engine", "[config][resolve]") {
   CHECK(contains(r.io_engine_reason, "Operation not permitted"));
   REQUIRE(r.warnings.size() == 1);
   CHECK(contains(r.warnings[0], "NVMe I/O uses psync"));
+  CHECK(r.io_engine_warning == r.warnings[0]);
+  CHECK(contains(render(r), "STRATA_IO_ENGINE     = psync (auto: io_uring refused ("));
 
   c.io_engine = IoEngineKind::kIoUring;
   absl::StatusOr<ResolvedConfig> e = resolve(c, m);
   REQUIRE_FALSE(e.ok());
   CHECK(e.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(contains(std::string(e.status().message()),
-                 "STRATA_IO_ENGINE=io_uring but io_uring is unavailable here: io_uring_queue_init "
-                 "failed: Operation not permitted (errno 1); use psync"));
+                 "STRATA_IO_ENGINE is io_uring but io_uring is unavailable here: "
+                 "io_uring_queue_init failed: Operation not permitted (errno 1); set it to psync"));
 
   c.io_engine = IoEngineKind::kPsync;
   r = resolved_of(c, m);
   CHECK(r.io_engine == IoEngineKind::kPsync);
+  CHECK(r.io_engine_requested == IoEngineKind::kPsync);
+  CHECK(r.io_engine_reason == "asked for by STRATA_IO_ENGINE");
   CHECK(r.warnings.empty());
 }
 

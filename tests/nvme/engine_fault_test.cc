@@ -166,7 +166,7 @@ STRATA_BOTH_ENGINES("EAGAIN forever fails after kMaxRetries", "[nvme][faults]") 
                  "write of 4096 bytes at offset 12288 of %s failed: still Resource temporarily "
                  "unavailable (errno 11) after 64 retries",
                  rig.files[0]->name())));
-  CHECK_THAT(std::string(s.message()), Catch::Contains("lower STRATA_IO_DEPTH"));
+  CHECK_THAT(std::string(s.message()), Catch::Contains("lower the I/O depth"));
   CHECK(rig.io->stats().retries == IoEngine::kMaxRetries);
   CHECK(rig.faults->fired() == IoEngine::kMaxRetries + 1);
   CHECK(rig.io->stats().errors == 1);

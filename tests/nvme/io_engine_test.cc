@@ -243,15 +243,16 @@ TEST_CASE("make_io_engine: auto probes io_uring and falls back to psync", "[nvme
   const bool uring_works = make_uring_engine(options).ok();
   auto choice = make_io_engine(IoEngineKind::kAuto, options);
   REQUIRE(choice.ok());
-  INFO(choice->reason);
+  INFO(choice->decision.reason);
   if (uring_works) {  // as on the CI machines
     CHECK(choice->engine->name() == "io_uring");
-    CHECK_THAT(choice->reason, Catch::StartsWith("STRATA_IO_ENGINE=auto: io_uring probe passed"));
-    CHECK_THAT(choice->reason, Catch::Contains(files[0]->name()));
+    CHECK_THAT(choice->decision.reason, Catch::StartsWith("auto: the io_uring probe passed"));
+    CHECK_THAT(choice->decision.reason, Catch::Contains(files[0]->name()));
   } else {
     CHECK(choice->engine->name() == "psync");
-    CHECK_THAT(choice->reason, Catch::Contains("io_uring refused"));
-    CHECK_THAT(choice->reason, Catch::EndsWith("using psync"));
+    CHECK_THAT(choice->decision.reason, Catch::Contains("io_uring refused"));
+    CHECK_THAT(choice->decision.reason, Catch::EndsWith("using psync"));
+    CHECK_THAT(choice->decision.warning, Catch::Contains("NVMe I/O uses psync"));
   }
   AlignedBuffer data(kBlock);
   CHECK(run_one(*choice->engine, IoOp::kWrite, 0, 0, data.data(), kBlock).ok());
@@ -268,7 +269,8 @@ TEST_CASE("make_io_engine: psync and io_uring on request", "[nvme]") {
   auto psync = make_io_engine(IoEngineKind::kPsync, options);
   REQUIRE(psync.ok());
   CHECK(psync->engine->name() == "psync");
-  CHECK(psync->reason == "STRATA_IO_ENGINE=psync");
+  CHECK(psync->decision.reason == "asked for by the I/O engine setting");
+  CHECK(psync->decision.requested == IoEngineKind::kPsync);
   AlignedBuffer data(kBlock);
   fill(data.data(), kBlock, 5);
   REQUIRE(run_one(*psync->engine, IoOp::kWrite, 0, kBlock, data.data(), kBlock).ok());
@@ -282,7 +284,7 @@ TEST_CASE("make_io_engine: psync and io_uring on request", "[nvme]") {
     CHECK(uring->engine->name() == "io_uring");
   } else {
     REQUIRE_FALSE(uring.ok());
-    CHECK_THAT(std::string(uring.status().message()), Catch::Contains("STRATA_IO_ENGINE=psync"));
+    CHECK_THAT(std::string(uring.status().message()), Catch::Contains("set it to psync"));
   }
 }
 
@@ -291,8 +293,18 @@ TEST_CASE("IoEngine options are checked", "[nvme]") {
   for (const absl::Status& s :
        {make_uring_engine(zero_depth).status(), make_psync_engine(zero_depth).status()}) {
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(std::string(s.message()), Catch::Contains("STRATA_IO_DEPTH"));
+    CHECK_THAT(std::string(s.message()),
+               Catch::Contains("the I/O depth 0 is out of range: use an integer from 1 to 4096"));
   }
+  // The runtime's names reach the message: a user reads the variable to change.
+  IoEngineOptions named = engine_options({}, 5000);
+  named.names.depth = "STRATA_IO_DEPTH";
+  CHECK_THAT(std::string(make_psync_engine(named).status().message()),
+             Catch::Contains("STRATA_IO_DEPTH 5000 is out of range"));
+  CHECK(check_io_depth(1).ok());
+  CHECK(check_io_depth(kMaxIoDepth).ok());
+  CHECK(absl::IsInvalidArgument(check_io_depth(-3)));
+  CHECK(absl::IsInvalidArgument(check_io_depth(int64_t{kMaxIoDepth} + 1)));
   const IoEngineOptions closed = engine_options({IoFile{.fd = -1, .name = "swap file in /nvme0"}});
   auto made = make_psync_engine(closed);
   REQUIRE_FALSE(made.ok());

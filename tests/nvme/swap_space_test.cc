@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "strata/fault_injector.h"
+#include "strata/format_bytes.h"
+#include "strata/swap_config.h"
 #include "temp_dir.h"
 
 namespace strata {
@@ -178,13 +180,15 @@ TEST_CASE("Bad swap paths are errors that name the path", "[nvme][swap]") {
     REQUIRE(absl::IsResourceExhausted(swap.status()));
     CHECK_THAT(std::string(swap.status().message()), Catch::Contains(ok.path()));
     CHECK_THAT(std::string(swap.status().message()), Catch::Contains("free there"));
-    CHECK_THAT(std::string(swap.status().message()), Catch::Contains("STRATA_NVME_BYTES"));
+    CHECK_THAT(std::string(swap.status().message()),
+               Catch::Contains("lower the swap size per path"));
     CHECK(ok.entries() == 0);
   }
   SECTION("a stripe unit that is not a multiple of 4096") {
     auto swap = SwapSpace::create(options_for({ok.path()}, 16 * kMiB, 5000));
     REQUIRE(absl::IsInvalidArgument(swap.status()));
-    CHECK_THAT(std::string(swap.status().message()), Catch::Contains("STRATA_IO_BLOCK"));
+    CHECK_THAT(std::string(swap.status().message()),
+               Catch::Contains("the stripe unit 5000 must be a positive multiple of 4096"));
   }
 }
 
@@ -203,7 +207,7 @@ TEST_CASE("A full swap space refuses new tensors and keeps the old ones", "[nvme
   auto more = swap->allocate(4 * kKiB, "one.too.many");
   REQUIRE(absl::IsResourceExhausted(more.status()));
   CHECK_THAT(std::string(more.status().message()), Catch::Contains("one.too.many"));
-  CHECK_THAT(std::string(more.status().message()), Catch::Contains("STRATA_NVME_BYTES"));
+  CHECK_THAT(std::string(more.status().message()), Catch::Contains("raise the swap size per path"));
   auto dst = aligned_buffer(256 * kKiB);
   for (const ExtentHandle& extent : stored) {
     REQUIRE(swap->read_sync(extent, dst.get(), 256 * kKiB).ok());
@@ -351,6 +355,213 @@ TEST_CASE("Many threads swap concurrently without losing a byte", "[nvme][swap][
   CHECK(stats.used == 0);
   CHECK(stats.extents == 0);
   CHECK(stats.io.errors == 0);
+}
+
+TEST_CASE("Two 8 MiB paths hold sixteen 1 MiB tensors", "[nvme][swap]") {
+  // One stripe unit per tensor: before placement spread small tensors, all of them went to the
+  // first path and the ninth failed with half of the space free.
+  TempDir a, b;
+  auto swap = make_swap(options_for({a.path(), b.path()}, 8 * kMiB, 1 * kMiB));
+  REQUIRE(swap->capacity() == 16 * kMiB);
+  auto src = aligned_buffer(kMiB);
+  std::vector<ExtentHandle> stored;
+  for (uint32_t i = 0; i < 16; ++i) {
+    INFO("tensor " << i);
+    auto extent = swap->allocate(kMiB, "w" + std::to_string(i));
+    REQUIRE(extent.ok());
+    fill(src.get(), kMiB, 100 + i);
+    REQUIRE(swap->write_sync(*extent, src.get(), kMiB).ok());
+    stored.push_back(*extent);
+  }
+  const SwapStats stats = swap->stats();
+  CHECK(stats.used == 16 * kMiB);
+  for (const SwapPathStats& path : stats.paths) CHECK(path.arena.used == 8 * kMiB);
+  auto more = swap->allocate(1, "one.too.many");
+  REQUIRE(absl::IsResourceExhausted(more.status()));
+  CHECK_THAT(std::string(more.status().message()),
+             Catch::Contains(absl::StrFormat("but %s of 16.00 MiB are free across 2 path(s)",
+                                             format_bytes(0))));
+  auto dst = aligned_buffer(kMiB);
+  for (uint32_t i = 0; i < 16; ++i) {
+    REQUIRE(swap->read_sync(stored[i], dst.get(), kMiB).ok());
+    fill(src.get(), kMiB, 100 + i);
+    CHECK(std::memcmp(src.get(), dst.get(), kMiB) == 0);
+  }
+}
+
+TEST_CASE("Small tensors of mixed sizes fill every path to 99%, and refill after frees",
+          "[nvme][swap]") {
+  const int path_count = GENERATE(2, 3);
+  const IoEngineKind engine = path_count == 2 ? IoEngineKind::kIoUring : IoEngineKind::kPsync;
+  constexpr uint64_t kStripe = 64 * kKiB;
+  std::vector<TempDir> dirs(static_cast<size_t>(path_count));
+  std::vector<std::string> paths;
+  for (const TempDir& dir : dirs) paths.push_back(dir.path());
+  auto options = options_for(paths, 4 * kMiB, kStripe);
+  options.engine = engine;
+  options.verify = true;
+  auto swap = make_swap(options);
+  INFO(path_count << " paths, " << swap->stats().engine);
+
+  struct Stored {
+    ExtentHandle extent;
+    uint64_t bytes;
+    uint32_t seed;
+  };
+  std::vector<Stored> stored;
+  std::mt19937 rng(static_cast<uint32_t>(path_count));
+  // One stripe unit and smaller, unaligned tails included.
+  const auto next_size = [&rng]() -> uint64_t {
+    switch (rng() % 6) {
+      case 0:
+        return kStripe;
+      case 1:
+        return kStripe - 1;
+      case 2:
+        return 4 * kKiB;
+      case 3:
+        return 1 + rng() % 100;
+      default:
+        return 1 + rng() % kStripe;
+    }
+  };
+  uint32_t seeds = 0;
+  auto src = aligned_buffer(kStripe);
+  // Allocates and writes tensors until 32 in a row do not fit (after frees, holes are filled by
+  // the smaller ones); returns the last refusal.
+  const auto fill_up = [&]() -> absl::Status {
+    absl::Status refused;
+    for (int misses = 0; misses < 32;) {
+      const uint64_t bytes = next_size();
+      const uint32_t seed = ++seeds;
+      auto extent = swap->allocate(bytes, "t" + std::to_string(seed));
+      if (!extent.ok()) {
+        refused = extent.status();
+        ++misses;
+        continue;
+      }
+      misses = 0;
+      fill(src.get(), bytes, seed);
+      REQUIRE(swap->write_sync(*extent, src.get(), bytes).ok());
+      stored.push_back({*extent, bytes, seed});
+    }
+    return refused;
+  };
+  const auto verify_all = [&] {
+    auto dst = aligned_buffer(kStripe);
+    int mismatches = 0;
+    for (const Stored& s : stored) {
+      REQUIRE(swap->read_sync(s.extent, dst.get(), s.bytes).ok());
+      fill(src.get(), s.bytes, s.seed);
+      if (std::memcmp(src.get(), dst.get(), s.bytes) != 0) ++mismatches;
+    }
+    CHECK(mismatches == 0);
+    CHECK(swap->stats().checksum_failures == 0);
+  };
+  const auto check_full = [&](const absl::Status& full) {
+    REQUIRE(absl::IsResourceExhausted(full));
+    const SwapStats stats = swap->stats();
+    INFO(full.message());
+    CHECK(stats.capacity == static_cast<uint64_t>(path_count) * 4 * kMiB);
+    CHECK(static_cast<double>(stats.used) >= 0.99 * static_cast<double>(stats.capacity));
+    for (const SwapPathStats& path : stats.paths) {
+      CHECK(static_cast<double>(path.arena.used) >= 0.98 * static_cast<double>(4 * kMiB));
+    }
+    // The message's figures are the swap space's own.
+    CHECK_THAT(std::string(full.message()),
+               Catch::Contains(absl::StrFormat("but %s of %s are free across %d path(s)",
+                                               format_bytes(stats.capacity - stats.used),
+                                               format_bytes(stats.capacity), path_count)));
+  };
+
+  check_full(fill_up());
+  verify_all();
+
+  // Free every third tensor, then refill with new contents.
+  std::vector<Stored> kept;
+  for (size_t i = 0; i < stored.size(); ++i) {
+    if (i % 3 == 0) {
+      REQUIRE(swap->free(stored[i].extent).ok());
+    } else {
+      kept.push_back(stored[i]);
+    }
+  }
+  stored = std::move(kept);
+  const uint64_t before_refill = stored.size();
+  check_full(fill_up());
+  CHECK(stored.size() > before_refill);
+  verify_all();
+  CHECK(swap->stats().io.errors == 0);
+}
+
+TEST_CASE("auto decided upstream falls back to psync when io_uring cannot read the swap file",
+          "[nvme][swap]") {
+  TempDir a;
+  auto options = options_for({a.path()});
+  options.engine = IoEngineKind::kAuto;
+  // As the runtime passes it: auto chose io_uring from the machine's probe.
+  IoEngineDecision decided;
+  decided.requested = IoEngineKind::kAuto;
+  decided.kind = IoEngineKind::kIoUring;
+  decided.reason = "auto: the io_uring probe passed (test)";
+  options.decided = decided;
+  options.names = io_setting_names();
+  SECTION("the probe read passes: the upstream decision stands") {
+    auto swap = make_swap(options);
+    const SwapStats stats = swap->stats();
+    if (stats.engine == "io_uring") {
+      CHECK(stats.engine_reason == decided.reason);
+      CHECK(stats.warnings.empty());
+    }
+  }
+  SECTION("the probe read fails: psync, with a warning, not an error") {
+    auto faults = std::make_shared<FaultInjector>();
+    FaultRule refuse;
+    refuse.op = IoOp::kRead;
+    refuse.error_number = EINVAL;
+    faults->add(refuse);
+    options.faults = faults;
+    auto swap = SwapSpace::create(options);
+    INFO(swap.status().ToString());
+    REQUIRE(swap.ok());
+    const SwapStats stats = (*swap)->stats();
+    CHECK(stats.engine == "psync");
+    CHECK_THAT(stats.engine_reason, Catch::StartsWith("auto: io_uring refused"));
+    CHECK_THAT(stats.engine_reason, Catch::EndsWith("using psync"));
+    CHECK(stats.engine_reason.find("STRATA_IO_ENGINE=io_uring") == std::string::npos);
+    REQUIRE(stats.warnings.size() == 1);
+    CHECK_THAT(stats.warnings[0], Catch::Contains("NVMe I/O uses psync"));
+    // It works.
+    auto extent = (*swap)->allocate(3 * kKiB, "after.fallback");
+    REQUIRE(extent.ok());
+    auto src = aligned_buffer(3 * kKiB);
+    auto dst = aligned_buffer(3 * kKiB);
+    fill(src.get(), 3 * kKiB, 77);
+    REQUIRE((*swap)->write_sync(*extent, src.get(), 3 * kKiB).ok());
+    REQUIRE((*swap)->read_sync(*extent, dst.get(), 3 * kKiB).ok());
+    CHECK(std::memcmp(src.get(), dst.get(), 3 * kKiB) == 0);
+  }
+}
+
+TEST_CASE("The runtime's names reach the swap space's errors", "[nvme][swap][config]") {
+  TempDir ok;
+  auto options = options_for({ok.path()}, 1 * kMiB);
+  options.names = io_setting_names();
+  {
+    auto swap = make_swap(options);
+    auto big = swap->allocate(2 * kMiB, "too.big");
+    REQUIRE(absl::IsResourceExhausted(big.status()));
+    CHECK_THAT(std::string(big.status().message()),
+               Catch::Contains("raise STRATA_NVME_BYTES or add paths to STRATA_NVME_PATHS"));
+  }
+  options.paths = {ok.path() + "/missing"};
+  auto missing = SwapSpace::create(options);
+  CHECK_THAT(std::string(missing.status().message()),
+             Catch::Contains("STRATA_NVME_PATHS entry '" + ok.path() + "/missing'"));
+  options.paths = {ok.path()};
+  options.depth = 0;
+  CHECK_THAT(std::string(SwapSpace::create(options).status().message()),
+             Catch::Contains("STRATA_IO_DEPTH 0 is out of range: use an integer from 1 to 4096"));
 }
 
 }  // namespace

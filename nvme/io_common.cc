@@ -1,34 +1,53 @@
-#include "strata/io_engine.h"
+// What both IoEngines share (io_common.h): request validation, the retry/short-transfer policy,
+// error texts and statistics; also the enum names and the one depth check of io_engine.h.
+#include "io_common.h"
 
 #include <absl/status/status.h>
 #include <absl/strings/str_format.h>
-#include <absl/synchronization/mutex.h>
 #include <absl/time/clock.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
-#include "io_common.h"
 #include "strata/fault_injector.h"
-#include "strata/mutex.h"
 
 namespace strata {
 
 std::string_view to_string(IoOp op) { return op == IoOp::kRead ? "read" : "write"; }
 
+std::string_view to_string(IoEngineKind engine) {
+  switch (engine) {
+    case IoEngineKind::kAuto:
+      return "auto";
+    case IoEngineKind::kIoUring:
+      return "io_uring";
+    case IoEngineKind::kPsync:
+      return "psync";
+  }
+  return "invalid";
+}
+
+absl::Status check_io_depth(int64_t depth) {
+  if (depth < 1 || depth > int64_t{kMaxIoDepth}) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d is out of range: use an integer from 1 to %d", depth, kMaxIoDepth));
+  }
+  return absl::OkStatus();
+}
+
 namespace io {
 namespace {
 
 // What a user can do about an errno from a read or write of a swap file.
-std::string_view hint(int err) {
+std::string hint(int err, const IoSettingNames& names) {
   switch (err) {
     case EIO:
       return "; the drive reported an I/O error: check `dmesg` and the drive's health "
              "(smartctl -a, nvme smart-log)";
     case ENOSPC:
-      return "; the file system is full: free space there or lower STRATA_NVME_BYTES";
+      return absl::StrFormat("; the file system is full: free space there or lower %s",
+                             names.bytes_per_path);
     case EINVAL:
       return "; O_DIRECT needs the buffer address, offset and length aligned to the device's "
              "logical block size (statx STATX_DIOALIGN)";
@@ -90,11 +109,9 @@ absl::Status validate(std::span<const IoRequest> requests, const std::vector<IoF
 }
 
 absl::Status check_options(std::string_view engine, const IoEngineOptions& options) {
-  constexpr uint32_t kMaxDepth = 4096;
-  if (options.depth == 0 || options.depth > kMaxDepth) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s engine: depth %d is out of range; STRATA_IO_DEPTH must be between 1 and %d",
-        std::string(engine), options.depth, kMaxDepth));
+  if (absl::Status s = check_io_depth(options.depth); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s engine: %s %s", std::string(engine), options.names.depth, s.message()));
   }
   for (size_t i = 0; i < options.files.size(); ++i) {
     if (options.files[i].fd < 0) {
@@ -142,7 +159,8 @@ IoStats StatsCounter::snapshot() const {
 uint64_t Attempt::length() const { return std::min(request_.length - done_, kMaxAttemptBytes); }
 
 Attempt::Next Attempt::on_result(int64_t raw, FaultInjector* faults, std::string_view engine,
-                                 const IoFile& file, StatsCounter& stats) {
+                                 const IoFile& file, const IoSettingNames& names,
+                                 StatsCounter& stats) {
   int64_t res = raw;
   if (faults != nullptr) {
     const FaultInjector::Decision decision = faults->apply(request_.op, request_.file, raw);
@@ -159,15 +177,15 @@ Attempt::Next Attempt::on_result(int64_t raw, FaultInjector* faults, std::string
         return Next::kResubmit;
       }
       error_ = absl::UnavailableError(absl::StrFormat(
-          "%s failed%s: still %s after %d retries; the device or kernel is overloaded: lower "
-          "STRATA_IO_DEPTH or check the drive",
-          what, progress(done_), errno_text(err), IoEngine::kMaxRetries));
+          "%s failed%s: still %s after %d retries; the device or kernel is overloaded: lower %s "
+          "or check the drive",
+          what, progress(done_), errno_text(err), IoEngine::kMaxRetries, names.depth));
       return Next::kFailed;
     }
     // absl maps EIO to kUnknown; the drive failing to move the bytes is data loss to callers.
     error_ = absl::Status(err == EIO ? absl::StatusCode::kDataLoss : absl::ErrnoToStatusCode(err),
                           absl::StrFormat("%s failed%s: %s%s", what, progress(done_),
-                                          errno_text(err), std::string(hint(err))));
+                                          errno_text(err), hint(err, names)));
     return Next::kFailed;
   }
   if (res == 0) {
@@ -215,151 +233,5 @@ void Attempt::complete_with(absl::Status status, StatsCounter& stats) {
 }
 
 }  // namespace io
-
-// ---- IoWaiter -----------------------------------------------------------------------------------
-
-namespace {
-
-// A Status whose message is not shared with `s`. absl::Status shares its message through a
-// reference count inside the (uninstrumented) Abseil library, so TSan cannot see two threads
-// hand one over; the waiter keeps and returns private copies.
-absl::Status unshared(const absl::Status& s) { return absl::Status(s.code(), s.message()); }
-
-struct WaiterCore {
-  absl::Mutex mu;
-  absl::CondVar cv;
-  uint64_t pending ABSL_GUARDED_BY(mu) = 0;
-  absl::Status first_error ABSL_GUARDED_BY(mu);
-
-  void finish(absl::Status status) {
-    MutexLock lock(&mu);
-    if (!status.ok() && first_error.ok()) first_error = unshared(status);
-    if (--pending == 0) cv.SignalAll();
-  }
-};
-
-// A tracked callback. If it is destroyed without being called (its batch was rejected by
-// submit), it still counts as finished, so wait() cannot hang on a request that never ran.
-class Tracked {
- public:
-  explicit Tracked(std::shared_ptr<WaiterCore> state) : state_(std::move(state)) {}
-  Tracked(Tracked&& other) noexcept = default;
-  Tracked& operator=(Tracked&&) = delete;
-  Tracked(const Tracked&) = delete;
-  ~Tracked() {
-    if (state_ != nullptr) {
-      state_->finish(absl::CancelledError(
-          "an I/O request was dropped without running (submit() rejected its batch)"));
-    }
-  }
-  void operator()(absl::Status status) && {
-    std::shared_ptr<WaiterCore> state = std::move(state_);
-    state->finish(std::move(status));
-  }
-
- private:
-  std::shared_ptr<WaiterCore> state_;
-};
-
-}  // namespace
-
-struct IoWaiter::State : WaiterCore {};
-
-IoWaiter::IoWaiter() : state_(std::make_shared<State>()) {}
-
-// Waiting here keeps buffers owned next to the waiter alive until their requests finish.
-IoWaiter::~IoWaiter() { (void)wait(); }
-
-IoCallback IoWaiter::track() {
-  {
-    MutexLock lock(&state_->mu);
-    ++state_->pending;
-  }
-  return Tracked(state_);
-}
-
-absl::Status IoWaiter::wait() {
-  MutexLock lock(&state_->mu);
-  while (state_->pending != 0) strata::wait(&state_->cv, &state_->mu);
-  return unshared(state_->first_error);
-}
-
-// ---- engine choice ------------------------------------------------------------------------------
-
-namespace {
-
-// One real read through the new engine: some sandboxes accept the ring but not READ.
-absl::Status probe(IoEngine& engine, const IoEngineOptions& options) {
-  if (options.files.empty()) return absl::OkStatus();  // ring setup already read an eventfd
-  constexpr uint64_t kBytes = 4096;
-  std::unique_ptr<void, decltype(&std::free)> buffer(std::aligned_alloc(kBytes, kBytes),
-                                                     &std::free);
-  if (buffer == nullptr) return absl::ResourceExhaustedError("no memory for the probe buffer");
-  IoWaiter waiter;
-  IoRequest request{.op = IoOp::kRead,
-                    .file = 0,
-                    .offset = 0,
-                    .buffer = buffer.get(),
-                    .length = kBytes,
-                    .done = waiter.track()};
-  if (absl::Status s = engine.submit(std::span<IoRequest>(&request, 1)); !s.ok()) return s;
-  return waiter.wait();
-}
-
-}  // namespace
-
-absl::StatusOr<EngineChoice> make_io_engine(IoEngineKind kind, const IoEngineOptions& options) {
-  EngineChoice choice;
-  switch (kind) {
-    case IoEngineKind::kPsync: {
-      absl::StatusOr<std::unique_ptr<IoEngine>> engine = make_psync_engine(options);
-      if (!engine.ok()) return engine.status();
-      choice.engine = *std::move(engine);
-      choice.reason = "STRATA_IO_ENGINE=psync";
-      return choice;
-    }
-    case IoEngineKind::kIoUring: {
-      absl::StatusOr<std::unique_ptr<IoEngine>> engine = make_uring_engine(options);
-      if (!engine.ok()) {
-        return absl::Status(engine.status().code(),
-                            absl::StrFormat("STRATA_IO_ENGINE=io_uring, but io_uring cannot start: "
-                                            "%s; set STRATA_IO_ENGINE=psync (or auto to fall back "
-                                            "to it automatically)",
-                                            std::string(engine.status().message())));
-      }
-      choice.engine = *std::move(engine);
-      choice.reason = "STRATA_IO_ENGINE=io_uring";
-      return choice;
-    }
-    case IoEngineKind::kAuto:
-      break;
-  }
-  std::string refused;
-  absl::StatusOr<std::unique_ptr<IoEngine>> uring = make_uring_engine(options);
-  if (uring.ok()) {
-    if (absl::Status s = probe(**uring, options); s.ok()) {
-      choice.engine = *std::move(uring);
-      choice.reason = options.files.empty()
-                          ? "STRATA_IO_ENGINE=auto: io_uring probe passed (ring set up, eventfd "
-                            "read completed)"
-                          : absl::StrFormat(
-                                "STRATA_IO_ENGINE=auto: io_uring probe passed (4096-byte read "
-                                "of %s)",
-                                options.files[0].name);
-      return choice;
-    } else {
-      refused = absl::StrFormat("the probe read failed: %s", std::string(s.message()));
-    }
-  } else {
-    refused = std::string(uring.status().message());
-  }
-  if (uring.ok()) uring->reset();  // stop its threads before starting psync's
-  absl::StatusOr<std::unique_ptr<IoEngine>> psync = make_psync_engine(options);
-  if (!psync.ok()) return psync.status();
-  choice.engine = *std::move(psync);
-  choice.reason =
-      absl::StrFormat("STRATA_IO_ENGINE=auto: io_uring refused (%s); using psync", refused);
-  return choice;
-}
 
 }  // namespace strata
