@@ -66,13 +66,6 @@ std::string progress(uint64_t done) {
 
 }  // namespace
 
-std::string errno_text(int err) {
-  char buffer[128];
-  // GNU strerror_r: returns a pointer to the text (maybe not `buffer`).
-  const char* text = strerror_r(err, buffer, sizeof buffer);
-  return absl::StrFormat("%s (errno %d)", text, err);
-}
-
 std::string describe(const IoRequest& request, const IoFile& file) {
   return absl::StrFormat("%s of %d bytes at offset %d of %s", std::string(to_string(request.op)),
                          request.length, request.offset, file.name);

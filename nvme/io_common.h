@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/base/system.h"
 #include "strata/fault_injector.h"
 #include "strata/io_engine.h"
 
@@ -22,8 +23,7 @@ namespace strata::io {
 // (Linux caps a single read/write at 2 GiB - 4 KiB; io_uring lengths are 32-bit).
 inline constexpr uint64_t kMaxAttemptBytes = uint64_t{1} << 30;
 
-// "Input/output error (errno 5)"; thread-safe.
-std::string errno_text(int err);
+using sys::errno_text;  // "Input/output error (errno 5)"; thread-safe
 
 // "write of 4096 bytes at offset 8192 of /mnt/nvme0/swap"
 std::string describe(const IoRequest& request, const IoFile& file);

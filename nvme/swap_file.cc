@@ -14,12 +14,13 @@
 #include <string>
 
 #include "io_common.h"
+#include "strata/base/system.h"
 #include "strata/format_bytes.h"
 
 namespace strata {
 namespace {
 
-using io::errno_text;  // thread-safe, unlike strerror
+using sys::errno_text;
 
 std::string filesystem_name(int fd) {
   struct statfs fs {};
@@ -59,29 +60,6 @@ uint32_t direct_io_alignment(int fd) {
   return 4096;
 }
 
-// Opens an unnamed file in `dir`; `flags` may include O_DIRECT.
-int open_unnamed(const std::string& dir, int flags, int* error) {
-  int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC | flags, 0600);
-  if (fd >= 0) return fd;
-  *error = errno;
-  if (*error != EOPNOTSUPP && *error != EISDIR && *error != EINVAL) return -1;
-  // No O_TMPFILE here (or O_DIRECT refused with it): a named file, unlinked before anyone can use
-  // the name. Mode 0600 and O_EXCL keep other users out during that instant.
-  std::string path = dir + "/.strata-swap-XXXXXX";
-  const int named = mkostemp(path.data(), O_CLOEXEC);
-  if (named < 0) {
-    *error = errno;
-    return -1;
-  }
-  unlink(path.c_str());
-  if ((flags & O_DIRECT) != 0 && fcntl(named, F_SETFL, O_DIRECT) != 0) {
-    *error = errno;
-    close(named);
-    return -1;
-  }
-  return named;
-}
-
 }  // namespace
 
 absl::StatusOr<SwapFile> SwapFile::create(const std::string& dir, uint64_t bytes,
@@ -101,13 +79,12 @@ absl::StatusOr<SwapFile> SwapFile::create(const std::string& dir, uint64_t bytes
   SwapFile file;
   file.dir_ = dir;
   file.bytes_ = bytes;
-  int error = 0;
-  int fd = open_unnamed(dir, O_DIRECT, &error);
-  if (fd < 0 && error == EINVAL) {
+  sys::UnnamedFile unnamed = sys::open_unnamed(dir, O_DIRECT);
+  if (!unnamed.fd && unnamed.error == EINVAL) {
     // The file system refuses O_DIRECT (older tmpfs, some FUSE and network file systems).
     // Buffered I/O still works, at the cost of a page-cache copy of everything swapped.
-    fd = open_unnamed(dir, 0, &error);
-    if (fd >= 0) {
+    unnamed = sys::open_unnamed(dir, 0);
+    if (unnamed.fd) {
       file.direct_io_ = false;
       file.warning_ = absl::StrFormat(
           "swap file in '%s': the file system does not support O_DIRECT, so swap uses buffered "
@@ -116,7 +93,8 @@ absl::StatusOr<SwapFile> SwapFile::create(const std::string& dir, uint64_t bytes
           dir, names.paths);
     }
   }
-  if (fd < 0) {
+  const int error = unnamed.error;
+  if (!unnamed.fd) {
     if (error == EACCES || error == EPERM || error == EROFS) {
       return absl::PermissionDeniedError(absl::StrFormat(
           "%s entry '%s' is not writable (%s); choose a directory this user can write to",
@@ -125,7 +103,8 @@ absl::StatusOr<SwapFile> SwapFile::create(const std::string& dir, uint64_t bytes
     return absl::InternalError(
         absl::StrFormat("cannot create a swap file in '%s': %s", dir, errno_text(error)));
   }
-  file.fd_ = UniqueFd(fd);
+  const int fd = unnamed.fd.get();
+  file.fd_ = std::move(unnamed.fd);
   file.filesystem_ = filesystem_name(fd);
   file.alignment_ = file.direct_io_ ? direct_io_alignment(fd) : 512;
 

@@ -35,20 +35,6 @@ using io::errno_text;
 constexpr uint64_t kWakeTag = UINT64_MAX;
 constexpr uint64_t kMaxRegisteredBytes = uint64_t{1} << 30;  // the kernel's per-iovec limit
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
 // Owns an initialised ring.
 class Ring {
  public:
@@ -227,7 +213,7 @@ class Worker {
 
   // Destroyed in reverse: the thread is joined (destructor), then the ring exits, then the
   // eventfd its armed READ refers to is closed.
-  Fd event_;
+  UniqueFd event_;
   Ring ring_;
   std::thread thread_;
 };

@@ -23,6 +23,7 @@
 #include <limits>
 #include <sstream>
 
+#include "strata/base/system.h"
 #include "strata/io_engine.h"
 #include "text.h"
 
@@ -67,7 +68,7 @@ std::optional<std::string> proc_field(const std::string& text, std::string_view 
   return std::nullopt;
 }
 
-std::string errno_text(int err) { return cat(std::strerror(err), " (errno ", err, ")"); }
+using sys::errno_text;
 
 // The cgroup memory limit and usage files that apply to this process, v2 first, then v1.
 struct CgroupMemory {

@@ -14,35 +14,14 @@
 #include <utility>
 
 #include "bench/common.h"
+#include "strata/base/system.h"
 #include "strata/size.h"
+#include "strata/unique_fd.h"
 
 namespace strata::bench {
 namespace {
 
-std::string errno_text(int error) { return std::strerror(error); }
-
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  ~UniqueFd() { reset(); }
-  int get() const { return fd_; }
-
- private:
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int fd_ = -1;
-};
+using sys::errno_text;
 
 // Anonymous memory: page-aligned, as fio's buffers are, and released with the job.
 class Mapping {
@@ -71,33 +50,14 @@ class Mapping {
   uint64_t bytes_ = 0;
 };
 
-// A file with no name: O_TMPFILE, or, where the file system lacks it, created and unlinked at
-// once. Either way a crash leaves nothing behind. O_DIRECT where the file system takes it.
+// A file with no name (sys::open_unnamed), so a crash leaves nothing behind; O_DIRECT where the
+// file system takes it.
 absl::StatusOr<UniqueFd> open_unnamed(const std::string& dir, bool* direct) {
-  int error = 0;
-  for (const bool use_direct : {true, false}) {
-    const int flags = O_RDWR | O_CLOEXEC | (use_direct ? O_DIRECT : 0);
-    int fd = ::open(dir.c_str(), flags | O_TMPFILE, 0600);
-    if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR)) {
-      std::string name = dir + "/.strata-baseline-XXXXXX";
-      fd = ::mkostemp(name.data(), O_CLOEXEC);
-      if (fd >= 0) {
-        ::unlink(name.c_str());
-        if (use_direct && ::fcntl(fd, F_SETFL, O_DIRECT) != 0) {
-          error = errno;
-          ::close(fd);
-          fd = -1;
-          errno = error;
-        }
-      }
-    }
-    if (fd >= 0) {
-      *direct = use_direct;
-      return UniqueFd(fd);
-    }
-    error = errno;
-    if (error != EINVAL) break;  // EINVAL: O_DIRECT refused; anything else will not get better
-  }
+  sys::UnnamedFile file = sys::open_unnamed(dir, O_DIRECT);
+  *direct = static_cast<bool>(file.fd);
+  if (!file.fd && file.error == EINVAL) file = sys::open_unnamed(dir, 0);  // O_DIRECT refused
+  if (file.fd) return std::move(file.fd);
+  const int error = file.error;
   return absl::PermissionDeniedError(
       absl::StrFormat("raw baseline: cannot create its file in '%s': %s; check that the directory "
                       "is writable or choose another in STRATA_NVME_PATHS",
