@@ -93,17 +93,9 @@ absl::Status invalid(std::string_view what, std::string_view why) {
 bool finite(float x) { return std::isfinite(x); }
 
 absl::Status validate_group(const AdamGroup& g) {
-  if (!finite(g.lr) || g.lr < 0) return invalid("lr", absl::StrCat(g.lr, " must be finite, >= 0"));
-  if (!(g.beta1 >= 0 && g.beta1 < 1))
-    return invalid("beta1", absl::StrCat(g.beta1, " must be in [0, 1)"));
-  if (!(g.beta2 >= 0 && g.beta2 < 1))
-    return invalid("beta2", absl::StrCat(g.beta2, " must be in [0, 1)"));
-  if (!finite(g.eps) || g.eps <= 0)
-    return invalid("eps", absl::StrCat(g.eps, " must be finite, > 0"));
-  if (!finite(g.weight_decay) || g.weight_decay < 0) {
-    return invalid("weight_decay", absl::StrCat(g.weight_decay, " must be finite, >= 0"));
-  }
-  return absl::OkStatus();
+  absl::Status st = validate_adam(g);
+  if (st.ok()) return st;
+  return absl::InvalidArgumentError(absl::StrCat("OffloadOptimizer: ", st.message()));
 }
 
 absl::Status validate_scale(float scale) {
