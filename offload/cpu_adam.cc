@@ -134,12 +134,8 @@ absl::Status invalid(std::string_view field, std::string_view why) {
 }
 
 absl::Status validate(const AdamTensors& t, const AdamParams& p) {
-  if (!finite(p.lr) || p.lr < 0) return invalid("lr", "must be finite and >= 0");
-  if (!(p.beta1 >= 0 && p.beta1 < 1)) return invalid("beta1", "must be in [0, 1)");
-  if (!(p.beta2 >= 0 && p.beta2 < 1)) return invalid("beta2", "must be in [0, 1)");
-  if (!finite(p.eps) || p.eps <= 0) return invalid("eps", "must be finite and > 0");
-  if (!finite(p.weight_decay) || p.weight_decay < 0) {
-    return invalid("weight_decay", "must be finite and >= 0");
+  if (absl::Status st = validate_adam(p); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("adam_step: ", st.message()));
   }
   if (!finite(p.grad_scale)) return invalid("grad_scale", "must be finite");
   if (p.step == 0) return invalid("step", "is 1-based and must be >= 1");
@@ -190,6 +186,21 @@ absl::StatusOr<CpuIsa> resolve(CpuIsa isa) {
 }
 
 }  // namespace
+
+absl::Status validate_adam(const AdamHyper& h) {
+  const auto bad = [](std::string_view field, float value, std::string_view rule) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(field), " ", value, " ", std::string(rule)));
+  };
+  if (!finite(h.lr) || h.lr < 0) return bad("lr", h.lr, "must be finite and >= 0");
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) return bad("beta1", h.beta1, "must be in [0, 1)");
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) return bad("beta2", h.beta2, "must be in [0, 1)");
+  if (!finite(h.eps) || h.eps <= 0) return bad("eps", h.eps, "must be finite and > 0");
+  if (!finite(h.weight_decay) || h.weight_decay < 0) {
+    return bad("weight_decay", h.weight_decay, "must be finite and >= 0");
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, const AdamParams& p) {
   absl::StatusOr<CpuIsa> resolved = resolve(isa);

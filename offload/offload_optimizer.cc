@@ -1,4 +1,5 @@
-// OffloadOptimizer: creation, parameter groups and registration, inspection.
+// OffloadOptimizer's public API: creation, parameter groups and registration, inspection (the
+// step, gradient landing, NVMe states and checkpoints have files of their own).
 #include "strata/offload_optimizer.h"
 
 #include <absl/strings/str_cat.h>
@@ -8,70 +9,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "cpu_adam_kernels.h"
 #include "optimizer_impl.h"
 #include "strata/format_bytes.h"
 #include "strata/mutex.h"
 
 namespace strata {
-
-uint64_t element_bytes(ParamType type) { return type == ParamType::kF32 ? 4 : 2; }
-uint64_t element_bytes(GradType type) { return type == GradType::kF32 ? 4 : 2; }
-
-ParamCopyType copy_type(ParamType type) {
-  switch (type) {
-    case ParamType::kF16:
-      return ParamCopyType::kF16;
-    case ParamType::kBF16:
-      return ParamCopyType::kBF16;
-    case ParamType::kF32:
-      break;
-  }
-  return ParamCopyType::kNone;
-}
-
-void round_master(const float* master, ParamType type, void* dst, uint64_t count) {
-  if (type == ParamType::kF32) {
-    std::memcpy(dst, master, count * sizeof(float));
-    return;
-  }
-  auto* out = static_cast<uint16_t*>(dst);
-  for (uint64_t i = 0; i < count; ++i) {
-    out[i] = type == ParamType::kF16 ? adam_detail::float_to_half(master[i])
-                                     : adam_detail::float_to_bf16(master[i]);
-  }
-}
-
-void widen_param(const void* src, ParamType type, float* dst, uint64_t count) {
-  if (type == ParamType::kF32) {
-    std::memcpy(dst, src, count * sizeof(float));
-    return;
-  }
-  const auto* in = static_cast<const uint16_t*>(src);
-  for (uint64_t i = 0; i < count; ++i) {
-    dst[i] = type == ParamType::kF16 ? adam_detail::half_to_float(in[i])
-                                     : adam_detail::bf16_to_float(in[i]);
-  }
-}
-
-void Completion::signal(absl::Status status) {
-  MutexLock lock(&mu_);
-  done_ = true;
-  status_ = std::move(status);
-}
-
-absl::Status Completion::wait() {
-  MutexLock lock(&mu_);
-  tsan_release(&mu_);
-  mu_.Await(absl::Condition(&done_));
-  tsan_acquire(&mu_);
-  return status_;
-}
-
-bool Completion::pending() const {
-  MutexLock lock(&mu_);
-  return !done_;
-}
 
 namespace {
 
@@ -93,17 +35,9 @@ absl::Status invalid(std::string_view what, std::string_view why) {
 bool finite(float x) { return std::isfinite(x); }
 
 absl::Status validate_group(const AdamGroup& g) {
-  if (!finite(g.lr) || g.lr < 0) return invalid("lr", absl::StrCat(g.lr, " must be finite, >= 0"));
-  if (!(g.beta1 >= 0 && g.beta1 < 1))
-    return invalid("beta1", absl::StrCat(g.beta1, " must be in [0, 1)"));
-  if (!(g.beta2 >= 0 && g.beta2 < 1))
-    return invalid("beta2", absl::StrCat(g.beta2, " must be in [0, 1)"));
-  if (!finite(g.eps) || g.eps <= 0)
-    return invalid("eps", absl::StrCat(g.eps, " must be finite, > 0"));
-  if (!finite(g.weight_decay) || g.weight_decay < 0) {
-    return invalid("weight_decay", absl::StrCat(g.weight_decay, " must be finite, >= 0"));
-  }
-  return absl::OkStatus();
+  absl::Status st = validate_adam(g);
+  if (st.ok()) return st;
+  return absl::InvalidArgumentError(absl::StrCat("OffloadOptimizer: ", st.message()));
 }
 
 absl::Status validate_scale(float scale) {

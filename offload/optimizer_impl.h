@@ -1,6 +1,7 @@
-// OffloadOptimizer's shared state, private to offload/: the API and registration
-// (offload_optimizer.cc), gradient landing (grad_landing.cc), the step (optimizer_step.cc), the
-// NVMe state layout (nvme_states.cc) and checkpoints (optimizer_checkpoint.cc).
+// OffloadOptimizer's shared state, private to offload/ (its small helpers are defined in
+// optimizer_impl.cc): the API and registration (offload_optimizer.cc), gradient landing
+// (grad_landing.cc), the step (optimizer_step.cc), the NVMe state layout (nvme_states.cc) and
+// checkpoints (optimizer_checkpoint.cc).
 #pragma once
 
 #include <absl/status/statusor.h>

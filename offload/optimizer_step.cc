@@ -117,12 +117,7 @@ absl::Status adam_piece(const StepPlan& plan, const Piece& piece, const std::byt
   t.copy_type = copy_type(p.param_type);
   t.count = piece.count;
   AdamParams a;
-  a.lr = g.lr;
-  a.beta1 = g.beta1;
-  a.beta2 = g.beta2;
-  a.eps = g.eps;
-  a.weight_decay = g.weight_decay;
-  a.decoupled = g.decoupled;
+  static_cast<AdamHyper&>(a) = g;
   a.step = p.steps + 1;
   a.grad_scale = plan.grad_scale;
   auto result = adam_step_with(plan.isa, t, a);

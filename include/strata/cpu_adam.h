@@ -33,13 +33,27 @@ enum class ParamCopyType { kNone, kF16, kBF16 };
 // Instruction-set variants of the kernels. kAuto picks the best one the CPU supports.
 enum class CpuIsa { kAuto, kScalar, kAvx2, kAvx512 };
 
-struct AdamParams {
+// Adam / AdamW hyper-parameters: the one struct that the kernels (through AdamParams), the
+// optimizer's parameter groups (AdamGroup, offload_optimizer.h) and offload-bench's naive
+// baseline use. The defaults are torch.optim.AdamW's (lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+// decoupled weight decay) except weight_decay, which is 0 here (torch.optim.AdamW: 0.01): a
+// group decays only when asked to, as strata's optimizer, its C API and its Python module
+// always have.
+struct AdamHyper {
   float lr = 1e-3F;
   float beta1 = 0.9F;
   float beta2 = 0.999F;
   float eps = 1e-8F;
   float weight_decay = 0.0F;
-  bool decoupled = false;   // true: AdamW; false: Adam with L2 weight decay
+  bool decoupled = true;  // AdamW (p *= 1 - lr*wd); false: Adam with L2 decay added to the grad
+};
+
+// OK, or InvalidArgument naming the first bad field and its value ("beta1 1.5 must be in
+// [0, 1)"); callers prefix their own name.
+absl::Status validate_adam(const AdamHyper& hyper);
+
+// One kernel call: the hyper-parameters, and this step's number and gradient scale.
+struct AdamParams : AdamHyper {
   uint64_t step = 1;        // 1-based, for bias correction
   float grad_scale = 1.0F;  // gradients are multiplied by this first (loss unscale, clipping)
 };

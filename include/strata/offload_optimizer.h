@@ -47,14 +47,8 @@ namespace strata {
 enum class ParamType { kF32, kF16, kBF16 };
 
 // Hyper-parameters of one parameter group (torch's param_groups); changeable between steps.
-struct AdamGroup {
-  float lr = 1e-3F;
-  float beta1 = 0.9F;
-  float beta2 = 0.999F;
-  float eps = 1e-8F;
-  float weight_decay = 0.0F;
-  bool decoupled = true;  // AdamW; false: Adam with L2 weight decay
-};
+// The same struct as the kernels' (cpu_adam.h): the defaults are documented there.
+using AdamGroup = AdamHyper;
 
 // fp16 loss scaling: gradients arrive multiplied by the scale. With `dynamic`, an overflow
 // halves it (backoff) and `growth_interval` steps in a row without one double it (growth), as

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace strata {
@@ -467,6 +468,37 @@ TEST_CASE("results are bit-identical from run to run", "[offload][adam]") {
     CHECK(a.exp_avg_sq == b.exp_avg_sq);
     CHECK(a.copy == b.copy);
   }
+}
+
+// One hyper-parameter struct with one set of defaults (issue 13): the kernels' AdamParams is
+// AdamHyper plus the call's step and scale, so their defaults cannot drift apart again.
+TEST_CASE("the kernels share AdamHyper and its defaults", "[offload][adam]") {
+  static_assert(std::is_base_of_v<AdamHyper, AdamParams>);
+  const AdamHyper hyper;
+  const AdamParams params;
+  CHECK(hyper.lr == 1e-3F);
+  CHECK(hyper.beta1 == 0.9F);
+  CHECK(hyper.beta2 == 0.999F);
+  CHECK(hyper.eps == 1e-8F);
+  CHECK(hyper.weight_decay == 0.0F);
+  CHECK(hyper.decoupled);  // AdamW; the kernels' default was Adam (L2) before
+  CHECK(params.decoupled == hyper.decoupled);
+  CHECK(params.weight_decay == hyper.weight_decay);
+  CHECK(params.step == 1);
+  CHECK(params.grad_scale == 1.0F);
+
+  CHECK(validate_adam(hyper).ok());
+  AdamHyper bad;
+  bad.beta1 = 1.5F;
+  CHECK(validate_adam(bad).message() == "beta1 1.5 must be in [0, 1)");
+  bad = {};
+  bad.weight_decay = -1;
+  CHECK(validate_adam(bad).message() == "weight_decay -1 must be finite and >= 0");
+  // The kernels report the same rule under their own name.
+  AdamParams p;
+  p.eps = 0;
+  AdamTensors t;
+  CHECK(adam_step(t, p).status().message() == "adam_step: eps 0 must be finite and > 0");
 }
 
 TEST_CASE("zero-length tensors need no buffers", "[offload][adam]") {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <type_traits>
 
 #include "offload/optimizer_rig.h"
 
@@ -375,6 +376,9 @@ TEST_CASE("OffloadOptimizer: bad input gets an error naming the problem", "[opti
   AdamGroup beta;
   beta.beta2 = 1.0F;
   CHECK(absl::StrContains(opt.add_group(beta).status().message(), "beta2"));
+  // The groups validate with the kernels' rule (validate_adam), under the optimizer's name.
+  CHECK(opt.add_group(beta).status().message() == "OffloadOptimizer: beta2 1 must be in [0, 1)");
+  static_assert(std::is_same_v<AdamGroup, AdamHyper>);
   CHECK(opt.set_group(7, AdamGroup{}).code() == absl::StatusCode::kNotFound);
   CHECK(opt.set_loss_scale(0.0F).code() == absl::StatusCode::kInvalidArgument);
 

@@ -68,15 +68,20 @@ void parallel(uint64_t elements, const Body& body) {
 }
 
 template <typename Grad, typename ToFloat, typename FromFloat>
-void naive_loop(const NaiveAdam& h, uint64_t step, float* master, float* exp_avg, float* exp_avg_sq,
+void naive_loop(const AdamHyper& h, uint64_t step, float* master, float* exp_avg, float* exp_avg_sq,
                 const Grad* grad, Grad* copy, uint64_t count, const ToFloat& to_float,
                 const FromFloat& from_float) {
   const float bias1 = 1.0F - std::pow(h.beta1, static_cast<float>(step));
   const float bias2 = 1.0F - std::pow(h.beta2, static_cast<float>(step));
+  const bool l2 = !h.decoupled;
   for (uint64_t i = 0; i < count; ++i) {
-    const float g = to_float(grad[i]);
+    float g = to_float(grad[i]);
     float p = master[i];
-    p = p * (1.0F - h.lr * h.weight_decay);
+    if (l2) {
+      g = g + h.weight_decay * p;  // torch.optim.Adam: L2 decay added to the gradient
+    } else {
+      p = p * (1.0F - h.lr * h.weight_decay);  // torch.optim.AdamW: decoupled decay
+    }
     const float m = h.beta1 * exp_avg[i] + (1.0F - h.beta1) * g;
     const float v = h.beta2 * exp_avg_sq[i] + (1.0F - h.beta2) * g * g;
     const float m_hat = m / bias1;
@@ -248,7 +253,13 @@ std::string TriadBuffers::description() {
                           : "plain stores, 16 B per element with the write-allocate read";
 }
 
-void naive_adam(const NaiveAdam& hyper, uint64_t step, const std::string& dtype, float* master,
+AdamHyper workload_hyper() {
+  AdamHyper hyper;
+  hyper.weight_decay = 0.01F;
+  return hyper;
+}
+
+void naive_adam(const AdamHyper& hyper, uint64_t step, const std::string& dtype, float* master,
                 float* exp_avg, float* exp_avg_sq, const std::byte* grad, std::byte* copy,
                 uint64_t count) {
   if (dtype == "fp32") {

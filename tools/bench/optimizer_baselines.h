@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "strata/cpu_adam.h"
+
 namespace strata::bench {
 
 // Conversions as a textbook implementation writes them: bit manipulation, round to nearest even.
@@ -23,15 +25,9 @@ float bf16_to_float(uint16_t bf16);
 void fill_values(std::byte* out, uint64_t count, const std::string& dtype, float scale,
                  uint64_t seed);
 
-// Hyper-parameters shared by the step and the naive loop (AdamW, torch's defaults plus a
-// weight decay, so that the decay's multiply is part of both).
-struct NaiveAdam {
-  float lr = 1e-3F;
-  float beta1 = 0.9F;
-  float beta2 = 0.999F;
-  float eps = 1e-8F;
-  float weight_decay = 0.01F;
-};
+// The hyper-parameters the step and the naive loop share: torch.optim.AdamW's defaults exactly
+// (AdamHyper's, with weight decay 0.01), so that the decay's multiply is part of both.
+AdamHyper workload_hyper();
 
 // Three fp32 buffers of `elements` each, page-aligned, first touched by every thread in the
 // partition the triad uses (as the step's state is by its kernels).
@@ -74,10 +70,11 @@ class TriadBuffers {
   std::unique_ptr<float, Free> a_, b_, c_;
 };
 
-// The naive loop: AdamW as a textbook writes it, one element at a time, float math, one
-// thread, no intrinsics, compiled like the rest of the tool. `grad` and `copy` hold `count`
-// values of `dtype`; master, m and v are fp32. `step` is 1-based (bias correction).
-void naive_adam(const NaiveAdam& hyper, uint64_t step, const std::string& dtype, float* master,
+// The naive loop: AdamW (Adam with L2 decay when !hyper.decoupled) as a textbook writes it, one
+// element at a time, float math, one thread, no intrinsics, compiled like the rest of the tool.
+// `grad` and `copy` hold `count` values of `dtype`; master, m and v are fp32. `step` is 1-based
+// (bias correction).
+void naive_adam(const AdamHyper& hyper, uint64_t step, const std::string& dtype, float* master,
                 float* exp_avg, float* exp_avg_sq, const std::byte* grad, std::byte* copy,
                 uint64_t count);
 

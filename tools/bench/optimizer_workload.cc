@@ -130,7 +130,7 @@ void measure_naive(const OptimizerOptions& o, TriadBuffers& buffers, OptimizerRe
   std::vector<std::byte> copy(measured * d);
   fill_values(grad.data(), measured, o.dtype, 1e-2F, /*seed=*/1);
   std::vector<double> seconds;
-  const NaiveAdam hyper;
+  const AdamHyper hyper = workload_hyper();
   for (uint64_t r = 0; r < std::min(o.repeat, kNaiveMaxRepeats); ++r) {
     const absl::Time start = absl::Now();
     naive_adam(hyper, r + 1, o.dtype, buffers.a(), buffers.b(), buffers.c(), grad.data(),
@@ -220,9 +220,7 @@ absl::StatusOr<OptimizerStepRun> run_steps(const OptimizerOptions& o, const Conf
 
   OffloadOptimizerOptions options;
   options.state_home = home;
-  const NaiveAdam hyper;
-  options.defaults = AdamGroup{hyper.lr,  hyper.beta1,        hyper.beta2,
-                               hyper.eps, hyper.weight_decay, /*decoupled=*/true};
+  options.defaults = workload_hyper();
   auto created = OffloadOptimizer::create(rt, options);
   if (!created.ok()) return with_context(created.status(), "creating the optimizer");
   OffloadOptimizer& optimizer = **created;
