@@ -242,22 +242,26 @@ int run(int argc, const char* const* argv) {
   const std::vector<cli::Flag*> train_flags = {
       &flags.add_uint64("layers", &train.layers, "train-step: layers (one parameter tensor each)"),
       &flags.add_size("layer-bytes", &train.layer_bytes,
-                      "train-step: bytes per layer (a multiple of 4KiB)"),
+                      "train-step: bytes of each layer's weight (a multiple of 4KiB)"),
+      &flags.add_size("activation-bytes", &train.activation_bytes,
+                      "train-step: bytes of each layer's saved activation, read in both passes "
+                      "(a multiple of 4KiB; 0: weights only)"),
       &flags.add_double("compute-ms", &train.compute_ms,
                         "train-step: simulated compute per layer and pass, in milliseconds"),
       &flags.add_uint64("arena-layers", &train.arena_layers,
-                        "train-step: layers the GPU arena holds"),
+                        "train-step: layers (weight + activation) the GPU arena holds"),
       &flags.add_enum("home", &train.home, {"nvme", "cpu"},
                       "train-step: the layers' home tier (nvme uses STRATA_NVME_PATHS or a "
                       "temporary directory, as the NVMe paths do)"),
       &flags.add_double("link-gbps", &train.link_gbps,
-                        "train-step: HostDevice H2D/D2H throttle in GB/s, PCIe Gen4 x16-like by "
-                        "default; 0 = unthrottled; ignored on CUDA"),
+                        "train-step: HostDevice H2D/D2H throttle in GB/s (below PCIe, so the link "
+                        "limits the step); 0 = unthrottled; ignored on CUDA"),
       &flags.add_uint64("steps", &train.steps,
                         "train-step: measured steps per policy, after one warm-up step"),
       &flags.add_bool("sync-each-layer", &train.sync_each_layer,
                       "train-step: the host waits for each layer's compute before the next "
-                      "acquire (no run-ahead: only prefetching hides transfers)"),
+                      "acquire (no run-ahead: only prefetching hides transfers); "
+                      "--sync-each-layer=off lets the host run ahead"),
   };
   OptimizerOptions optimizer;
   std::string params_text = "32M";  // OptimizerOptions::params

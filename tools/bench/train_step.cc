@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <span>
 #include <thread>
 #include <utility>
 
@@ -49,10 +50,20 @@ uint64_t usable_arena(uint64_t bytes) {
   return bytes < bounce ? 0 : (bytes - bounce) / kGpuAlignment * kGpuAlignment;
 }
 
+// A layer's tensors: its weight and (when --activation-bytes > 0) its saved activation.
+uint64_t layer_gpu_footprint(const TrainStepOptions& o) {
+  return gpu_footprint(o.layer_bytes) +
+         (o.activation_bytes > 0 ? gpu_footprint(o.activation_bytes) : 0);
+}
+uint64_t layer_cpu_footprint(const TrainStepOptions& o) {
+  return cpu_footprint(o.layer_bytes) +
+         (o.activation_bytes > 0 ? cpu_footprint(o.activation_bytes) : 0);
+}
+
 // The smallest STRATA_GPU_BYTES whose arena holds `layers` layers: any more and a further layer
 // could fit, which would quietly make the arena larger than the flag says.
-uint64_t gpu_bytes_for(uint64_t layers, uint64_t layer_bytes) {
-  const uint64_t payload = layers * gpu_footprint(layer_bytes);
+uint64_t gpu_bytes_for(uint64_t layers, const TrainStepOptions& o) {
+  const uint64_t payload = layers * layer_gpu_footprint(o);
   uint64_t bytes = std::max(payload, 2 * kGpuAlignment);
   while (usable_arena(bytes) < payload) bytes += round_up(payload - usable_arena(bytes), 256);
   return bytes;
@@ -64,7 +75,9 @@ uint64_t nvme_bytes_for(const TrainStepOptions& o, uint64_t stripe, uint64_t pat
     const uint64_t units = (bytes + stripe - 1) / stripe;
     return (units + paths - 1) / paths * stripe;
   };
-  return o.layers * per_path(o.layer_bytes) + per_path(kProbeLayers * o.layer_bytes) + 2 * stripe;
+  const uint64_t activations = o.activation_bytes > 0 ? o.layers * per_path(o.activation_bytes) : 0;
+  return o.layers * per_path(o.layer_bytes) + activations + per_path(kProbeLayers * o.layer_bytes) +
+         2 * stripe;
 }
 
 double median(std::vector<double> values) {
@@ -148,7 +161,8 @@ absl::StatusOr<double> probe_nvme_read(MemoryTier& cpu, SwapSpace& swap, uint64_
   return result;
 }
 
-// Writes every layer once, makes its home copy the only one, so that each policy's warm-up
+// Writes every layer's tensors once (weight, then activation: `layers` holds them in that order),
+// makes each home copy the only one, so that each policy's warm-up
 // step starts from the same cold state: nothing on the GPU (and, for home=nvme, nothing in the
 // CPU tier either, or the store would fetch from there instead of from NVMe).
 absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& o, Runtime& runtime,
@@ -156,18 +170,32 @@ absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& 
   TensorStore& store = runtime.store();
   const TierKind home = o.home == "cpu" ? TierKind::kCpu : TierKind::kNvme;
   std::vector<TensorHandle> layers;
-  for (uint64_t i = 0; i < o.layers; ++i) {
-    auto handle = store.create(absl::StrFormat("layer.%d.weight", i), o.layer_bytes, home);
+  auto add = [&](std::string name, uint64_t bytes, uint32_t seed) -> absl::Status {
+    auto handle = store.create(std::move(name), bytes, home);
     if (!handle.ok()) return handle.status();
     auto data = store.acquire(*handle, TierKind::kCpu, stream, AccessMode::kWrite);
     if (!data.ok()) return data.status();
-    fill_pattern(static_cast<std::byte*>(*data), o.layer_bytes, /*seed=*/i);
+    fill_pattern(static_cast<std::byte*>(*data), bytes, seed);
     if (auto status = store.release(*handle, stream); !status.ok()) return status;
-    // One layer at a time: the CPU tier only holds staging and a layer for home=nvme.
+    // One tensor at a time: the CPU tier only holds staging and a layer for home=nvme.
     if (home == TierKind::kNvme) {
       if (auto status = store.evict(*handle, TierKind::kCpu); !status.ok()) return status;
     }
     layers.push_back(*handle);
+    return absl::OkStatus();
+  };
+  for (uint64_t i = 0; i < o.layers; ++i) {
+    const auto seed = static_cast<uint32_t>(i);
+    if (auto status = add(absl::StrFormat("layer.%d.weight", i), o.layer_bytes, seed);
+        !status.ok()) {
+      return status;
+    }
+    if (o.activation_bytes == 0) continue;
+    if (auto status =
+            add(absl::StrFormat("layer.%d.activation", i), o.activation_bytes, seed + 1'000'000);
+        !status.ok()) {
+      return status;
+    }
   }
   if (auto status = store.flush(); !status.ok()) return status;
   for (const TensorHandle& layer : layers) {
@@ -194,25 +222,40 @@ struct StepCounters {
   double compute_seconds = 0;
 };
 
-// One training step: forward 0..L-1, backward L-1..0, each layer acquired on the GPU, used by
-// the simulated compute on `stream`, released; then waits for the stream.
+// One training step: forward over the layers' tensors in order (weight i, activation i), backward
+// in reverse (activation i, weight i), each tensor acquired on the GPU and released; a layer's
+// simulated compute runs on `stream` once its tensors are acquired; then waits for the stream.
 absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
-                      const std::vector<TensorHandle>& layers, absl::Duration compute,
-                      bool sync_each_layer, const std::shared_ptr<std::atomic<int64_t>>& spent_ns) {
-  auto use = [&](TensorHandle layer) -> absl::Status {
-    auto data = store.acquire(layer, TierKind::kGpu, stream, AccessMode::kRead);
-    if (!data.ok()) return data.status();
+                      const std::vector<TensorHandle>& tensors, size_t per_layer,
+                      absl::Duration compute, bool sync_each_layer,
+                      const std::shared_ptr<std::atomic<int64_t>>& spent_ns) {
+  auto use = [&](std::span<const TensorHandle> layer, bool reverse) -> absl::Status {
+    std::vector<TensorHandle> order(layer.begin(), layer.end());
+    if (reverse) std::reverse(order.begin(), order.end());
+    for (const TensorHandle t : order) {
+      auto data = store.acquire(t, TierKind::kGpu, stream, AccessMode::kRead);
+      if (!data.ok()) return data.status();
+    }
     absl::Status launched = device.launch_host_callback(
         stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
-    absl::Status released = store.release(layer, stream);
+    absl::Status released;
+    for (const TensorHandle t : order) {
+      if (absl::Status s = store.release(t, stream); !s.ok() && released.ok()) released = s;
+    }
     if (!launched.ok()) return launched;
     if (!released.ok() || !sync_each_layer) return released;
     return device.synchronize(stream);
   };
+  const std::span<const TensorHandle> all(tensors);
+  const size_t layers = tensors.size() / per_layer;
   store.step_begin();
   absl::Status status;
-  for (size_t i = 0; i < layers.size() && status.ok(); ++i) status = use(layers[i]);
-  for (size_t i = layers.size(); i > 0 && status.ok(); --i) status = use(layers[i - 1]);
+  for (size_t i = 0; i < layers && status.ok(); ++i) {
+    status = use(all.subspan(i * per_layer, per_layer), false);
+  }
+  for (size_t i = layers; i > 0 && status.ok(); --i) {
+    status = use(all.subspan((i - 1) * per_layer, per_layer), true);
+  }
   store.step_end();
   absl::Status synced = device.synchronize(stream);
   return status.ok() ? synced : status;
@@ -262,11 +305,11 @@ TrainStepRun make_run(const char* policy, double seconds, const StepCounters& c)
 Config sized_config(const TrainStepOptions& o, const Config& base,
                     const std::vector<std::string>& nvme_paths) {
   Config c = base;
-  c.gpu_bytes = SizeSetting::of_bytes(gpu_bytes_for(o.arena_layers, o.layer_bytes));
+  c.gpu_bytes = SizeSetting::of_bytes(gpu_bytes_for(o.arena_layers, o));
   if (o.home == "cpu") {
     // Every layer's home copy; no NVMe tier, so no staging either.
     c.nvme_paths.clear();
-    c.cpu_bytes = SizeSetting::of_bytes(o.layers * cpu_footprint(o.layer_bytes) + 2 * kPage);
+    c.cpu_bytes = SizeSetting::of_bytes(o.layers * layer_cpu_footprint(o) + 2 * kPage);
   } else {
     c.nvme_paths = nvme_paths;
     c.nvme_bytes = SizeSetting::of_bytes(nvme_bytes_for(o, c.io_block, nvme_paths.size()));
@@ -285,6 +328,10 @@ std::optional<std::string> validate(const TrainStepOptions& o) {
   if (o.layer_bytes == 0 || o.layer_bytes % kPage != 0) {
     return "--layer-bytes: must be a positive multiple of 4KiB (NVMe I/O is O_DIRECT), not " +
            std::to_string(o.layer_bytes);
+  }
+  if (o.activation_bytes % kPage != 0) {
+    return "--activation-bytes: must be a multiple of 4KiB (0: no activations), not " +
+           std::to_string(o.activation_bytes);
   }
   if (!(o.compute_ms >= 0) || o.compute_ms > 60'000) {
     return "--compute-ms: must be between 0 and 60000, not " + std::to_string(o.compute_ms);
@@ -319,12 +366,16 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
   report.options = o;
   const Config config = sized_config(o, base, nvme_paths);
   const absl::Duration compute = absl::Microseconds(o.compute_ms * 1000);
+  const size_t per_layer = o.activation_bytes > 0 ? 2 : 1;
   report.bound.compute_seconds = 2.0 * static_cast<double>(o.layers) * o.compute_ms * 1e-3;
   // The fewest bytes any policy must move per steady-state step: the arena keeps at most
   // arena-layers layers across each of the two turns (forward -> backward, and backward -> the
   // next step's forward); every other acquire must bring its layer in. Belady's optimal paging
   // reaches exactly this on a forward/backward sweep.
-  report.bound.transfer_bytes = 2 * (o.layers - std::min(o.layers, o.arena_layers)) * o.layer_bytes;
+  // A layer's weight and activation share one access pattern (a palindrome over the step), so
+  // the bound counts them as one unit of layer bytes.
+  report.bound.transfer_bytes =
+      2 * (o.layers - std::min(o.layers, o.arena_layers)) * (o.layer_bytes + o.activation_bytes);
 
   for (const Policy& policy : kPolicies) {
     const bool first = report.runs.empty();
@@ -372,8 +423,8 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     human << absl::StrFormat("train-step: %s: warm-up step (records the access trace)\n",
                              policy.name);
     human.flush();
-    if (auto status =
-            run_step(rt.store(), dev, **stream, *layers, compute, o.sync_each_layer, spent_ns);
+    if (auto status = run_step(rt.store(), dev, **stream, *layers, per_layer, compute,
+                               o.sync_each_layer, spent_ns);
         !status.ok()) {
       return with_context(status, "warm-up step");
     }
@@ -383,8 +434,8 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
       counters.before = rt.store().stats();
       spent_ns->store(0);
       const absl::Time start = absl::Now();
-      if (auto status =
-              run_step(rt.store(), dev, **stream, *layers, compute, o.sync_each_layer, spent_ns);
+      if (auto status = run_step(rt.store(), dev, **stream, *layers, per_layer, compute,
+                                 o.sync_each_layer, spent_ns);
           !status.ok()) {
         return with_context(status, "measured step");
       }

@@ -1,10 +1,12 @@
 // offload-bench --workload=train-step: a synthetic transformer training step through the
 // TensorStore, timed against the overlap bound, once per policy.
 //
-// L layers of S-byte parameters homed on NVMe or in the pinned CPU tier; a step acquires them on
-// the GPU in order 0..L-1 (forward) then L-1..0 (backward), with a simulated compute time per
-// layer enqueued on the compute stream, and a GPU arena that holds only a few layers. Each policy
-// (prefetch + Belady, prefetch + LRU, on-demand) runs in a fresh Runtime. See docs/train-step.md.
+// L layers, each an S-byte weight and a smaller saved activation, homed on NVMe or in the pinned
+// CPU tier; a step acquires them on the GPU in order 0..L-1 (forward: weight, activation) then
+// L-1..0 (backward: activation, weight), with a simulated compute time per layer and pass
+// enqueued on the compute stream, and a GPU arena that holds only a fraction of the layers. Each
+// policy (prefetch + Belady, prefetch + LRU, on-demand) runs in a fresh Runtime. See
+// docs/train-step.md.
 #pragma once
 
 #include <absl/status/statusor.h>
@@ -23,16 +25,21 @@ namespace strata::bench {
 
 struct TrainStepOptions {
   uint64_t layers = 16;
-  uint64_t layer_bytes = uint64_t{8} << 20;
-  double compute_ms = 4;  // per layer and pass (forward and backward each)
-  uint64_t arena_layers = 4;
+  uint64_t layer_bytes = uint64_t{8} << 20;       // each layer's weight
+  uint64_t activation_bytes = uint64_t{2} << 20;  // each layer's saved activation (0: none)
+  double compute_ms = 4;                          // per layer and pass (forward and backward each)
+  uint64_t arena_layers = 4;  // layers (weight + activation) the GPU arena holds
   std::string home = "nvme";  // "nvme" or "cpu"
-  double link_gbps = 16;      // HostDevice H2D and D2H throttle, 1e9 bytes/s; 0: unthrottled
-  uint64_t steps = 3;         // measured steps per policy, after one warm-up step
+  // HostDevice H2D and D2H throttle, 1e9 bytes/s; 0: unthrottled. Slower than PCIe so that the
+  // link, not this machine's memcpy, limits the step and the policies differ.
+  double link_gbps = 3;
+  uint64_t steps = 5;  // measured steps per policy, after one warm-up step
   // The host waits for each layer's compute before acquiring the next, as a trainer that reads
   // a layer's results on the host does. Without it the host runs ahead of the compute stream by
   // up to arena-layers layers, and that run-ahead alone already fetches ahead of need.
-  bool sync_each_layer = false;
+  // On by default: with run-ahead, an on-demand fetch is issued as early as a prefetch could be
+  // and the policies cannot be told apart (docs/train-step.md).
+  bool sync_each_layer = true;
 };
 
 // A usage error in `options` (the message names the flag), or nullopt.

@@ -26,10 +26,11 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
   const TrainStepOptions& o = report.options;
   const TrainStepBound& b = report.bound;
   out << absl::StrFormat(
-      "\ntrain-step: %d layers x %s homed on %s, compute %.3f ms per layer and pass, GPU arena "
-      "of %d layers (STRATA_GPU_BYTES=%s), median of %d step(s) after 1 warm-up%s\n",
-      o.layers, format_bytes(o.layer_bytes), o.home, o.compute_ms, o.arena_layers,
-      format_bytes(report.config.gpu_bytes), o.steps,
+      "\ntrain-step: %d layers x (weight %s + activation %s) homed on %s, compute %.3f ms per "
+      "layer and pass, GPU arena of %d layers (STRATA_GPU_BYTES=%s), median of %d step(s) after "
+      "1 warm-up%s\n",
+      o.layers, format_bytes(o.layer_bytes), format_bytes(o.activation_bytes), o.home, o.compute_ms,
+      o.arena_layers, format_bytes(report.config.gpu_bytes), o.steps,
       o.sync_each_layer ? ", host waits for each layer's compute" : "");
   out << absl::StrFormat(
       "bound %.4f s = max(compute 2x%dx%.3f ms = %.4f s, transfer %s / %s = %.4f s)\n", b.seconds(),
@@ -58,7 +59,8 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
   }
   out << "\n";
   for (const std::string& note : report.notes) out << note << "\n";
-  out << "ratio = step / bound; transfer = 2 x (layers - arena layers) x layer bytes (the arena "
+  out << "ratio = step / bound; transfer = 2 x (layers - arena layers) x (weight + activation "
+         "bytes) (the arena "
          "keeps at most that many layers across each turn); link = the slower of H2D and the "
          "NVMe read; stall = host time acquires waited (the host runs ahead of the compute stream, "
          "so this includes waiting for compute to free arena room); ms/move = mean host time per "
@@ -90,13 +92,13 @@ std::string train_step_json(const TrainStepReport& report) {
   return absl::StrFormat(
       R"({"bound_seconds": %s, "compute_seconds": %s, "transfer_bytes": %d, )"
       R"("transfer_seconds": %s, "link_gbps": %s, "h2d_gbps": %s, "nvme_read_gbps": %s, )"
-      R"("layers": %d, "layer_bytes": %d, "compute_ms": %s, "arena_layers": %d, "home": "%s", )"
+      R"("layers": %d, "layer_bytes": %d, "activation_bytes": %d, "compute_ms": %s, "arena_layers": %d, "home": "%s", )"
       R"("link_throttle_gbps": %s, "steps": %d, "sync_each_layer": %s, "runs": [%s]})",
       seconds_json(b.seconds()), seconds_json(b.compute_seconds), b.transfer_bytes,
       seconds_json(b.transfer_seconds()), ratio_json(b.link_bytes_per_second / 1e9),
       ratio_json(b.h2d_bytes_per_second / 1e9),
       b.nvme_bytes_per_second.has_value() ? ratio_json(*b.nvme_bytes_per_second / 1e9) : "null",
-      o.layers, o.layer_bytes, ratio_json(o.compute_ms), o.arena_layers, o.home,
+      o.layers, o.layer_bytes, o.activation_bytes, ratio_json(o.compute_ms), o.arena_layers, o.home,
       report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : "null", o.steps,
       o.sync_each_layer ? "true" : "false", absl::StrJoin(runs, ", "));
 }
