@@ -30,6 +30,13 @@ struct Policy {
 constexpr Policy kPolicies[] = {
     {"belady", true, true}, {"lru", true, false}, {"on-demand", false, true}};
 
+const Policy* find_policy(std::string_view name) {
+  for (const Policy& p : kPolicies) {
+    if (name == p.name) return &p;
+  }
+  return nullptr;
+}
+
 constexpr uint64_t kGpuAlignment = 256;  // MemoryTier::create_gpu_arena's default granularity
 constexpr uint64_t kMaxBounce = uint64_t{64} << 20;
 constexpr int kProbeRepeats = 5;
@@ -50,14 +57,17 @@ uint64_t usable_arena(uint64_t bytes) {
   return bytes < bounce ? 0 : (bytes - bounce) / kGpuAlignment * kGpuAlignment;
 }
 
-// A layer's tensors: its weight and (when --activation-bytes > 0) its saved activation.
+// A layer's tensors: its weight, its saved activation (--activation-bytes > 0) and its gradient
+// (--optimizer).
 uint64_t layer_gpu_footprint(const TrainStepOptions& o) {
-  return gpu_footprint(o.layer_bytes) +
-         (o.activation_bytes > 0 ? gpu_footprint(o.activation_bytes) : 0);
+  uint64_t bytes = 0;
+  for (LayerTensor kind : layer_tensors(o)) bytes += gpu_footprint(tensor_bytes(o, kind));
+  return bytes;
 }
 uint64_t layer_cpu_footprint(const TrainStepOptions& o) {
-  return cpu_footprint(o.layer_bytes) +
-         (o.activation_bytes > 0 ? cpu_footprint(o.activation_bytes) : 0);
+  uint64_t bytes = 0;
+  for (LayerTensor kind : layer_tensors(o)) bytes += cpu_footprint(tensor_bytes(o, kind));
+  return bytes;
 }
 
 // The smallest STRATA_GPU_BYTES whose arena holds `layers` layers: any more and a further layer
@@ -75,9 +85,9 @@ uint64_t nvme_bytes_for(const TrainStepOptions& o, uint64_t stripe, uint64_t pat
     const uint64_t units = (bytes + stripe - 1) / stripe;
     return (units + paths - 1) / paths * stripe;
   };
-  const uint64_t activations = o.activation_bytes > 0 ? o.layers * per_path(o.activation_bytes) : 0;
-  return o.layers * per_path(o.layer_bytes) + activations + per_path(kProbeLayers * o.layer_bytes) +
-         2 * stripe;
+  uint64_t layer = 0;
+  for (LayerTensor kind : layer_tensors(o)) layer += per_path(tensor_bytes(o, kind));
+  return o.layers * layer + per_path(kProbeLayers * o.layer_bytes) + 2 * stripe;
 }
 
 double median(std::vector<double> values) {
@@ -161,8 +171,8 @@ absl::StatusOr<double> probe_nvme_read(MemoryTier& cpu, SwapSpace& swap, uint64_
   return result;
 }
 
-// Writes every layer's tensors once (weight, then activation: `layers` holds them in that order),
-// makes each home copy the only one, so that each policy's warm-up
+// Writes every layer's tensors once (layer-major, each layer's in layer_tensors() order, as
+// step_plan() indexes them), makes each home copy the only one, so that each policy's warm-up
 // step starts from the same cold state: nothing on the GPU (and, for home=nvme, nothing in the
 // CPU tier either, or the store would fetch from there instead of from NVMe).
 absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& o, Runtime& runtime,
@@ -184,17 +194,17 @@ absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& 
     layers.push_back(*handle);
     return absl::OkStatus();
   };
+  const std::vector<LayerTensor> kinds = layer_tensors(o);
   for (uint64_t i = 0; i < o.layers; ++i) {
-    const auto seed = static_cast<uint32_t>(i);
-    if (auto status = add(absl::StrFormat("layer.%d.weight", i), o.layer_bytes, seed);
-        !status.ok()) {
-      return status;
-    }
-    if (o.activation_bytes == 0) continue;
-    if (auto status =
-            add(absl::StrFormat("layer.%d.activation", i), o.activation_bytes, seed + 1'000'000);
-        !status.ok()) {
-      return status;
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      static constexpr const char* kNames[] = {"weight", "activation", "gradient"};
+      const char* name = kNames[static_cast<int>(kinds[k])];
+      const auto seed = static_cast<uint32_t>(i * kinds.size() + k);
+      if (auto status =
+              add(absl::StrFormat("layer.%d.%s", i, name), tensor_bytes(o, kinds[k]), seed);
+          !status.ok()) {
+        return status;
+      }
     }
   }
   if (auto status = store.flush(); !status.ok()) return status;
@@ -222,40 +232,40 @@ struct StepCounters {
   double compute_seconds = 0;
 };
 
-// One training step: forward over the layers' tensors in order (weight i, activation i), backward
-// in reverse (activation i, weight i), each tensor acquired on the GPU and released; a layer's
-// simulated compute runs on `stream` once its tensors are acquired; then waits for the stream.
+// One training step as step_plan() lays it out: for each layer of each pass, its tensors acquired
+// on the GPU (read or write), the layer's simulated compute launched on `stream`, the tensors
+// released, and (--sync-each-layer) the host waiting for the compute; then waits for the stream.
 absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
-                      const std::vector<TensorHandle>& tensors, size_t per_layer,
-                      absl::Duration compute, bool sync_each_layer,
+                      const std::vector<TensorHandle>& tensors,
+                      const std::vector<PlannedLayer>& plan, bool sync_each_layer,
                       const std::shared_ptr<std::atomic<int64_t>>& spent_ns) {
-  auto use = [&](std::span<const TensorHandle> layer, bool reverse) -> absl::Status {
-    std::vector<TensorHandle> order(layer.begin(), layer.end());
-    if (reverse) std::reverse(order.begin(), order.end());
-    for (const TensorHandle t : order) {
-      auto data = store.acquire(t, TierKind::kGpu, stream, AccessMode::kRead);
-      if (!data.ok()) return data.status();
+  auto use = [&](const PlannedLayer& layer) -> absl::Status {
+    size_t acquired = 0;
+    absl::Status status;
+    for (const PlannedAccess& a : layer.accesses) {
+      auto data = store.acquire(tensors[a.tensor], TierKind::kGpu, stream,
+                                a.write ? AccessMode::kWrite : AccessMode::kRead);
+      if (!data.ok()) {
+        status = data.status();
+        break;
+      }
+      ++acquired;
     }
-    absl::Status launched = device.launch_host_callback(
-        stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
-    absl::Status released;
-    for (const TensorHandle t : order) {
-      if (absl::Status s = store.release(t, stream); !s.ok() && released.ok()) released = s;
+    if (status.ok()) {
+      const absl::Duration compute = absl::Microseconds(layer.compute_ms * 1000);
+      status = device.launch_host_callback(
+          stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
     }
-    if (!launched.ok()) return launched;
-    if (!released.ok() || !sync_each_layer) return released;
+    for (size_t i = 0; i < acquired; ++i) {
+      absl::Status released = store.release(tensors[layer.accesses[i].tensor], stream);
+      if (!released.ok() && status.ok()) status = released;
+    }
+    if (!status.ok() || !sync_each_layer) return status;
     return device.synchronize(stream);
   };
-  const std::span<const TensorHandle> all(tensors);
-  const size_t layers = tensors.size() / per_layer;
   store.step_begin();
   absl::Status status;
-  for (size_t i = 0; i < layers && status.ok(); ++i) {
-    status = use(all.subspan(i * per_layer, per_layer), false);
-  }
-  for (size_t i = layers; i > 0 && status.ok(); --i) {
-    status = use(all.subspan((i - 1) * per_layer, per_layer), true);
-  }
+  for (size_t i = 0; i < plan.size() && status.ok(); ++i) status = use(plan[i]);
   store.step_end();
   absl::Status synced = device.synchronize(stream);
   return status.ok() ? synced : status;
@@ -284,6 +294,11 @@ TrainStepRun make_run(const char* policy, double seconds, const StepCounters& c)
   const MoveStats moves_after = all_moves(a);
   const MoveStats moves_before = all_moves(b);
   r.bytes_moved = moves_after.bytes - moves_before.bytes;
+  const auto gpu = static_cast<size_t>(TierKind::kGpu);
+  for (size_t other = 0; other < a.moves.size(); ++other) {
+    r.bytes_to_gpu += a.moves[other][gpu].bytes - b.moves[other][gpu].bytes;
+    r.bytes_from_gpu += a.moves[gpu][other].bytes - b.moves[gpu][other].bytes;
+  }
   const uint64_t moves = moves_after.moves - moves_before.moves;
   r.seconds_per_move = moves == 0 ? 0
                                   : static_cast<double>(moves_after.ns - moves_before.ns) * 1e-9 /
@@ -336,6 +351,21 @@ std::optional<std::string> validate(const TrainStepOptions& o) {
   if (!(o.compute_ms >= 0) || o.compute_ms > 60'000) {
     return "--compute-ms: must be between 0 and 60000, not " + std::to_string(o.compute_ms);
   }
+  if (!(o.optimizer_ms >= 0) || o.optimizer_ms > 60'000) {
+    return "--optimizer-ms: must be between 0 and 60000, not " + std::to_string(o.optimizer_ms);
+  }
+  if (o.policies.empty()) return "--policies: name at least one of belady, lru, on-demand";
+  for (size_t i = 0; i < o.policies.size(); ++i) {
+    if (find_policy(o.policies[i]) == nullptr) {
+      return "--policies: unknown policy '" + o.policies[i] +
+             "' (choose from belady, lru, on-demand, comma-separated)";
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (o.policies[j] == o.policies[i]) {
+        return "--policies: '" + o.policies[i] + "' is named twice";
+      }
+    }
+  }
   if (o.arena_layers == 0) return "--arena-layers: must be at least 1";
   if (o.home != "nvme" && o.home != "cpu") return "--home: must be nvme or cpu";
   if (!(o.link_gbps >= 0)) return "--link-gbps: must be >= 0 (0: unthrottled)";
@@ -365,31 +395,55 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
   TrainStepReport report;
   report.options = o;
   const Config config = sized_config(o, base, nvme_paths);
-  const absl::Duration compute = absl::Microseconds(o.compute_ms * 1000);
-  const size_t per_layer = o.activation_bytes > 0 ? 2 : 1;
-  report.bound.compute_seconds = 2.0 * static_cast<double>(o.layers) * o.compute_ms * 1e-3;
-  // The fewest bytes any policy must move per steady-state step: the arena keeps at most
-  // arena-layers layers across each of the two turns (forward -> backward, and backward -> the
-  // next step's forward); every other acquire must bring its layer in. Belady's optimal paging
-  // reaches exactly this on a forward/backward sweep.
-  // A layer's weight and activation share one access pattern (a palindrome over the step), so
-  // the bound counts them as one unit of layer bytes.
-  report.bound.transfer_bytes =
-      2 * (o.layers - std::min(o.layers, o.arena_layers)) * (o.layer_bytes + o.activation_bytes);
+  const std::vector<PlannedLayer> plan = step_plan(o);
+  double compute_ms = 0;
+  for (const PlannedLayer& layer : plan) compute_ms += layer.compute_ms;
+  report.bound.compute_seconds = compute_ms * 1e-3;
+  // What must move: the offline paging model of this very step in an arena of the configured
+  // size. Belady's MIN is the fewest fetches for tensors of one size; for these mixed sizes it is
+  // the standard reference, not a proof (docs/train-step.md). LRU's figure beside it is the
+  // reason the policies differ.
+  std::vector<uint64_t> footprint;
+  for (uint64_t i = 0; i < o.layers; ++i) {
+    for (LayerTensor kind : layer_tensors(o))
+      footprint.push_back(gpu_footprint(tensor_bytes(o, kind)));
+  }
+  report.bound.arena_bytes = usable_arena(gpu_bytes_for(o.arena_layers, o));
+  report.bound.belady = model_paging(plan, footprint, report.bound.arena_bytes, /*belady=*/true);
+  report.bound.lru = model_paging(plan, footprint, report.bound.arena_bytes, /*belady=*/false);
+  report.bound.transfer_bytes = report.bound.belady.fetched_bytes;
 
-  for (const Policy& policy : kPolicies) {
-    const bool first = report.runs.empty();
+  // Every policy's runtime is set up (layers written, warm-up step run) before any step is
+  // timed, and the measured steps then take turns: step s of each policy, then step s + 1. Run
+  // one policy after another, the first one's steps came right after the writes of the layers
+  // and the link probes, and on this VM's disk its NVMe reads were 2-3x slower
+  // (docs/bench.md); drift of any kind (disk, page cache, load from other processes) now falls on
+  // every policy alike.
+  struct PolicyRun {
+    const Policy* policy = nullptr;
+    std::unique_ptr<Runtime> runtime;
+    std::unique_ptr<Stream> stream;  // after the runtime: destroyed before its device
+    std::vector<TensorHandle> layers;
+    std::shared_ptr<std::atomic<int64_t>> spent_ns = std::make_shared<std::atomic<int64_t>>(0);
+    std::vector<std::pair<double, StepCounters>> steps;
+  };
+  std::vector<PolicyRun> runs;
+  for (const std::string& name : o.policies) {
+    PolicyRun& run = runs.emplace_back();
+    run.policy = find_policy(name);
+    const bool first = runs.size() == 1;
     auto loaded = load_configuration(config);
     if (!loaded.ok()) return loaded.status();
     RuntimeOptions runtime_options;
-    runtime_options.store.prefetch = policy.prefetch;
-    runtime_options.store.belady = policy.belady;
+    runtime_options.store.prefetch = run.policy->prefetch;
+    runtime_options.store.belady = run.policy->belady;
     auto device = make_train_step_device(o, loaded->first);
     if (!device.ok()) return device.status();
     runtime_options.device = *std::move(device);
     auto runtime = Runtime::create(config, std::move(runtime_options));
     if (!runtime.ok()) return with_context(runtime.status(), "creating the runtime");
-    Runtime& rt = **runtime;
+    run.runtime = *std::move(runtime);
+    Runtime& rt = *run.runtime;
     Device& dev = rt.device();
     if (first) {
       report.config = rt.config();
@@ -414,42 +468,50 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
         report.bound.link_bytes_per_second = std::min(*h2d, *read);
       }
     }
-    // Declared after the runtime: destroyed before the device it came from.
     auto stream = dev.create_stream();
     if (!stream.ok()) return stream.status();
-    auto layers = create_layers(o, rt, **stream);
+    run.stream = *std::move(stream);
+    auto layers = create_layers(o, rt, *run.stream);
     if (!layers.ok()) return with_context(layers.status(), "writing the layers");
-    auto spent_ns = std::make_shared<std::atomic<int64_t>>(0);
+    run.layers = *std::move(layers);
     human << absl::StrFormat("train-step: %s: warm-up step (records the access trace)\n",
-                             policy.name);
+                             run.policy->name);
     human.flush();
-    if (auto status = run_step(rt.store(), dev, **stream, *layers, per_layer, compute,
-                               o.sync_each_layer, spent_ns);
+    if (auto status = run_step(rt.store(), dev, *run.stream, run.layers, plan, o.sync_each_layer,
+                               run.spent_ns);
         !status.ok()) {
       return with_context(status, "warm-up step");
     }
-    std::vector<std::pair<double, StepCounters>> steps;
-    for (uint64_t s = 0; s < o.steps; ++s) {
+  }
+  human << absl::StrFormat(
+      "train-step: %d measured step(s) per policy, the policies taking turns\n", o.steps);
+  human.flush();
+  for (uint64_t s = 0; s < o.steps; ++s) {
+    for (PolicyRun& run : runs) {
+      TensorStore& store = run.runtime->store();
       StepCounters counters;
-      counters.before = rt.store().stats();
-      spent_ns->store(0);
+      counters.before = store.stats();
+      run.spent_ns->store(0);
       const absl::Time start = absl::Now();
-      if (auto status = run_step(rt.store(), dev, **stream, *layers, per_layer, compute,
-                                 o.sync_each_layer, spent_ns);
+      if (auto status = run_step(store, run.runtime->device(), *run.stream, run.layers, plan,
+                                 o.sync_each_layer, run.spent_ns);
           !status.ok()) {
-        return with_context(status, "measured step");
+        return with_context(status, absl::StrFormat("measured step (%s)", run.policy->name));
       }
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-      counters.after = rt.store().stats();
-      counters.compute_seconds = static_cast<double>(spent_ns->load()) * 1e-9;
-      steps.emplace_back(seconds, counters);
+      counters.after = store.stats();
+      counters.compute_seconds = static_cast<double>(run.spent_ns->load()) * 1e-9;
+      run.steps.emplace_back(seconds, counters);
     }
+  }
+  for (PolicyRun& policy_run : runs) {
+    std::vector<std::pair<double, StepCounters>>& steps = policy_run.steps;
     std::vector<double> all;
     for (const auto& step : steps) all.push_back(step.first);
     std::sort(steps.begin(), steps.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
     const auto& [seconds, counters] = steps[(steps.size() - 1) / 2];
-    TrainStepRun run = make_run(policy.name, seconds, counters);
+    TrainStepRun run = make_run(policy_run.policy->name, seconds, counters);
     run.all_step_seconds = std::move(all);
     const double bound = report.bound.seconds();
     run.ratio_to_bound = bound > 0 ? run.step_seconds / bound : 0;
