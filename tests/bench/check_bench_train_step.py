@@ -17,7 +17,8 @@ RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "stall_seconds", "byte
               "bytes_to_gpu", "bytes_from_gpu", "hits",
               "misses", "prefetches_issued", "prefetches_used", "prefetches_late",
               "prefetches_wasted", "prefetches_failed", "prefetch_accuracy", "compute_seconds",
-              "seconds_per_move", "all_step_seconds"}
+              "seconds_per_move", "seconds_per_fetch", "seconds_per_write_back",
+              "all_step_seconds"}
 BOUND_FIELDS = {"bound_seconds", "compute_seconds", "transfer_bytes", "transfer_seconds",
                 "link_gbps", "h2d_gbps", "nvme_read_gbps", "layers", "layer_bytes",
                 "activation_bytes", "compute_ms", "optimizer", "optimizer_ms", "arena_layers",

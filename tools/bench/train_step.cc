@@ -295,10 +295,20 @@ TrainStepRun make_run(const char* policy, double seconds, const StepCounters& c)
   const MoveStats moves_before = all_moves(b);
   r.bytes_moved = moves_after.bytes - moves_before.bytes;
   const auto gpu = static_cast<size_t>(TierKind::kGpu);
+  uint64_t in_moves = 0, in_ns = 0, out_moves = 0, out_ns = 0;
   for (size_t other = 0; other < a.moves.size(); ++other) {
     r.bytes_to_gpu += a.moves[other][gpu].bytes - b.moves[other][gpu].bytes;
     r.bytes_from_gpu += a.moves[gpu][other].bytes - b.moves[gpu][other].bytes;
+    in_moves += a.moves[other][gpu].moves - b.moves[other][gpu].moves;
+    in_ns += a.moves[other][gpu].ns - b.moves[other][gpu].ns;
+    out_moves += a.moves[gpu][other].moves - b.moves[gpu][other].moves;
+    out_ns += a.moves[gpu][other].ns - b.moves[gpu][other].ns;
   }
+  auto mean = [](uint64_t ns, uint64_t n) {
+    return n == 0 ? 0.0 : static_cast<double>(ns) * 1e-9 / static_cast<double>(n);
+  };
+  r.seconds_per_fetch = mean(in_ns, in_moves);
+  r.seconds_per_write_back = mean(out_ns, out_moves);
   const uint64_t moves = moves_after.moves - moves_before.moves;
   r.seconds_per_move = moves == 0 ? 0
                                   : static_cast<double>(moves_after.ns - moves_before.ns) * 1e-9 /

@@ -91,6 +91,10 @@ struct TrainStepRun {
   // Mean host time per move during the step (MoveStats::ns / moves): for NVMe reads the read
   // itself, so a slow swap file shows here; 0 when nothing moved.
   double seconds_per_move = 0;
+  // The same for the moves into the GPU tier (fetches) and out of it (write-backs): a write-back
+  // to NVMe is a synchronous write, so a policy that fetches less has a higher mean per move.
+  double seconds_per_fetch = 0;
+  double seconds_per_write_back = 0;
   std::vector<double> all_step_seconds;  // every measured step, in order
 };
 

@@ -60,15 +60,16 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
         << ")";
   }
   out << "\n\n";
-  out << absl::StrFormat("%-10s %9s %7s %8s %8s %11s %11s %8s %6s %6s %7s %5s %6s %6s\n", "policy",
-                         "step s", "ratio", "stall s", "idle s", "to gpu", "from gpu", "ms/move",
-                         "hits", "misses", "pf acc", "late", "wasted", "failed");
+  out << absl::StrFormat("%-10s %9s %7s %8s %8s %11s %11s %6s %6s %6s %6s %7s %5s %6s %6s\n",
+                         "policy", "step s", "ratio", "stall s", "idle s", "to gpu", "from gpu",
+                         "ms/in", "ms/out", "hits", "misses", "pf acc", "late", "wasted", "failed");
   for (const TrainStepRun& r : report.runs) {
     out << absl::StrFormat(
-        "%-10s %9.4f %7.3f %8.4f %8.4f %11s %11s %8.2f %6d %6d %7s %5d %6d %6d\n", r.policy,
+        "%-10s %9.4f %7.3f %8.4f %8.4f %11s %11s %6.2f %6.2f %6d %6d %7s %5d %6d %6d\n", r.policy,
         r.step_seconds, r.ratio_to_bound, r.stall_seconds,
         std::max(0.0, r.step_seconds - r.compute_seconds), format_bytes(r.bytes_to_gpu),
-        format_bytes(r.bytes_from_gpu), r.seconds_per_move * 1e3, r.hits, r.misses,
+        format_bytes(r.bytes_from_gpu), r.seconds_per_fetch * 1e3, r.seconds_per_write_back * 1e3,
+        r.hits, r.misses,
         r.prefetches_issued == 0 ? std::string("-") : absl::StrFormat("%.3f", r.prefetch_accuracy),
         r.prefetches_late, r.prefetches_wasted, r.prefetches_failed);
   }
@@ -78,8 +79,10 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
          "fetches into the arena per step; link = the slower of H2D and the NVMe read; stall = "
          "host time acquires waited; idle = step - the simulated compute's own time (the compute "
          "stream without work); to gpu / from gpu = bytes the step moved into the GPU tier "
-         "(fetches, prefetches) and out of it (write-backs of evicted written copies); ms/move = "
-         "mean host time per move (for NVMe the read itself).\n";
+         "(fetches, prefetches) and out of it (write-backs of evicted written copies); ms/in, "
+         "ms/out = "
+         "mean host time per move into and out of the GPU tier (for NVMe the read or the write "
+         "itself).\n";
 }
 
 std::string train_step_json(const TrainStepReport& report) {
@@ -95,12 +98,14 @@ std::string train_step_json(const TrainStepReport& report) {
         R"("misses": %d, "prefetches_issued": %d, )"
         R"("prefetches_used": %d, "prefetches_late": %d, "prefetches_wasted": %d, )"
         R"("prefetches_failed": %d, "prefetch_accuracy": %s, "compute_seconds": %s, )"
-        R"("seconds_per_move": %s, "all_step_seconds": [%s]})",
+        R"("seconds_per_move": %s, "seconds_per_fetch": %s, "seconds_per_write_back": %s, )"
+        R"("all_step_seconds": [%s]})",
         r.policy, seconds_json(r.step_seconds), ratio_json(r.ratio_to_bound),
         seconds_json(r.stall_seconds), r.bytes_moved, r.bytes_to_gpu, r.bytes_from_gpu, r.hits,
         r.misses, r.prefetches_issued, r.prefetches_used, r.prefetches_late, r.prefetches_wasted,
         r.prefetches_failed, ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds),
-        seconds_json(r.seconds_per_move), absl::StrJoin(all, ", ")));
+        seconds_json(r.seconds_per_move), seconds_json(r.seconds_per_fetch),
+        seconds_json(r.seconds_per_write_back), absl::StrJoin(all, ", ")));
   }
   return absl::StrFormat(
       R"({"bound_seconds": %s, "compute_seconds": %s, "transfer_bytes": %d, )"
