@@ -10,6 +10,7 @@
 #include <limits>
 #include <utility>
 
+#include "strata/base/log.h"
 #include "strata/debug.h"
 
 namespace strata {
@@ -222,7 +223,10 @@ void AccessSchedule::on_late(Access access) {
     entry = s.cursor;  // reported just before its on_acquire
   }
   if (entry) {
-    s.lead[*entry] = s.grown(s.lead[*entry]);
+    const uint32_t before = s.lead[*entry];
+    s.lead[*entry] = s.grown(before);
+    STRATA_LOG(kDebug, "schedule: late arrival of tensor %d (%s) at entry %d: lead %d -> %d",
+               access.tensor, to_string(access.tier), *entry, before, s.lead[*entry]);
     s.leads[LeadKey{access_key(access), s.occurrence[*entry]}] = s.lead[*entry];
     return;
   }
@@ -243,6 +247,22 @@ std::vector<DueAccess> AccessSchedule::due(size_t max) const {
   for (size_t d = 1; d <= horizon && result.size() < max; ++d) {
     const size_t i = (s.cursor + d - 1) % n;
     if (d <= s.lead[i]) result.push_back(DueAccess{s.trace[i], s.position + d - 1, d});
+  }
+  return result;
+}
+
+std::vector<DueAccess> AccessSchedule::due_in_order(size_t max) const {
+  const State& s = *state_;
+  std::vector<DueAccess> result;
+  const size_t n = s.trace.size();
+  if (n == 0 || max == 0) return result;
+  const size_t horizon = std::min(n, s.lead_horizon());
+  size_t furthest = 0;  // distance of the furthest due entry
+  for (size_t d = 1; d <= horizon; ++d) {
+    if (d <= s.lead[(s.cursor + d - 1) % n]) furthest = d;
+  }
+  for (size_t d = 1; d <= furthest && result.size() < max; ++d) {
+    result.push_back(DueAccess{s.trace[(s.cursor + d - 1) % n], s.position + d - 1, d});
   }
   return result;
 }

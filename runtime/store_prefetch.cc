@@ -4,6 +4,7 @@
 // them in order. A worker makes each copy resident, evicting only copies whose next use comes
 // later than the prefetched access's (Belady-consistent), so prefetching is bounded by bytes:
 // when the next due tensor does not fit, it and everything after it wait for a later round.
+#include "strata/base/log.h"
 #include "tensor_store_impl.h"
 
 namespace strata {
@@ -30,7 +31,7 @@ void Impl::stop_workers() {
 
 void Impl::plan_prefetches() {
   if (!schedule.has_trace()) return;
-  for (const DueAccess& due : schedule.due(64)) {
+  for (const DueAccess& due : schedule.due_in_order(64)) {
     const TensorId id = due.access.tensor;
     if (id >= tensors.size() || !tensors[id]->live) continue;
     const Tensor& t = *tensors[id];
@@ -39,7 +40,8 @@ void Impl::plan_prefetches() {
     const uint64_t k = key(id, due.access.tier);
     if (!queued.insert(k).second) continue;
     prefetch_queue.emplace_back(TensorHandle{id, t.generation}, due.access.tier);
-    prefetch_limit[k] = due.distance;
+    // The absolute position: by the time a worker takes it, the trainer may have moved on.
+    prefetch_limit[k] = due.position;
   }
   if (!prefetch_queue.empty()) prefetch_work.SignalAll();
 }
@@ -53,10 +55,14 @@ void Impl::run_worker() {
     prefetch_queue.pop_front();
     const uint64_t k = key(handle.index, tier);
     queued.erase(k);
+    // Planned prefetches may only displace copies needed after the access they serve: its
+    // distance now (1: the next acquire), not when it was planned.
     std::optional<uint64_t> beyond;
     if (auto it = prefetch_limit.find(k); it != prefetch_limit.end()) {
-      beyond = it->second;
+      const uint64_t position = it->second;
       prefetch_limit.erase(it);
+      if (position < schedule.position()) continue;  // its acquire came first: not a prefetch
+      beyond = position - schedule.position() + 1;
     }
     auto found = live(handle);
     if (!found.ok()) continue;
@@ -65,6 +71,8 @@ void Impl::run_worker() {
     if ((c.present && c.valid) || c.moving) continue;
     ++t.operations;
     ++counters.prefetches_issued;
+    STRATA_LOG(kDebug, "prefetch: issued %s -> %s, %s", t.name, to_string(tier),
+               beyond ? absl::StrFormat("%d acquire(s) ahead", *beyond) : "explicit");
     c.prefetching = true;  // an acquire that arrives now is late
     bool waited = false;
     const absl::Status status = make_resident(t, tier, beyond, &waited);
@@ -75,6 +83,9 @@ void Impl::run_worker() {
     } else {
       t.copies[tier_index(tier)].prefetching = false;
       ++counters.prefetches_failed;
+      STRATA_LOG(kDebug, "prefetch: skipped %s -> %s: %s", t.name, to_string(tier),
+                 absl::IsResourceExhausted(status) ? "no room without evicting a copy needed sooner"
+                                                   : std::string(status.message()));
       if (absl::IsResourceExhausted(status)) {
         // Later accesses would not fit either: drop the rest of this round's plan.
         for (const auto& [h, k_tier] : prefetch_queue) {

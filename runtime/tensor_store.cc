@@ -507,6 +507,11 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   } else {
     ++s.counters.misses;
   }
+  // A prefetch that was issued but has not landed on the device (stream-ordered H2D): the
+  // caller's stream will wait for it, so it is late as well.
+  for (size_t i = 0; c.prefetched && !late && i < c.busy.size(); ++i) {
+    late = !s.device.query(*c.busy[i]).value_or(true);
+  }
   if (c.prefetched) {
     ++s.counters.prefetches_used;
     c.prefetched = false;

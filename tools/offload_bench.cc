@@ -238,26 +238,45 @@ int run(int argc, const char* const* argv) {
                  "(docs/train-step.md); optimizer: the CPU optimizer step against the "
                  "memory-bandwidth floor (docs/bench.md)");
   TrainStepOptions train;
+  std::string policies_text = absl::StrJoin(train.policies, ",");
   // Only meaningful with --workload=train-step; checked below.
   const std::vector<cli::Flag*> train_flags = {
-      &flags.add_uint64("layers", &train.layers, "train-step: layers (one parameter tensor each)"),
+      &flags.add_uint64("layers", &train.layers,
+                        "train-step: layers (a weight, an activation and a gradient each)"),
       &flags.add_size("layer-bytes", &train.layer_bytes,
-                      "train-step: bytes per layer (a multiple of 4KiB)"),
+                      "train-step: bytes of each layer's weight and of its gradient (a multiple of "
+                      "4KiB)"),
+      &flags.add_size("activation-bytes", &train.activation_bytes,
+                      "train-step: bytes of each layer's saved activation, written in forward and "
+                      "read in backward (a multiple of 4KiB; 0: none)"),
       &flags.add_double("compute-ms", &train.compute_ms,
-                        "train-step: simulated compute per layer and pass, in milliseconds"),
+                        "train-step: simulated compute per layer of forward and of backward, in "
+                        "milliseconds"),
+      &flags.add_bool("optimizer", &train.optimizer,
+                      "train-step: after backward, the optimizer pass over the layers in forward "
+                      "order (gradient read, weight updated); --optimizer=off: forward and "
+                      "backward only, no gradients (a palindrome: LRU evicts as Belady does)"),
+      &flags.add_double("optimizer-ms", &train.optimizer_ms,
+                        "train-step: simulated compute per layer of the optimizer pass, in "
+                        "milliseconds"),
       &flags.add_uint64("arena-layers", &train.arena_layers,
-                        "train-step: layers the GPU arena holds"),
+                        "train-step: layers (all of a layer's tensors) the GPU arena holds"),
       &flags.add_enum("home", &train.home, {"nvme", "cpu"},
                       "train-step: the layers' home tier (nvme uses STRATA_NVME_PATHS or a "
                       "temporary directory, as the NVMe paths do)"),
       &flags.add_double("link-gbps", &train.link_gbps,
-                        "train-step: HostDevice H2D/D2H throttle in GB/s, PCIe Gen4 x16-like by "
-                        "default; 0 = unthrottled; ignored on CUDA"),
+                        "train-step: HostDevice H2D/D2H throttle in GB/s (below PCIe, so the link "
+                        "limits the step); 0 = unthrottled; ignored on CUDA"),
       &flags.add_uint64("steps", &train.steps,
                         "train-step: measured steps per policy, after one warm-up step"),
       &flags.add_bool("sync-each-layer", &train.sync_each_layer,
                       "train-step: the host waits for each layer's compute before the next "
-                      "acquire (no run-ahead: only prefetching hides transfers)"),
+                      "acquire (no run-ahead: only prefetching hides transfers); "
+                      "--sync-each-layer=off lets the host run ahead"),
+      &flags.add_string("policies", &policies_text,
+                        "train-step: comma-separated policies to run, in this order, each in a "
+                        "fresh runtime: belady (prefetch + Belady eviction), lru (prefetch + LRU), "
+                        "on-demand (no prefetch, Belady eviction)"),
   };
   OptimizerOptions optimizer;
   std::string params_text = "32M";  // OptimizerOptions::params
@@ -311,6 +330,7 @@ int run(int argc, const char* const* argv) {
                                  " applies to --workload=swap, not train-step");
       }
     }
+    train.policies = absl::StrSplit(policies_text, ',');
     if (auto error = validate(train)) return flags.usage_error(*error);
     return run_train_step_workload(train, options.json);
   }

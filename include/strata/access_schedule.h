@@ -96,6 +96,12 @@ class AccessSchedule {
   // (wrapping into the next step). Empty without a trace. An entry stays due until it is
   // acquired: the caller skips what is already resident or in flight.
   std::vector<DueAccess> due(size_t max) const;
+  // due(), closed under "needed sooner": every access up to the furthest due one, in order, at
+  // most `max`. A copy link serves copies in the order they are issued, so a prefetch due early
+  // (a large tensor with a long lead) issued ahead of nearer accesses would delay them: they
+  // would arrive late behind it however long their own leads grew. Issued in this order, a late
+  // arrival's longer lead pulls the accesses before it forward too.
+  std::vector<DueAccess> due_in_order(size_t max) const;
 
   // Positions from now until `tensor` is next acquired (in any tier), wrapping into the next
   // step: 1 for the next expected access, at most the trace length. nullopt when the trace never

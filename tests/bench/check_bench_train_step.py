@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Runs offload-bench --workload=train-step (small: 6 layers of 1 MiB, an arena of 2) with
---json=- in a fresh TMPDIR and checks the document: it parses, keeps the top-level fields, has
-train_step.bound_seconds > 0 and one run per policy (belady, lru, on-demand) with every field,
-and the NVMe temporary directory is gone afterwards. No timing assertions: the machine may be
-busy."""
+"""Runs offload-bench --workload=train-step (small: 6 layers of a 1 MiB weight, a 256 KiB
+activation and a 1 MiB gradient, an arena of 2 layers, forward, backward and the optimizer pass)
+with --json=- in a fresh TMPDIR and checks the document: it parses, keeps the top-level fields,
+has train_step.bound_seconds > 0 and one run per policy (belady, lru, on-demand) with every
+field, the paging model's Belady fetches less than its LRU (the step is no palindrome), and the
+NVMe temporary directory is gone afterwards. Then --policies runs a subset in the order given.
+No timing assertions: the machine may be busy."""
 import os
 import sys
 import tempfile
@@ -11,14 +13,26 @@ import tempfile
 from bench_common import CONFIG_FIELDS, run_bench
 
 POLICIES = ["belady", "lru", "on-demand"]
-RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "stall_seconds", "bytes_moved", "hits",
+RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "stall_seconds", "bytes_moved",
+              "bytes_to_gpu", "bytes_from_gpu", "hits",
               "misses", "prefetches_issued", "prefetches_used", "prefetches_late",
               "prefetches_wasted", "prefetches_failed", "prefetch_accuracy", "compute_seconds",
-              "seconds_per_move", "all_step_seconds"}
+              "seconds_per_move", "seconds_per_fetch", "seconds_per_write_back",
+              "all_step_seconds"}
 BOUND_FIELDS = {"bound_seconds", "compute_seconds", "transfer_bytes", "transfer_seconds",
-                "link_gbps", "h2d_gbps", "nvme_read_gbps", "layers", "layer_bytes", "compute_ms",
-                "arena_layers", "home", "link_throttle_gbps", "steps", "sync_each_layer", "runs"}
-LAYERS, LAYER_BYTES, COMPUTE_MS, ARENA_LAYERS = 6, 1 << 20, 2, 2
+                "link_gbps", "h2d_gbps", "nvme_read_gbps", "layers", "layer_bytes",
+                "activation_bytes", "compute_ms", "optimizer", "optimizer_ms", "arena_layers",
+                "arena_bytes", "home", "link_throttle_gbps", "steps", "sync_each_layer", "model",
+                "runs"}
+MODEL_FIELDS = {"misses", "fetched_bytes", "written_back_bytes"}
+LAYERS, LAYER_BYTES, ACTIVATION_BYTES, COMPUTE_MS, OPTIMIZER_MS, ARENA_LAYERS = (
+    6, 1 << 20, 256 << 10, 2, 1, 2)
+# Acquires per step: forward (weight, activation), backward (activation, weight, gradient),
+# optimizer (gradient, weight).
+ACQUIRES = LAYERS * (2 + 3 + 2)
+ARGS = ["--workload=train-step", f"--layers={LAYERS}", "--layer-bytes=1MiB",
+        "--activation-bytes=256KiB", f"--compute-ms={COMPUTE_MS}", f"--optimizer-ms={OPTIMIZER_MS}",
+        f"--arena-layers={ARENA_LAYERS}", "--steps=1"]
 
 
 def main() -> int:
@@ -26,9 +40,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="offload-bench-train-") as tmpdir:
         env = dict(os.environ, TMPDIR=tmpdir)
         env.pop("STRATA_NVME_PATHS", None)
-        doc = run_bench(bench, ["--workload=train-step", f"--layers={LAYERS}", "--layer-bytes=1MiB",
-                                f"--compute-ms={COMPUTE_MS}", f"--arena-layers={ARENA_LAYERS}",
-                                "--steps=1"], env)
+        doc = run_bench(bench, ARGS, env)
         left = os.listdir(tmpdir)
         assert not left, f"offload-bench left {left} in TMPDIR={tmpdir}"
 
@@ -45,10 +57,24 @@ def main() -> int:
     assert not missing, f"train_step fields missing: {missing}"
     assert ts["bound_seconds"] > 0, ts
     assert ts["layers"] == LAYERS and ts["layer_bytes"] == LAYER_BYTES, ts
+    assert ts["activation_bytes"] == ACTIVATION_BYTES, ts
     assert ts["arena_layers"] == ARENA_LAYERS and ts["home"] == "nvme" and ts["steps"] == 1, ts
-    # The bound's parts as documented: compute 2*L*c, transfer 2*(L-A)*S over the slower link.
-    assert abs(ts["compute_seconds"] - 2 * LAYERS * COMPUTE_MS / 1000) < 1e-6, ts
-    assert ts["transfer_bytes"] == 2 * (LAYERS - ARENA_LAYERS) * LAYER_BYTES, ts
+    assert ts["optimizer"] is True and ts["optimizer_ms"] == OPTIMIZER_MS, ts
+    # The bound's parts as documented: compute L*(2c + o), transfer the model's Belady fetches
+    # over the slower link.
+    assert abs(ts["compute_seconds"] - LAYERS * (2 * COMPUTE_MS + OPTIMIZER_MS) / 1000) < 1e-6, ts
+    layer = LAYER_BYTES + ACTIVATION_BYTES + LAYER_BYTES
+    assert ARENA_LAYERS * layer <= ts["arena_bytes"] < (ARENA_LAYERS + 1) * layer, ts
+    model = ts["model"]
+    for policy in ("belady", "lru"):
+        missing = MODEL_FIELDS - model[policy].keys()
+        assert not missing, f"model {policy}: fields missing: {missing}"
+    assert ts["transfer_bytes"] == model["belady"]["fetched_bytes"], ts
+    # The reason the policies differ, deterministic: the optimizer pass ends at the last layer
+    # and the next forward starts at the first (a cyclic scan), so LRU evicts the weights the
+    # forward needs first while Belady keeps some of them.
+    assert model["belady"]["misses"] < model["lru"]["misses"], model
+    assert model["belady"]["fetched_bytes"] < model["lru"]["fetched_bytes"], model
     assert ts["h2d_gbps"] > 0 and ts["nvme_read_gbps"] > 0, ts
     assert ts["link_gbps"] <= min(ts["h2d_gbps"], ts["nvme_read_gbps"]) + 1e-4, ts
     assert ts["bound_seconds"] >= max(ts["compute_seconds"], ts["transfer_seconds"]) - 1e-6, ts
@@ -60,10 +86,18 @@ def main() -> int:
         assert run["step_seconds"] > 0, run
         assert run["ratio_to_bound"] > 0, run
         assert run["stall_seconds"] >= 0 and run["bytes_moved"] >= 0, run
-        assert run["hits"] + run["misses"] == 2 * LAYERS, f"one acquire per layer and pass: {run}"
+        # One acquire per tensor (weight and activation) and pass.
+        assert run["bytes_to_gpu"] + run["bytes_from_gpu"] <= run["bytes_moved"], run
+        assert run["hits"] + run["misses"] == ACQUIRES, f"one acquire per tensor and pass: {run}"
         assert len(run["all_step_seconds"]) == 1, run
     on_demand = ts["runs"][2]
     assert on_demand["prefetches_issued"] == 0, f"on-demand prefetched: {on_demand}"
+
+    # --policies: a subset, in the order given; the CPU home, no NVMe directory.
+    doc = run_bench(bench, ARGS + ["--home=cpu", "--policies=lru,belady"], os.environ)
+    got = [r["policy"] for r in doc["train_step"]["runs"]]
+    assert got == ["lru", "belady"], got
+    assert doc["train_step"]["nvme_read_gbps"] is None, doc["train_step"]
     print("offload-bench train-step JSON ok: bound", ts["bound_seconds"], "s;",
           ", ".join(f"{r['policy']} {r['step_seconds']} s ({r['ratio_to_bound']}x)"
                     for r in ts["runs"]))

@@ -322,6 +322,64 @@ TEST_CASE("A late arrival makes that entry due earlier next step", "[schedule]")
   }
 }
 
+TEST_CASE("due_in_order: every access before a due one is due too, in order", "[schedule]") {
+  AccessSchedule schedule({.initial_lead = 2, .late_growth = 2});
+  schedule.set_order(gpu_order({1, 2, 3, 4, 5, 6, 7, 8}));
+  // Same as due() while the leads are equal.
+  CHECK(schedule.due_in_order(100).size() == 2);
+  acquire_all(schedule, gpu_order({1, 2, 3, 4, 5}));
+  schedule.on_late(gpu(5));  // lead 2 -> 4
+  schedule.on_late(gpu(5));  // 4 -> 8
+  acquire_all(schedule, gpu_order({6, 7, 8}));
+  // At the step's start 5 is five away: due() lists it out of order, after 1 and 2 only; a link
+  // serving copies in issue order would then deliver 5 before 3 and 4, which are needed sooner.
+  CHECK(due_tensors(schedule) == Tensors{1, 2, 5});
+  std::vector<TensorId> in_order;
+  for (const DueAccess& d : schedule.due_in_order(100)) in_order.push_back(d.access.tensor);
+  CHECK(in_order == Tensors{1, 2, 3, 4, 5});
+  const std::vector<DueAccess> due = schedule.due_in_order(100);
+  for (size_t i = 0; i < due.size(); ++i) {
+    CHECK(due[i].distance == i + 1);
+    CHECK(due[i].position == schedule.position() + i);
+  }
+  // Capped at max, nearest first; empty without a trace or for max 0.
+  CHECK(schedule.due_in_order(3).size() == 3);
+  CHECK(schedule.due_in_order(0).empty());
+  CHECK(AccessSchedule().due_in_order(8).empty());
+  // After 5, the next step's 5 is eight away: due again, with the seven accesses before it.
+  acquire_all(schedule, gpu_order({1, 2, 3, 4, 5}));
+  CHECK(due_tensors(schedule) == Tensors{6, 7, 5});
+  CHECK(schedule.due_in_order(100).size() == 8);
+  acquire_all(schedule, gpu_order({6}));  // 5 is seven away: still due, in order
+  CHECK(schedule.due_in_order(100).back().access == gpu(5));
+}
+
+TEST_CASE("Repeated late arrivals make an access due a whole step ahead, then stop growing",
+          "[schedule]") {
+  // The feedback loop as the store drives it: each step the same access is late until its lead
+  // covers it; the lead doubles per late step and is capped by max_lead.
+  AccessSchedule schedule({.initial_lead = 2, .late_growth = 2, .max_lead = 8});
+  const std::vector<Access> order = gpu_order({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  schedule.set_order(order);
+  std::vector<size_t> first_due;  // at which position of the step 12 first became due
+  for (int step = 0; step < 5; ++step) {
+    schedule.step_begin();
+    std::optional<size_t> when;
+    for (size_t i = 0; i < order.size(); ++i) {
+      for (const DueAccess& d : schedule.due_in_order(100)) {
+        if (d.access == gpu(12) && !when) when = i;
+      }
+      schedule.on_acquire(order[i]);
+      if (order[i] == gpu(12)) schedule.on_late(gpu(12));
+    }
+    schedule.step_end();
+    first_due.push_back(when.value_or(99));
+  }
+  // Lead 2, 4, 8, then capped at 8: due 2, 4, 8, 8, 8 acquires before its own.
+  CHECK(first_due == std::vector<size_t>{10, 8, 4, 4, 4});
+  CHECK(schedule.stats().late == 5);
+}
+
 TEST_CASE("Belady: the victim is the candidate used furthest in the future", "[schedule]") {
   // A B C A D B
   AccessSchedule schedule;

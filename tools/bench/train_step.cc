@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <span>
 #include <thread>
 #include <utility>
 
@@ -29,6 +30,13 @@ struct Policy {
 constexpr Policy kPolicies[] = {
     {"belady", true, true}, {"lru", true, false}, {"on-demand", false, true}};
 
+const Policy* find_policy(std::string_view name) {
+  for (const Policy& p : kPolicies) {
+    if (name == p.name) return &p;
+  }
+  return nullptr;
+}
+
 constexpr uint64_t kGpuAlignment = 256;  // MemoryTier::create_gpu_arena's default granularity
 constexpr uint64_t kMaxBounce = uint64_t{64} << 20;
 constexpr int kProbeRepeats = 5;
@@ -49,10 +57,23 @@ uint64_t usable_arena(uint64_t bytes) {
   return bytes < bounce ? 0 : (bytes - bounce) / kGpuAlignment * kGpuAlignment;
 }
 
+// A layer's tensors: its weight, its saved activation (--activation-bytes > 0) and its gradient
+// (--optimizer).
+uint64_t layer_gpu_footprint(const TrainStepOptions& o) {
+  uint64_t bytes = 0;
+  for (LayerTensor kind : layer_tensors(o)) bytes += gpu_footprint(tensor_bytes(o, kind));
+  return bytes;
+}
+uint64_t layer_cpu_footprint(const TrainStepOptions& o) {
+  uint64_t bytes = 0;
+  for (LayerTensor kind : layer_tensors(o)) bytes += cpu_footprint(tensor_bytes(o, kind));
+  return bytes;
+}
+
 // The smallest STRATA_GPU_BYTES whose arena holds `layers` layers: any more and a further layer
 // could fit, which would quietly make the arena larger than the flag says.
-uint64_t gpu_bytes_for(uint64_t layers, uint64_t layer_bytes) {
-  const uint64_t payload = layers * gpu_footprint(layer_bytes);
+uint64_t gpu_bytes_for(uint64_t layers, const TrainStepOptions& o) {
+  const uint64_t payload = layers * layer_gpu_footprint(o);
   uint64_t bytes = std::max(payload, 2 * kGpuAlignment);
   while (usable_arena(bytes) < payload) bytes += round_up(payload - usable_arena(bytes), 256);
   return bytes;
@@ -64,7 +85,9 @@ uint64_t nvme_bytes_for(const TrainStepOptions& o, uint64_t stripe, uint64_t pat
     const uint64_t units = (bytes + stripe - 1) / stripe;
     return (units + paths - 1) / paths * stripe;
   };
-  return o.layers * per_path(o.layer_bytes) + per_path(kProbeLayers * o.layer_bytes) + 2 * stripe;
+  uint64_t layer = 0;
+  for (LayerTensor kind : layer_tensors(o)) layer += per_path(tensor_bytes(o, kind));
+  return o.layers * layer + per_path(kProbeLayers * o.layer_bytes) + 2 * stripe;
 }
 
 double median(std::vector<double> values) {
@@ -148,7 +171,8 @@ absl::StatusOr<double> probe_nvme_read(MemoryTier& cpu, SwapSpace& swap, uint64_
   return result;
 }
 
-// Writes every layer once, makes its home copy the only one, so that each policy's warm-up
+// Writes every layer's tensors once (layer-major, each layer's in layer_tensors() order, as
+// step_plan() indexes them), makes each home copy the only one, so that each policy's warm-up
 // step starts from the same cold state: nothing on the GPU (and, for home=nvme, nothing in the
 // CPU tier either, or the store would fetch from there instead of from NVMe).
 absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& o, Runtime& runtime,
@@ -156,18 +180,32 @@ absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& 
   TensorStore& store = runtime.store();
   const TierKind home = o.home == "cpu" ? TierKind::kCpu : TierKind::kNvme;
   std::vector<TensorHandle> layers;
-  for (uint64_t i = 0; i < o.layers; ++i) {
-    auto handle = store.create(absl::StrFormat("layer.%d.weight", i), o.layer_bytes, home);
+  auto add = [&](std::string name, uint64_t bytes, uint32_t seed) -> absl::Status {
+    auto handle = store.create(std::move(name), bytes, home);
     if (!handle.ok()) return handle.status();
     auto data = store.acquire(*handle, TierKind::kCpu, stream, AccessMode::kWrite);
     if (!data.ok()) return data.status();
-    fill_pattern(static_cast<std::byte*>(*data), o.layer_bytes, /*seed=*/i);
+    fill_pattern(static_cast<std::byte*>(*data), bytes, seed);
     if (auto status = store.release(*handle, stream); !status.ok()) return status;
-    // One layer at a time: the CPU tier only holds staging and a layer for home=nvme.
+    // One tensor at a time: the CPU tier only holds staging and a layer for home=nvme.
     if (home == TierKind::kNvme) {
       if (auto status = store.evict(*handle, TierKind::kCpu); !status.ok()) return status;
     }
     layers.push_back(*handle);
+    return absl::OkStatus();
+  };
+  const std::vector<LayerTensor> kinds = layer_tensors(o);
+  for (uint64_t i = 0; i < o.layers; ++i) {
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      static constexpr const char* kNames[] = {"weight", "activation", "gradient"};
+      const char* name = kNames[static_cast<int>(kinds[k])];
+      const auto seed = static_cast<uint32_t>(i * kinds.size() + k);
+      if (auto status =
+              add(absl::StrFormat("layer.%d.%s", i, name), tensor_bytes(o, kinds[k]), seed);
+          !status.ok()) {
+        return status;
+      }
+    }
   }
   if (auto status = store.flush(); !status.ok()) return status;
   for (const TensorHandle& layer : layers) {
@@ -194,25 +232,40 @@ struct StepCounters {
   double compute_seconds = 0;
 };
 
-// One training step: forward 0..L-1, backward L-1..0, each layer acquired on the GPU, used by
-// the simulated compute on `stream`, released; then waits for the stream.
+// One training step as step_plan() lays it out: for each layer of each pass, its tensors acquired
+// on the GPU (read or write), the layer's simulated compute launched on `stream`, the tensors
+// released, and (--sync-each-layer) the host waiting for the compute; then waits for the stream.
 absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
-                      const std::vector<TensorHandle>& layers, absl::Duration compute,
-                      bool sync_each_layer, const std::shared_ptr<std::atomic<int64_t>>& spent_ns) {
-  auto use = [&](TensorHandle layer) -> absl::Status {
-    auto data = store.acquire(layer, TierKind::kGpu, stream, AccessMode::kRead);
-    if (!data.ok()) return data.status();
-    absl::Status launched = device.launch_host_callback(
-        stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
-    absl::Status released = store.release(layer, stream);
-    if (!launched.ok()) return launched;
-    if (!released.ok() || !sync_each_layer) return released;
+                      const std::vector<TensorHandle>& tensors,
+                      const std::vector<PlannedLayer>& plan, bool sync_each_layer,
+                      const std::shared_ptr<std::atomic<int64_t>>& spent_ns) {
+  auto use = [&](const PlannedLayer& layer) -> absl::Status {
+    size_t acquired = 0;
+    absl::Status status;
+    for (const PlannedAccess& a : layer.accesses) {
+      auto data = store.acquire(tensors[a.tensor], TierKind::kGpu, stream,
+                                a.write ? AccessMode::kWrite : AccessMode::kRead);
+      if (!data.ok()) {
+        status = data.status();
+        break;
+      }
+      ++acquired;
+    }
+    if (status.ok()) {
+      const absl::Duration compute = absl::Microseconds(layer.compute_ms * 1000);
+      status = device.launch_host_callback(
+          stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
+    }
+    for (size_t i = 0; i < acquired; ++i) {
+      absl::Status released = store.release(tensors[layer.accesses[i].tensor], stream);
+      if (!released.ok() && status.ok()) status = released;
+    }
+    if (!status.ok() || !sync_each_layer) return status;
     return device.synchronize(stream);
   };
   store.step_begin();
   absl::Status status;
-  for (size_t i = 0; i < layers.size() && status.ok(); ++i) status = use(layers[i]);
-  for (size_t i = layers.size(); i > 0 && status.ok(); --i) status = use(layers[i - 1]);
+  for (size_t i = 0; i < plan.size() && status.ok(); ++i) status = use(plan[i]);
   store.step_end();
   absl::Status synced = device.synchronize(stream);
   return status.ok() ? synced : status;
@@ -241,6 +294,21 @@ TrainStepRun make_run(const char* policy, double seconds, const StepCounters& c)
   const MoveStats moves_after = all_moves(a);
   const MoveStats moves_before = all_moves(b);
   r.bytes_moved = moves_after.bytes - moves_before.bytes;
+  const auto gpu = static_cast<size_t>(TierKind::kGpu);
+  uint64_t in_moves = 0, in_ns = 0, out_moves = 0, out_ns = 0;
+  for (size_t other = 0; other < a.moves.size(); ++other) {
+    r.bytes_to_gpu += a.moves[other][gpu].bytes - b.moves[other][gpu].bytes;
+    r.bytes_from_gpu += a.moves[gpu][other].bytes - b.moves[gpu][other].bytes;
+    in_moves += a.moves[other][gpu].moves - b.moves[other][gpu].moves;
+    in_ns += a.moves[other][gpu].ns - b.moves[other][gpu].ns;
+    out_moves += a.moves[gpu][other].moves - b.moves[gpu][other].moves;
+    out_ns += a.moves[gpu][other].ns - b.moves[gpu][other].ns;
+  }
+  auto mean = [](uint64_t ns, uint64_t n) {
+    return n == 0 ? 0.0 : static_cast<double>(ns) * 1e-9 / static_cast<double>(n);
+  };
+  r.seconds_per_fetch = mean(in_ns, in_moves);
+  r.seconds_per_write_back = mean(out_ns, out_moves);
   const uint64_t moves = moves_after.moves - moves_before.moves;
   r.seconds_per_move = moves == 0 ? 0
                                   : static_cast<double>(moves_after.ns - moves_before.ns) * 1e-9 /
@@ -262,11 +330,11 @@ TrainStepRun make_run(const char* policy, double seconds, const StepCounters& c)
 Config sized_config(const TrainStepOptions& o, const Config& base,
                     const std::vector<std::string>& nvme_paths) {
   Config c = base;
-  c.gpu_bytes = SizeSetting::of_bytes(gpu_bytes_for(o.arena_layers, o.layer_bytes));
+  c.gpu_bytes = SizeSetting::of_bytes(gpu_bytes_for(o.arena_layers, o));
   if (o.home == "cpu") {
     // Every layer's home copy; no NVMe tier, so no staging either.
     c.nvme_paths.clear();
-    c.cpu_bytes = SizeSetting::of_bytes(o.layers * cpu_footprint(o.layer_bytes) + 2 * kPage);
+    c.cpu_bytes = SizeSetting::of_bytes(o.layers * layer_cpu_footprint(o) + 2 * kPage);
   } else {
     c.nvme_paths = nvme_paths;
     c.nvme_bytes = SizeSetting::of_bytes(nvme_bytes_for(o, c.io_block, nvme_paths.size()));
@@ -286,8 +354,27 @@ std::optional<std::string> validate(const TrainStepOptions& o) {
     return "--layer-bytes: must be a positive multiple of 4KiB (NVMe I/O is O_DIRECT), not " +
            std::to_string(o.layer_bytes);
   }
+  if (o.activation_bytes % kPage != 0) {
+    return "--activation-bytes: must be a multiple of 4KiB (0: no activations), not " +
+           std::to_string(o.activation_bytes);
+  }
   if (!(o.compute_ms >= 0) || o.compute_ms > 60'000) {
     return "--compute-ms: must be between 0 and 60000, not " + std::to_string(o.compute_ms);
+  }
+  if (!(o.optimizer_ms >= 0) || o.optimizer_ms > 60'000) {
+    return "--optimizer-ms: must be between 0 and 60000, not " + std::to_string(o.optimizer_ms);
+  }
+  if (o.policies.empty()) return "--policies: name at least one of belady, lru, on-demand";
+  for (size_t i = 0; i < o.policies.size(); ++i) {
+    if (find_policy(o.policies[i]) == nullptr) {
+      return "--policies: unknown policy '" + o.policies[i] +
+             "' (choose from belady, lru, on-demand, comma-separated)";
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (o.policies[j] == o.policies[i]) {
+        return "--policies: '" + o.policies[i] + "' is named twice";
+      }
+    }
   }
   if (o.arena_layers == 0) return "--arena-layers: must be at least 1";
   if (o.home != "nvme" && o.home != "cpu") return "--home: must be nvme or cpu";
@@ -318,27 +405,55 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
   TrainStepReport report;
   report.options = o;
   const Config config = sized_config(o, base, nvme_paths);
-  const absl::Duration compute = absl::Microseconds(o.compute_ms * 1000);
-  report.bound.compute_seconds = 2.0 * static_cast<double>(o.layers) * o.compute_ms * 1e-3;
-  // The fewest bytes any policy must move per steady-state step: the arena keeps at most
-  // arena-layers layers across each of the two turns (forward -> backward, and backward -> the
-  // next step's forward); every other acquire must bring its layer in. Belady's optimal paging
-  // reaches exactly this on a forward/backward sweep.
-  report.bound.transfer_bytes = 2 * (o.layers - std::min(o.layers, o.arena_layers)) * o.layer_bytes;
+  const std::vector<PlannedLayer> plan = step_plan(o);
+  double compute_ms = 0;
+  for (const PlannedLayer& layer : plan) compute_ms += layer.compute_ms;
+  report.bound.compute_seconds = compute_ms * 1e-3;
+  // What must move: the offline paging model of this very step in an arena of the configured
+  // size. Belady's MIN is the fewest fetches for tensors of one size; for these mixed sizes it is
+  // the standard reference, not a proof (docs/train-step.md). LRU's figure beside it is the
+  // reason the policies differ.
+  std::vector<uint64_t> footprint;
+  for (uint64_t i = 0; i < o.layers; ++i) {
+    for (LayerTensor kind : layer_tensors(o))
+      footprint.push_back(gpu_footprint(tensor_bytes(o, kind)));
+  }
+  report.bound.arena_bytes = usable_arena(gpu_bytes_for(o.arena_layers, o));
+  report.bound.belady = model_paging(plan, footprint, report.bound.arena_bytes, /*belady=*/true);
+  report.bound.lru = model_paging(plan, footprint, report.bound.arena_bytes, /*belady=*/false);
+  report.bound.transfer_bytes = report.bound.belady.fetched_bytes;
 
-  for (const Policy& policy : kPolicies) {
-    const bool first = report.runs.empty();
+  // Every policy's runtime is set up (layers written, warm-up step run) before any step is
+  // timed, and the measured steps then take turns: step s of each policy, then step s + 1. Run
+  // one policy after another, the first one's steps came right after the writes of the layers
+  // and the link probes, and on this VM's disk its NVMe reads were 2-3x slower
+  // (docs/bench.md); drift of any kind (disk, page cache, load from other processes) now falls on
+  // every policy alike.
+  struct PolicyRun {
+    const Policy* policy = nullptr;
+    std::unique_ptr<Runtime> runtime;
+    std::unique_ptr<Stream> stream;  // after the runtime: destroyed before its device
+    std::vector<TensorHandle> layers;
+    std::shared_ptr<std::atomic<int64_t>> spent_ns = std::make_shared<std::atomic<int64_t>>(0);
+    std::vector<std::pair<double, StepCounters>> steps;
+  };
+  std::vector<PolicyRun> runs;
+  for (const std::string& name : o.policies) {
+    PolicyRun& run = runs.emplace_back();
+    run.policy = find_policy(name);
+    const bool first = runs.size() == 1;
     auto loaded = load_configuration(config);
     if (!loaded.ok()) return loaded.status();
     RuntimeOptions runtime_options;
-    runtime_options.store.prefetch = policy.prefetch;
-    runtime_options.store.belady = policy.belady;
+    runtime_options.store.prefetch = run.policy->prefetch;
+    runtime_options.store.belady = run.policy->belady;
     auto device = make_train_step_device(o, loaded->first);
     if (!device.ok()) return device.status();
     runtime_options.device = *std::move(device);
     auto runtime = Runtime::create(config, std::move(runtime_options));
     if (!runtime.ok()) return with_context(runtime.status(), "creating the runtime");
-    Runtime& rt = **runtime;
+    run.runtime = *std::move(runtime);
+    Runtime& rt = *run.runtime;
     Device& dev = rt.device();
     if (first) {
       report.config = rt.config();
@@ -363,42 +478,50 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
         report.bound.link_bytes_per_second = std::min(*h2d, *read);
       }
     }
-    // Declared after the runtime: destroyed before the device it came from.
     auto stream = dev.create_stream();
     if (!stream.ok()) return stream.status();
-    auto layers = create_layers(o, rt, **stream);
+    run.stream = *std::move(stream);
+    auto layers = create_layers(o, rt, *run.stream);
     if (!layers.ok()) return with_context(layers.status(), "writing the layers");
-    auto spent_ns = std::make_shared<std::atomic<int64_t>>(0);
+    run.layers = *std::move(layers);
     human << absl::StrFormat("train-step: %s: warm-up step (records the access trace)\n",
-                             policy.name);
+                             run.policy->name);
     human.flush();
-    if (auto status =
-            run_step(rt.store(), dev, **stream, *layers, compute, o.sync_each_layer, spent_ns);
+    if (auto status = run_step(rt.store(), dev, *run.stream, run.layers, plan, o.sync_each_layer,
+                               run.spent_ns);
         !status.ok()) {
       return with_context(status, "warm-up step");
     }
-    std::vector<std::pair<double, StepCounters>> steps;
-    for (uint64_t s = 0; s < o.steps; ++s) {
+  }
+  human << absl::StrFormat(
+      "train-step: %d measured step(s) per policy, the policies taking turns\n", o.steps);
+  human.flush();
+  for (uint64_t s = 0; s < o.steps; ++s) {
+    for (PolicyRun& run : runs) {
+      TensorStore& store = run.runtime->store();
       StepCounters counters;
-      counters.before = rt.store().stats();
-      spent_ns->store(0);
+      counters.before = store.stats();
+      run.spent_ns->store(0);
       const absl::Time start = absl::Now();
-      if (auto status =
-              run_step(rt.store(), dev, **stream, *layers, compute, o.sync_each_layer, spent_ns);
+      if (auto status = run_step(store, run.runtime->device(), *run.stream, run.layers, plan,
+                                 o.sync_each_layer, run.spent_ns);
           !status.ok()) {
-        return with_context(status, "measured step");
+        return with_context(status, absl::StrFormat("measured step (%s)", run.policy->name));
       }
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-      counters.after = rt.store().stats();
-      counters.compute_seconds = static_cast<double>(spent_ns->load()) * 1e-9;
-      steps.emplace_back(seconds, counters);
+      counters.after = store.stats();
+      counters.compute_seconds = static_cast<double>(run.spent_ns->load()) * 1e-9;
+      run.steps.emplace_back(seconds, counters);
     }
+  }
+  for (PolicyRun& policy_run : runs) {
+    std::vector<std::pair<double, StepCounters>>& steps = policy_run.steps;
     std::vector<double> all;
     for (const auto& step : steps) all.push_back(step.first);
     std::sort(steps.begin(), steps.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
     const auto& [seconds, counters] = steps[(steps.size() - 1) / 2];
-    TrainStepRun run = make_run(policy.name, seconds, counters);
+    TrainStepRun run = make_run(policy_run.policy->name, seconds, counters);
     run.all_step_seconds = std::move(all);
     const double bound = report.bound.seconds();
     run.ratio_to_bound = bound > 0 ? run.step_seconds / bound : 0;

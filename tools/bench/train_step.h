@@ -1,10 +1,12 @@
 // offload-bench --workload=train-step: a synthetic transformer training step through the
 // TensorStore, timed against the overlap bound, once per policy.
 //
-// L layers of S-byte parameters homed on NVMe or in the pinned CPU tier; a step acquires them on
-// the GPU in order 0..L-1 (forward) then L-1..0 (backward), with a simulated compute time per
-// layer enqueued on the compute stream, and a GPU arena that holds only a few layers. Each policy
-// (prefetch + Belady, prefetch + LRU, on-demand) runs in a fresh Runtime. See docs/train-step.md.
+// L layers, each an S-byte weight, a smaller saved activation and an S-byte gradient, homed on
+// NVMe or in the pinned CPU tier; a step acquires them on the GPU in the order of a training step
+// (bench/train_step_plan.h: forward 0..L-1, backward L-1..0, the optimizer pass 0..L-1), with a
+// simulated compute time per layer and pass enqueued on the compute stream, and a GPU arena that
+// holds only a fraction of the layers. Each policy (prefetch + Belady, prefetch + LRU,
+// on-demand) runs in a fresh Runtime. See docs/train-step.md.
 #pragma once
 
 #include <absl/status/statusor.h>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/train_step_plan.h"
 #include "strata/config.h"
 #include "strata/device.h"
 
@@ -23,16 +26,29 @@ namespace strata::bench {
 
 struct TrainStepOptions {
   uint64_t layers = 16;
-  uint64_t layer_bytes = uint64_t{8} << 20;
-  double compute_ms = 4;  // per layer and pass (forward and backward each)
-  uint64_t arena_layers = 4;
+  uint64_t layer_bytes = uint64_t{8} << 20;       // each layer's weight
+  uint64_t activation_bytes = uint64_t{2} << 20;  // each layer's saved activation (0: none)
+  double compute_ms = 4;                          // per layer and pass (forward and backward each)
+  uint64_t arena_layers = 4;  // layers (weight + activation) the GPU arena holds
   std::string home = "nvme";  // "nvme" or "cpu"
-  double link_gbps = 16;      // HostDevice H2D and D2H throttle, 1e9 bytes/s; 0: unthrottled
-  uint64_t steps = 3;         // measured steps per policy, after one warm-up step
+  // HostDevice H2D and D2H throttle, 1e9 bytes/s; 0: unthrottled. Slower than PCIe so that the
+  // link, not this machine's memcpy, limits the step and the policies differ.
+  double link_gbps = 3;
+  uint64_t steps = 5;  // measured steps per policy, after one warm-up step
+  // The optimizer pass after backward: the gradient written in backward and the weight, layer
+  // by layer in forward order, the weight updated (an optimizer step on the GPU's copies). It
+  // makes the step's reuse not a palindrome: the pass ends where the next forward does not
+  // begin, LRU's worst case. false: forward and backward only (no gradients).
+  bool optimizer = true;
+  double optimizer_ms = 1;  // simulated compute per layer of the optimizer pass
+  // The policies to run, in this order (each at most once): belady, lru, on-demand.
+  std::vector<std::string> policies = {"belady", "lru", "on-demand"};
   // The host waits for each layer's compute before acquiring the next, as a trainer that reads
   // a layer's results on the host does. Without it the host runs ahead of the compute stream by
   // up to arena-layers layers, and that run-ahead alone already fetches ahead of need.
-  bool sync_each_layer = false;
+  // On by default: with run-ahead, an on-demand fetch is issued as early as a prefetch could be
+  // and the policies cannot be told apart (docs/train-step.md).
+  bool sync_each_layer = true;
 };
 
 // A usage error in `options` (the message names the flag), or nullopt.
@@ -40,8 +56,12 @@ std::optional<std::string> validate(const TrainStepOptions& options);
 
 // What the step could at best take: compute and transfers fully overlapped.
 struct TrainStepBound {
-  double compute_seconds = 0;   // 2 * L * compute
-  uint64_t transfer_bytes = 0;  // bytes that must cross the slowest link per step
+  double compute_seconds = 0;   // L * (2 * compute + optimizer compute)
+  uint64_t transfer_bytes = 0;  // bytes that must cross the slowest link per step: the model's
+                                // Belady fetches
+  uint64_t arena_bytes = 0;     // the arena's room for blocks (the model's capacity)
+  PagingModel belady;           // the offline paging model of the step (train_step_plan.h)
+  PagingModel lru;
   double h2d_bytes_per_second = 0;
   std::optional<double> nvme_bytes_per_second;  // home=nvme only
   double link_bytes_per_second = 0;             // the slower of the two
@@ -55,8 +75,10 @@ struct TrainStepRun {
   // that step's, so a row is one consistent step.
   double step_seconds = 0;
   double ratio_to_bound = 0;
-  double stall_seconds = 0;  // StoreStats::stall_ns during the step
-  uint64_t bytes_moved = 0;  // every tier-to-tier move during the step
+  double stall_seconds = 0;     // StoreStats::stall_ns during the step
+  uint64_t bytes_moved = 0;     // every tier-to-tier move during the step
+  uint64_t bytes_to_gpu = 0;    // of which into the GPU tier (fetches and prefetches)
+  uint64_t bytes_from_gpu = 0;  // of which out of the GPU tier (write-backs of evicted copies)
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t prefetches_issued = 0;
@@ -69,6 +91,10 @@ struct TrainStepRun {
   // Mean host time per move during the step (MoveStats::ns / moves): for NVMe reads the read
   // itself, so a slow swap file shows here; 0 when nothing moved.
   double seconds_per_move = 0;
+  // The same for the moves into the GPU tier (fetches) and out of it (write-backs): a write-back
+  // to NVMe is a synchronous write, so a policy that fetches less has a higher mean per move.
+  double seconds_per_fetch = 0;
+  double seconds_per_write_back = 0;
   std::vector<double> all_step_seconds;  // every measured step, in order
 };
 

@@ -16,6 +16,16 @@ namespace {
 std::string seconds_json(double v) { return absl::StrFormat("%.6f", v); }
 std::string ratio_json(double v) { return absl::StrFormat("%.4f", v); }
 
+std::string model_json(const PagingModel& m) {
+  return absl::StrFormat(R"({"misses": %d, "fetched_bytes": %d, "written_back_bytes": %d})",
+                         m.misses, m.fetched_bytes, m.written_back_bytes);
+}
+
+std::string model_text(const char* policy, const PagingModel& m) {
+  return absl::StrFormat("%s %d misses, fetches %s, writes back %s", policy, m.misses,
+                         format_bytes(m.fetched_bytes), format_bytes(m.written_back_bytes));
+}
+
 std::string gbps(double bytes_per_second) {
   return absl::StrFormat("%.2f GB/s", bytes_per_second / 1e9);
 }
@@ -26,15 +36,21 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
   const TrainStepOptions& o = report.options;
   const TrainStepBound& b = report.bound;
   out << absl::StrFormat(
-      "\ntrain-step: %d layers x %s homed on %s, compute %.3f ms per layer and pass, GPU arena "
-      "of %d layers (STRATA_GPU_BYTES=%s), median of %d step(s) after 1 warm-up%s\n",
-      o.layers, format_bytes(o.layer_bytes), o.home, o.compute_ms, o.arena_layers,
-      format_bytes(report.config.gpu_bytes), o.steps,
+      "\ntrain-step: %d layers x (weight %s + activation %s%s) homed on %s, %s, compute %.3f ms "
+      "per layer of forward and backward%s, GPU arena of %d layers (STRATA_GPU_BYTES=%s), median "
+      "of %d step(s) after 1 warm-up%s\n",
+      o.layers, format_bytes(o.layer_bytes), format_bytes(o.activation_bytes),
+      o.optimizer ? " + gradient " + format_bytes(o.layer_bytes) : std::string(), o.home,
+      o.optimizer ? "forward, backward, optimizer" : "forward, backward", o.compute_ms,
+      o.optimizer ? absl::StrFormat(", %.3f ms of the optimizer", o.optimizer_ms) : std::string(),
+      o.arena_layers, format_bytes(report.config.gpu_bytes), o.steps,
       o.sync_each_layer ? ", host waits for each layer's compute" : "");
-  out << absl::StrFormat(
-      "bound %.4f s = max(compute 2x%dx%.3f ms = %.4f s, transfer %s / %s = %.4f s)\n", b.seconds(),
-      o.layers, o.compute_ms, b.compute_seconds, format_bytes(b.transfer_bytes),
-      gbps(b.link_bytes_per_second), b.transfer_seconds());
+  out << absl::StrFormat("bound %.4f s = max(compute %.4f s, transfer %s / %s = %.4f s)\n",
+                         b.seconds(), b.compute_seconds, format_bytes(b.transfer_bytes),
+                         gbps(b.link_bytes_per_second), b.transfer_seconds());
+  out << "model of one step in " << format_bytes(b.arena_bytes)
+      << " (no prefetch): " << model_text("belady", b.belady) << "; " << model_text("lru", b.lru)
+      << "\n";
   out << "link: H2D " << gbps(b.h2d_bytes_per_second) << " measured";
   if (report.config.backend == Backend::kHost) {
     out << absl::StrFormat(" (throttle %.2f GB/s)", o.link_gbps);
@@ -44,28 +60,29 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
         << ")";
   }
   out << "\n\n";
-  out << absl::StrFormat("%-10s %9s %7s %8s %8s %11s %8s %6s %6s %7s %5s %6s %6s\n", "policy",
-                         "step s", "ratio", "stall s", "idle s", "moved", "ms/move", "hits",
-                         "misses", "pf acc", "late", "wasted", "failed");
+  out << absl::StrFormat("%-10s %9s %7s %8s %8s %11s %11s %6s %6s %6s %6s %7s %5s %6s %6s\n",
+                         "policy", "step s", "ratio", "stall s", "idle s", "to gpu", "from gpu",
+                         "ms/in", "ms/out", "hits", "misses", "pf acc", "late", "wasted", "failed");
   for (const TrainStepRun& r : report.runs) {
     out << absl::StrFormat(
-        "%-10s %9.4f %7.3f %8.4f %8.4f %11s %8.2f %6d %6d %7s %5d %6d %6d\n", r.policy,
+        "%-10s %9.4f %7.3f %8.4f %8.4f %11s %11s %6.2f %6.2f %6d %6d %7s %5d %6d %6d\n", r.policy,
         r.step_seconds, r.ratio_to_bound, r.stall_seconds,
-        std::max(0.0, r.step_seconds - r.compute_seconds), format_bytes(r.bytes_moved),
-        r.seconds_per_move * 1e3, r.hits, r.misses,
+        std::max(0.0, r.step_seconds - r.compute_seconds), format_bytes(r.bytes_to_gpu),
+        format_bytes(r.bytes_from_gpu), r.seconds_per_fetch * 1e3, r.seconds_per_write_back * 1e3,
+        r.hits, r.misses,
         r.prefetches_issued == 0 ? std::string("-") : absl::StrFormat("%.3f", r.prefetch_accuracy),
         r.prefetches_late, r.prefetches_wasted, r.prefetches_failed);
   }
   out << "\n";
   for (const std::string& note : report.notes) out << note << "\n";
-  out << "ratio = step / bound; transfer = 2 x (layers - arena layers) x layer bytes (the arena "
-         "keeps at most that many layers across each turn); link = the slower of H2D and the "
-         "NVMe read; stall = host time acquires waited (the host runs ahead of the compute stream, "
-         "so this includes waiting for compute to free arena room); ms/move = mean host time per "
-         "move (for NVMe the read itself); idle = step - the simulated "
-         "compute's own time (the compute stream without work); moved = bytes of every "
-         "tier-to-tier "
-         "move during the step.\n";
+  out << "ratio = step / bound; transfer = the bytes Belady's offline paging (the model line) "
+         "fetches into the arena per step; link = the slower of H2D and the NVMe read; stall = "
+         "host time acquires waited; idle = step - the simulated compute's own time (the compute "
+         "stream without work); to gpu / from gpu = bytes the step moved into the GPU tier "
+         "(fetches, prefetches) and out of it (write-backs of evicted written copies); ms/in, "
+         "ms/out = "
+         "mean host time per move into and out of the GPU tier (for NVMe the read or the write "
+         "itself).\n";
 }
 
 std::string train_step_json(const TrainStepReport& report) {
@@ -77,28 +94,35 @@ std::string train_step_json(const TrainStepReport& report) {
     for (double s : r.all_step_seconds) all.push_back(seconds_json(s));
     runs.push_back(absl::StrFormat(
         R"({"policy": "%s", "step_seconds": %s, "ratio_to_bound": %s, "stall_seconds": %s, )"
-        R"("bytes_moved": %d, "hits": %d, "misses": %d, "prefetches_issued": %d, )"
+        R"("bytes_moved": %d, "bytes_to_gpu": %d, "bytes_from_gpu": %d, "hits": %d, )"
+        R"("misses": %d, "prefetches_issued": %d, )"
         R"("prefetches_used": %d, "prefetches_late": %d, "prefetches_wasted": %d, )"
         R"("prefetches_failed": %d, "prefetch_accuracy": %s, "compute_seconds": %s, )"
-        R"("seconds_per_move": %s, "all_step_seconds": [%s]})",
+        R"("seconds_per_move": %s, "seconds_per_fetch": %s, "seconds_per_write_back": %s, )"
+        R"("all_step_seconds": [%s]})",
         r.policy, seconds_json(r.step_seconds), ratio_json(r.ratio_to_bound),
-        seconds_json(r.stall_seconds), r.bytes_moved, r.hits, r.misses, r.prefetches_issued,
-        r.prefetches_used, r.prefetches_late, r.prefetches_wasted, r.prefetches_failed,
-        ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds),
-        seconds_json(r.seconds_per_move), absl::StrJoin(all, ", ")));
+        seconds_json(r.stall_seconds), r.bytes_moved, r.bytes_to_gpu, r.bytes_from_gpu, r.hits,
+        r.misses, r.prefetches_issued, r.prefetches_used, r.prefetches_late, r.prefetches_wasted,
+        r.prefetches_failed, ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds),
+        seconds_json(r.seconds_per_move), seconds_json(r.seconds_per_fetch),
+        seconds_json(r.seconds_per_write_back), absl::StrJoin(all, ", ")));
   }
   return absl::StrFormat(
       R"({"bound_seconds": %s, "compute_seconds": %s, "transfer_bytes": %d, )"
       R"("transfer_seconds": %s, "link_gbps": %s, "h2d_gbps": %s, "nvme_read_gbps": %s, )"
-      R"("layers": %d, "layer_bytes": %d, "compute_ms": %s, "arena_layers": %d, "home": "%s", )"
-      R"("link_throttle_gbps": %s, "steps": %d, "sync_each_layer": %s, "runs": [%s]})",
+      R"("layers": %d, "layer_bytes": %d, "activation_bytes": %d, "compute_ms": %s, )"
+      R"("optimizer": %s, "optimizer_ms": %s, "arena_layers": %d, "arena_bytes": %d, )"
+      R"("home": "%s", "link_throttle_gbps": %s, "steps": %d, "sync_each_layer": %s, )"
+      R"("model": {"belady": %s, "lru": %s}, "runs": [%s]})",
       seconds_json(b.seconds()), seconds_json(b.compute_seconds), b.transfer_bytes,
       seconds_json(b.transfer_seconds()), ratio_json(b.link_bytes_per_second / 1e9),
       ratio_json(b.h2d_bytes_per_second / 1e9),
       b.nvme_bytes_per_second.has_value() ? ratio_json(*b.nvme_bytes_per_second / 1e9) : "null",
-      o.layers, o.layer_bytes, ratio_json(o.compute_ms), o.arena_layers, o.home,
-      report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : "null", o.steps,
-      o.sync_each_layer ? "true" : "false", absl::StrJoin(runs, ", "));
+      o.layers, o.layer_bytes, o.activation_bytes, ratio_json(o.compute_ms),
+      o.optimizer ? "true" : "false", ratio_json(o.optimizer_ms), o.arena_layers, b.arena_bytes,
+      o.home, report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : "null", o.steps,
+      o.sync_each_layer ? "true" : "false", model_json(b.belady), model_json(b.lru),
+      absl::StrJoin(runs, ", "));
 }
 
 }  // namespace strata::bench
