@@ -162,9 +162,29 @@ struct Shared {
     gates.push_back(std::move(gate));
   }
 
+  // Host streams' native handles: ids from 16 up, so they never read as DLPack's special stream
+  // values (-1, 0, 1, 2) or as null.
+  uint64_t add_queue(const std::shared_ptr<StreamQueue>& queue) {
+    MutexLock lock(&mu);
+    const uint64_t id = next_stream_id++;
+    queues.emplace(id, queue);
+    return id;
+  }
+  void remove_queue(uint64_t id) {
+    MutexLock lock(&mu);
+    queues.erase(id);
+  }
+  std::shared_ptr<StreamQueue> find_queue(uint64_t id) {
+    MutexLock lock(&mu);
+    auto it = queues.find(id);
+    return it == queues.end() ? nullptr : it->second.lock();
+  }
+
  private:
   absl::Mutex mu;
   std::vector<DeviceGate> gates ABSL_GUARDED_BY(mu);
+  uint64_t next_stream_id ABSL_GUARDED_BY(mu) = 16;
+  absl::btree_map<uint64_t, std::weak_ptr<StreamQueue>> queues ABSL_GUARDED_BY(mu);
 };
 
 struct EventState {
@@ -193,6 +213,7 @@ class StreamQueue {
       work_.SignalAll();
     }
     worker_.join();  // drains the queue first, as cudaStreamDestroy lets queued work finish
+    if (id != 0) owner->remove_queue(id);
   }
 
   void enqueue(Op op) {
@@ -224,6 +245,7 @@ class StreamQueue {
   }
 
   const std::shared_ptr<Shared> owner;  // keeps the links alive for queued copies
+  uint64_t id = 0;                      // the native handle; set once, by create_stream
 
  private:
   void run() {
@@ -254,7 +276,8 @@ class StreamQueue {
   std::thread worker_;  // last: starts after every member it uses exists
 };
 
-// A Stream of the host device: a handle on a queue.
+// A Stream of the host device: a handle on a queue. The stream create_stream returns and every
+// wrapper wrap_external_stream makes for it share the queue; the queue lives while any does.
 class HostStream final : public Stream {
  public:
   explicit HostStream(std::shared_ptr<StreamQueue> q) : owner(q->owner), queue(std::move(q)) {}
@@ -349,7 +372,26 @@ class HostDevice final : public Device {
   }
 
   absl::StatusOr<std::unique_ptr<Stream>> create_stream() override {
-    return std::make_unique<HostStream>(std::make_shared<StreamQueue>(shared_));
+    auto queue = std::make_shared<StreamQueue>(shared_);
+    queue->id = shared_->add_queue(queue);
+    return std::make_unique<HostStream>(std::move(queue));
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> wrap_external_stream(uintptr_t native) override {
+    std::shared_ptr<StreamQueue> queue = shared_->find_queue(native);
+    if (queue == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "host device: no live stream has the handle %d; the host backend's streams are named "
+          "only by the native_handle() of a stream this device created (Python: Stream.handle)",
+          native));
+    }
+    return std::make_unique<HostStream>(std::move(queue));
+  }
+
+  absl::StatusOr<uintptr_t> native_handle(Stream& stream) override {
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    return host_stream->queue->id;
   }
 
   absl::StatusOr<std::unique_ptr<Event>> create_event() override {
