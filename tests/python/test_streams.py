@@ -137,3 +137,19 @@ def test_gates_are_a_host_backend_hook(rt):
     with pytest.raises(strata.InvalidArgumentError, match="another Runtime"):
         testing.hold(strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="8MiB"),
                      exempt=[s])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA torch and a GPU")
+def test_torch_side_stream_on_cuda():
+    # Never run here (torch 1.13 CPU, no GPU): tools/gpu-check.sh runs it on a GPU machine.
+    rt = strata.Runtime(backend="cuda", gpu_bytes="64MiB", cpu_bytes="64MiB")
+    t = rt.create("c", (1 << 20,), "float32", home="cpu")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = t.acquire("gpu", "w")
+        view = torch.from_dlpack(a)  # passes side.cuda_stream: side waits for the memory
+        view.fill_(3.0)
+        del view
+        a.release(stream=side)  # strata's next use waits for fill_ on `side`
+    with t.acquire("cpu", "r") as b:
+        assert torch.from_dlpack(b).eq(3.0).all()
