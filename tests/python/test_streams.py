@@ -4,6 +4,8 @@ A gate (strata._strata.testing.hold) holds device work issued while it is closed
 closes one, makes the call, checks that the call returned and that the work it ordered has not
 run, opens the gate and checks that the bytes arrived in order."""
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -106,9 +108,16 @@ def test_host_consumer_waits_at_dlpack_and_minus_one_does_not_wait(rt):
     a = t.acquire("gpu", "r")
     gate.wait_until_held(1)
     a.__dlpack__(stream=-1)  # no ordering asked: returns with the copy held
+    assert gate.held >= 1
     gate.open()
     np.testing.assert_array_equal(np.from_dlpack(a), pattern)  # stream=None: the host waited
     a.release()
+
+    b = t.acquire("gpu", "r")
+    b.synchronize()  # for code that reads `address` directly
+    raw = (ctypes.c_uint8 * N).from_address(b.address)
+    np.testing.assert_array_equal(np.frombuffer(raw, np.uint8), pattern)
+    b.release()
 
 
 def test_stream_arguments_are_checked(rt):
