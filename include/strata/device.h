@@ -110,6 +110,18 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<Stream>> create_stream() = 0;
   virtual absl::StatusOr<std::unique_ptr<Event>> create_event() = 0;
 
+  // Streams made outside strata (a framework's, a consumer's in the DLPack stream protocol).
+  //
+  // wrap_external_stream returns a Stream that refers to an existing queue without owning it:
+  // destroying the wrapper leaves the queue alone, and the queue must outlive the wrapper.
+  //   CudaDevice: `native` is a cudaStream_t of this device, including the special handles
+  //               0 (default stream), cudaStreamLegacy (1) and cudaStreamPerThread (2).
+  //   HostDevice: `native` is the native_handle() of a live stream this device created (host
+  //               streams have no other name); anything else is InvalidArgument.
+  // native_handle is the inverse: the cudaStream_t as an integer, or the host stream's id.
+  virtual absl::StatusOr<std::unique_ptr<Stream>> wrap_external_stream(uintptr_t native) = 0;
+  virtual absl::StatusOr<uintptr_t> native_handle(Stream& stream) = 0;
+
   // Enqueues a copy on `stream`. Device-to-device ranges must not overlap (as cudaMemcpyAsync).
   // Host memory must stay valid until the copy completes.
   virtual absl::Status copy_async(void* dst, const void* src, uint64_t bytes, CopyKind kind,

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "strata/device.h"
 
@@ -24,5 +25,43 @@ struct HostDeviceOptions {
 };
 
 absl::StatusOr<std::unique_ptr<Device>> make_host_device(HostDeviceOptions options = {});
+
+// ---- test hooks --------------------------------------------------------------------------
+//
+// A StreamGate holds device work until it opens: work issued on the streams it covers while it
+// is closed (copies, host callbacks, event records and waits) starts only after open(), in issue
+// order as always. Work issued before the gate closed is not held. Tests use it to show, without
+// timing, what a call does not wait for: hold, call, check the call returned and the work has
+// not run, open, check the work ran in order.
+//
+// Open the gate before destroying a stream it holds (destroying a stream lets its queued work
+// finish, and held work finishes only after the gate opens). Destroying the gate opens it.
+class StreamGate {
+ public:
+  struct State;
+  explicit StreamGate(std::shared_ptr<State> state);
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+  ~StreamGate();
+
+  void open();
+  bool is_open() const;
+  // Work that reached the closed gate and waits there now.
+  uint64_t held() const;
+  // Blocks until at least `count` pieces of work wait at the gate (they were issued and reached
+  // it), or the gate is open. A count, not a time: a test can wait for "the copy is held".
+  void wait_until_held(uint64_t count) const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Holds work issued on `stream` (and on any Stream wrapping the same queue). `device` must be a
+// host device and `stream` one of its streams.
+absl::StatusOr<std::unique_ptr<StreamGate>> hold_stream(Device& device, Stream& stream);
+// Holds work issued on every stream of `device`, streams created later included, except the
+// streams in `exempt` (e.g. a consumer's stream whose own waits a test wants to observe).
+absl::StatusOr<std::unique_ptr<StreamGate>> hold_device(Device& device,
+                                                        const std::vector<Stream*>& exempt = {});
 
 }  // namespace strata

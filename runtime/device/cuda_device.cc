@@ -54,12 +54,17 @@ absl::Status select(int ordinal) {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(int device, cudaStream_t stream) : ordinal(device), handle(stream) {}
+  // `owned`: strata created the stream and destroys it; wrapped external streams are not.
+  CudaStream(int device, cudaStream_t stream, bool owned)
+      : ordinal(device), handle(stream), owned_(owned) {}
   ~CudaStream() override {
-    if (select(ordinal).ok()) cudaStreamDestroy(handle);
+    if (owned_ && select(ordinal).ok()) cudaStreamDestroy(handle);
   }
   const int ordinal;
   const cudaStream_t handle;
+
+ private:
+  const bool owned_;
 };
 
 class CudaEvent final : public Event {
@@ -146,7 +151,20 @@ class CudaDevice final : public Device {
         !status.ok()) {
       return status;
     }
-    return std::make_unique<CudaStream>(ordinal_, stream);
+    return std::make_unique<CudaStream>(ordinal_, stream, /*owned=*/true);
+  }
+
+  // The handle is taken as given: CUDA checks it when it is used (cudaErrorInvalidResourceHandle
+  // becomes InvalidArgument). 0, cudaStreamLegacy and cudaStreamPerThread are valid handles.
+  absl::StatusOr<std::unique_ptr<Stream>> wrap_external_stream(uintptr_t native) override {
+    return std::make_unique<CudaStream>(ordinal_, reinterpret_cast<cudaStream_t>(native),
+                                        /*owned=*/false);
+  }
+
+  absl::StatusOr<uintptr_t> native_handle(Stream& stream) override {
+    auto* s = own(stream);
+    if (s == nullptr) return foreign("stream");
+    return reinterpret_cast<uintptr_t>(s->handle);
   }
 
   absl::StatusOr<std::unique_ptr<Event>> create_event() override {

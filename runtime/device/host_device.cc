@@ -5,10 +5,12 @@
 #include <absl/strings/str_format.h>
 #include <absl/time/clock.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <thread>
+#include <vector>
 
 #include "strata/mutex.h"
 #include "strata/size.h"
@@ -97,6 +99,40 @@ class Link {
   absl::Time free_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
+}  // namespace
+
+// A gate's state, shared by the gate and the work it holds.
+struct StreamGate::State {
+  mutable absl::Mutex mu;
+  mutable absl::CondVar changed;
+  bool open ABSL_GUARDED_BY(mu) = false;
+  uint64_t held ABSL_GUARDED_BY(mu) = 0;
+
+  bool is_open() const {
+    MutexLock lock(&mu);
+    return open;
+  }
+  // Runs on a stream's worker: waits until the gate opens.
+  void pass() {
+    MutexLock lock(&mu);
+    if (open) return;
+    ++held;
+    changed.SignalAll();
+    while (!open) wait(&changed, &mu);
+    --held;
+  }
+};
+
+namespace {
+
+class StreamQueue;
+
+// A device-wide gate and the queues it does not hold.
+struct DeviceGate {
+  std::shared_ptr<StreamGate::State> state;
+  std::vector<const StreamQueue*> exempt;
+};
+
 // State shared by the device and everything it made, so late work never touches a dead device.
 struct Shared {
   explicit Shared(const HostDeviceOptions& o)
@@ -108,6 +144,47 @@ struct Shared {
   RangeSet device_memory;
   RangeSet registered_host;
   Link h2d, d2h, d2d;
+
+  // The closed device-wide gates that hold work issued on `queue` now.
+  std::vector<std::shared_ptr<StreamGate::State>> device_gates_for(const StreamQueue* queue) {
+    MutexLock lock(&mu);
+    std::erase_if(gates, [](const DeviceGate& g) { return g.state->is_open(); });
+    std::vector<std::shared_ptr<StreamGate::State>> closed;
+    for (const DeviceGate& g : gates) {
+      if (std::find(g.exempt.begin(), g.exempt.end(), queue) == g.exempt.end()) {
+        closed.push_back(g.state);
+      }
+    }
+    return closed;
+  }
+  void add_gate(DeviceGate gate) {
+    MutexLock lock(&mu);
+    gates.push_back(std::move(gate));
+  }
+
+  // Host streams' native handles: ids from 16 up, so they never read as DLPack's special stream
+  // values (-1, 0, 1, 2) or as null.
+  uint64_t add_queue(const std::shared_ptr<StreamQueue>& queue) {
+    MutexLock lock(&mu);
+    const uint64_t id = next_stream_id++;
+    queues.emplace(id, queue);
+    return id;
+  }
+  void remove_queue(uint64_t id) {
+    MutexLock lock(&mu);
+    queues.erase(id);
+  }
+  std::shared_ptr<StreamQueue> find_queue(uint64_t id) {
+    MutexLock lock(&mu);
+    auto it = queues.find(id);
+    return it == queues.end() ? nullptr : it->second.lock();
+  }
+
+ private:
+  absl::Mutex mu;
+  std::vector<DeviceGate> gates ABSL_GUARDED_BY(mu);
+  uint64_t next_stream_id ABSL_GUARDED_BY(mu) = 16;
+  absl::btree_map<uint64_t, std::weak_ptr<StreamQueue>> queues ABSL_GUARDED_BY(mu);
 };
 
 struct EventState {
@@ -125,24 +202,40 @@ class HostEvent final : public Event {
 };
 
 // A FIFO of work executed by one worker thread, like a CUDA stream.
-class HostStream final : public Stream {
+class StreamQueue {
  public:
-  explicit HostStream(std::shared_ptr<Shared> shared)
+  explicit StreamQueue(std::shared_ptr<Shared> shared)
       : owner(std::move(shared)), worker_([this] { run(); }) {}
-  ~HostStream() override {
+  ~StreamQueue() {
     {
       MutexLock lock(&mu_);
       stopping_ = true;
       work_.SignalAll();
     }
     worker_.join();  // drains the queue first, as cudaStreamDestroy lets queued work finish
+    if (id != 0) owner->remove_queue(id);
   }
 
   void enqueue(Op op) {
+    // Closed gates hold this work: it passes each of them before it runs.
+    std::vector<std::shared_ptr<StreamGate::State>> gates = owner->device_gates_for(this);
     MutexLock lock(&mu_);
+    std::erase_if(gates_, [](const auto& g) { return g->is_open(); });
+    gates.insert(gates.end(), gates_.begin(), gates_.end());
+    if (!gates.empty()) {
+      op = [gates = std::move(gates), op = std::move(op)]() mutable {
+        for (const auto& gate : gates) gate->pass();
+        std::move(op)();
+      };
+    }
     queue_.push_back(std::move(op));
     ++submitted_;
     work_.Signal();
+  }
+
+  void add_gate(std::shared_ptr<StreamGate::State> gate) {
+    MutexLock lock(&mu_);
+    gates_.push_back(std::move(gate));
   }
 
   void drain() {
@@ -152,6 +245,7 @@ class HostStream final : public Stream {
   }
 
   const std::shared_ptr<Shared> owner;  // keeps the links alive for queued copies
+  uint64_t id = 0;                      // the native handle; set once, by create_stream
 
  private:
   void run() {
@@ -175,10 +269,22 @@ class HostStream final : public Stream {
   absl::CondVar work_;
   absl::CondVar idle_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<StreamGate::State>> gates_ ABSL_GUARDED_BY(mu_);
   uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread worker_;  // last: starts after every member it uses exists
+};
+
+// A Stream of the host device: a handle on a queue. The stream create_stream returns and every
+// wrapper wrap_external_stream makes for it share the queue; the queue lives while any does.
+class HostStream final : public Stream {
+ public:
+  explicit HostStream(std::shared_ptr<StreamQueue> q) : owner(q->owner), queue(std::move(q)) {}
+  void enqueue(Op op) { queue->enqueue(std::move(op)); }
+  void drain() { queue->drain(); }
+  const std::shared_ptr<Shared> owner;
+  const std::shared_ptr<StreamQueue> queue;
 };
 
 struct FreeDeleter {
@@ -266,7 +372,26 @@ class HostDevice final : public Device {
   }
 
   absl::StatusOr<std::unique_ptr<Stream>> create_stream() override {
-    return std::make_unique<HostStream>(shared_);
+    auto queue = std::make_shared<StreamQueue>(shared_);
+    queue->id = shared_->add_queue(queue);
+    return std::make_unique<HostStream>(std::move(queue));
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> wrap_external_stream(uintptr_t native) override {
+    std::shared_ptr<StreamQueue> queue = shared_->find_queue(native);
+    if (queue == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "host device: no live stream has the handle %d; the host backend's streams are named "
+          "only by the native_handle() of a stream this device created (Python: Stream.handle)",
+          native));
+    }
+    return std::make_unique<HostStream>(std::move(queue));
+  }
+
+  absl::StatusOr<uintptr_t> native_handle(Stream& stream) override {
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    return host_stream->queue->id;
   }
 
   absl::StatusOr<std::unique_ptr<Event>> create_event() override {
@@ -381,7 +506,7 @@ class HostDevice final : public Device {
     return absl::OkStatus();
   }
 
- private:
+ public:
   HostStream* own(Stream& stream) const {
     auto* s = dynamic_cast<HostStream*>(&stream);
     return s != nullptr && s->owner == shared_ ? s : nullptr;
@@ -397,6 +522,9 @@ class HostDevice final : public Device {
     if (host_stream == nullptr) return foreign("stream");
     return std::pair{host_event, host_stream};
   }
+  const std::shared_ptr<Shared>& shared() const { return shared_; }
+
+ private:
   static absl::Status foreign(std::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrFormat("the %s was not created by this host device", what));
@@ -421,7 +549,68 @@ class HostDevice final : public Device {
   std::shared_ptr<Shared> shared_;
 };
 
+absl::StatusOr<HostDevice*> host_device_of(Device& device, std::string_view what) {
+  auto* host = dynamic_cast<HostDevice*>(&device);
+  if (host == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is a test hook of the host backend; this device is %s", what, device.description()));
+  }
+  return host;
+}
+
 }  // namespace
+
+StreamGate::StreamGate(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+StreamGate::~StreamGate() { open(); }
+
+void StreamGate::open() {
+  MutexLock lock(&state_->mu);
+  state_->open = true;
+  state_->changed.SignalAll();
+}
+
+bool StreamGate::is_open() const { return state_->is_open(); }
+
+uint64_t StreamGate::held() const {
+  MutexLock lock(&state_->mu);
+  return state_->held;
+}
+
+void StreamGate::wait_until_held(uint64_t count) const {
+  MutexLock lock(&state_->mu);
+  while (!state_->open && state_->held < count) wait(&state_->changed, &state_->mu);
+}
+
+absl::StatusOr<std::unique_ptr<StreamGate>> hold_stream(Device& device, Stream& stream) {
+  auto host = host_device_of(device, "hold_stream");
+  if (!host.ok()) return host.status();
+  HostStream* host_stream = (*host)->own(stream);
+  if (host_stream == nullptr) {
+    return absl::InvalidArgumentError("hold_stream: the stream was not created by this device");
+  }
+  auto state = std::make_shared<StreamGate::State>();
+  host_stream->queue->add_gate(state);
+  return std::make_unique<StreamGate>(std::move(state));
+}
+
+absl::StatusOr<std::unique_ptr<StreamGate>> hold_device(Device& device,
+                                                        const std::vector<Stream*>& exempt) {
+  auto host = host_device_of(device, "hold_device");
+  if (!host.ok()) return host.status();
+  DeviceGate gate{std::make_shared<StreamGate::State>(), {}};
+  for (Stream* stream : exempt) {
+    HostStream* host_stream = stream == nullptr ? nullptr : (*host)->own(*stream);
+    if (host_stream == nullptr) {
+      return absl::InvalidArgumentError(
+          "hold_device: an exempt stream was not created by this device");
+    }
+    gate.exempt.push_back(host_stream->queue.get());
+  }
+  auto state = gate.state;
+  (*host)->shared()->add_gate(std::move(gate));
+  return std::make_unique<StreamGate>(std::move(state));
+}
 
 absl::StatusOr<std::unique_ptr<Device>> make_host_device(HostDeviceOptions options) {
   if (options.h2d_bytes_per_second < 0 || options.d2h_bytes_per_second < 0 ||

@@ -125,6 +125,76 @@ STRATA_BOTH_BACKENDS("A host callback runs after earlier work on its stream", "[
   CHECK(saw_data);
 }
 
+STRATA_BOTH_BACKENDS("A wrapped external stream waits on strata's event without owning the queue",
+                     "[device]") {
+  // The DLPack stream protocol: the consumer's stream (made outside strata, known by its native
+  // handle) waits for strata's event; the host does not block.
+  constexpr uint64_t kBytes = 4 << 20;
+  auto memory = device.allocate_device_memory(kBytes);
+  auto pinned = device.allocate_pinned(2 * kBytes, "test buffer");
+  auto producer = device.create_stream();
+  auto consumer_owner = device.create_stream();  // stands for the framework's stream
+  auto ready = device.create_event();
+  REQUIRE(memory.ok());
+  REQUIRE(pinned.ok());
+  REQUIRE(producer.ok());
+  REQUIRE(consumer_owner.ok());
+  REQUIRE(ready.ok());
+  auto native = device.native_handle(**consumer_owner);
+  REQUIRE(native.ok());
+  auto consumer = device.wrap_external_stream(*native);
+  REQUIRE(consumer.ok());
+  auto wrapped_native = device.native_handle(**consumer);
+  REQUIRE(wrapped_native.ok());
+  CHECK(*wrapped_native == *native);
+  auto* host = static_cast<std::byte*>((*pinned)->data());
+  const auto source = pattern(kBytes, 13);
+  std::memcpy(host, source.data(), kBytes);
+  std::memset(host + kBytes, 0, kBytes);
+
+  absl::Notification gate;
+  REQUIRE(device.launch_host_callback(**producer, [&gate] { gate.WaitForNotification(); }).ok());
+  REQUIRE(
+      device.copy_async((*memory)->data(), host, kBytes, CopyKind::kHostToDevice, **producer).ok());
+  REQUIRE(device.record(**ready, **producer).ok());
+  REQUIRE(device.wait(**consumer, **ready).ok());  // returns with the producer held
+  REQUIRE(
+      device
+          .copy_async(host + kBytes, (*memory)->data(), kBytes, CopyKind::kDeviceToHost, **consumer)
+          .ok());
+  consumer->reset();  // the wrapper goes; the queue and its work stay
+  CHECK_FALSE(*device.query(**ready));
+  gate.Notify();
+  REQUIRE(device.synchronize(**consumer_owner).ok());
+  CHECK(std::memcmp(host + kBytes, source.data(), kBytes) == 0);
+}
+
+TEST_CASE("CUDA wraps its default streams by their special handles", "[cuda]") {
+  auto device = testing::cuda_device_or_skip();
+  if (device == nullptr) return;
+  auto memory = device->allocate_device_memory(1 << 20);
+  auto pinned = device->allocate_pinned(2 << 20, "test buffer");
+  REQUIRE(memory.ok());
+  REQUIRE(pinned.ok());
+  auto* host = static_cast<std::byte*>((*pinned)->data());
+  std::memset(host, 0x3c, 1 << 20);
+  // 0: the default stream; 1: cudaStreamLegacy; 2: cudaStreamPerThread (DLPack's stream=1 / 2).
+  for (uintptr_t native : {uintptr_t{0}, uintptr_t{1}, uintptr_t{2}}) {
+    auto stream = device->wrap_external_stream(native);
+    REQUIRE(stream.ok());
+    CHECK(*device->native_handle(**stream) == native);
+    std::memset(host + (1 << 20), 0, 1 << 20);
+    REQUIRE(device->copy_async((*memory)->data(), host, 1 << 20, CopyKind::kHostToDevice, **stream)
+                .ok());
+    REQUIRE(device
+                ->copy_async(host + (1 << 20), (*memory)->data(), 1 << 20, CopyKind::kDeviceToHost,
+                             **stream)
+                .ok());
+    REQUIRE(device->synchronize(**stream).ok());
+    CHECK(host[(2 << 20) - 1] == std::byte{0x3c});
+  }
+}
+
 STRATA_BOTH_BACKENDS("Overlapping device-to-device copies are refused", "[device]") {
   auto memory = device.allocate_device_memory(1 << 20);
   auto stream = device.create_stream();

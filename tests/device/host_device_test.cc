@@ -186,6 +186,161 @@ TEST_CASE("Throttled copies take at least bytes / bandwidth", "[device]") {
   CHECK(absl::Now() - start >= absl::Seconds(16.0 * (1 << 20) / 1e9));
 }
 
+TEST_CASE("A stream gate holds work issued after it closed, in order, until it opens", "[device]") {
+  auto device = host_device();
+  auto memory = device->allocate_device_memory(1 << 20);
+  auto stream = device->create_stream();
+  auto other = device->create_stream();
+  auto event = device->create_event();
+  REQUIRE(memory.ok());
+  REQUIRE(stream.ok());
+  REQUIRE(other.ok());
+  REQUIRE(event.ok());
+  auto* base = static_cast<unsigned char*>((*memory)->data());
+  std::vector<unsigned char> first(4096, 1), second(4096, 2), out(4096, 0);
+
+  // Issued before the gate: not held.
+  REQUIRE(device->copy_async(base, first.data(), 4096, CopyKind::kHostToDevice, **stream).ok());
+  auto gate = hold_stream(*device, **stream);
+  REQUIRE(gate.ok());
+  REQUIRE(device->copy_async(base, second.data(), 4096, CopyKind::kHostToDevice, **stream).ok());
+  REQUIRE(device->copy_async(out.data(), base, 4096, CopyKind::kDeviceToHost, **stream).ok());
+  REQUIRE(device->record(**event, **stream).ok());
+  (*gate)->wait_until_held(1);  // the second copy reached the gate
+  CHECK((*gate)->held() == 1);  // the rest queue behind it, in order
+  CHECK_FALSE(*device->query(**event));
+  CHECK(base[0] == 1);  // the first copy ran
+  CHECK(out[0] == 0);
+
+  // Another stream is not held.
+  REQUIRE(
+      device->copy_async(base + 8192, first.data(), 4096, CopyKind::kHostToDevice, **other).ok());
+  REQUIRE(device->synchronize(**other).ok());
+  CHECK(base[8192] == 1);
+
+  (*gate)->open();
+  REQUIRE(device->synchronize(**stream).ok());
+  CHECK(*device->query(**event));
+  CHECK(out == second);  // the second copy, then the read-back
+  CHECK((*gate)->held() == 0);
+  // Work issued after the gate opened is not held.
+  REQUIRE(device->copy_async(base, first.data(), 4096, CopyKind::kHostToDevice, **stream).ok());
+  REQUIRE(device->synchronize(**stream).ok());
+  CHECK(base[0] == 1);
+}
+
+TEST_CASE("A device gate holds every stream but the exempt ones, new streams included",
+          "[device]") {
+  auto device = host_device();
+  auto memory = device->allocate_device_memory(1 << 20);
+  auto exempt = device->create_stream();
+  REQUIRE(memory.ok());
+  REQUIRE(exempt.ok());
+  auto* base = static_cast<unsigned char*>((*memory)->data());
+  std::vector<unsigned char> ones(4096, 1);
+  std::memset(base, 0, 8192);  // the host device's memory is host memory
+
+  auto gate = hold_device(*device, {exempt->get()});
+  REQUIRE(gate.ok());
+  auto later = device->create_stream();  // created while the gate is closed: held too
+  REQUIRE(later.ok());
+  REQUIRE(device->copy_async(base, ones.data(), 4096, CopyKind::kHostToDevice, **later).ok());
+  REQUIRE(
+      device->copy_async(base + 4096, ones.data(), 4096, CopyKind::kHostToDevice, **exempt).ok());
+  REQUIRE(device->synchronize(**exempt).ok());  // the exempt stream runs
+  CHECK(base[4096] == 1);
+  (*gate)->wait_until_held(1);
+  CHECK(base[0] == 0);
+  gate->reset();  // destroying the gate opens it
+  REQUIRE(device->synchronize(**later).ok());
+  CHECK(base[0] == 1);
+}
+
+TEST_CASE("Host streams are named by their native handle only while they live", "[device]") {
+  auto device = host_device();
+  auto memory = device->allocate_device_memory(1 << 20);
+  REQUIRE(memory.ok());
+  auto* base = static_cast<unsigned char*>((*memory)->data());
+  std::vector<unsigned char> ones(4096, 1), out(4096, 0);
+  uintptr_t native = 0;
+  {
+    auto stream = device->create_stream();
+    REQUIRE(stream.ok());
+    native = *device->native_handle(**stream);
+    CHECK(native > 2);  // never DLPack's special values -1, 0, 1, 2
+    auto wrapped = device->wrap_external_stream(native);
+    REQUIRE(wrapped.ok());
+    // One queue: work on the stream and on its wrapper runs in issue order.
+    auto gate = hold_stream(*device, **stream);
+    REQUIRE(gate.ok());
+    REQUIRE(device->copy_async(base, ones.data(), 4096, CopyKind::kHostToDevice, **stream).ok());
+    REQUIRE(device->copy_async(out.data(), base, 4096, CopyKind::kDeviceToHost, **wrapped).ok());
+    (*gate)->wait_until_held(1);
+    CHECK(out[0] == 0);  // the read-back on the wrapper is held too: it is the same queue
+    (*gate)->open();
+    REQUIRE(device->synchronize(**wrapped).ok());
+    CHECK(out == ones);
+    // A second stream gets another handle.
+    auto other = device->create_stream();
+    REQUIRE(other.ok());
+    CHECK(*device->native_handle(**other) != native);
+    CHECK(
+        absl::IsInvalidArgument(device->native_handle(**host_device()->create_stream()).status()));
+  }
+  // Stream and wrapper gone: the handle names nothing.
+  CHECK(absl::IsInvalidArgument(device->wrap_external_stream(native).status()));
+  CHECK(absl::IsInvalidArgument(device->wrap_external_stream(1).status()));
+}
+
+TEST_CASE("The consumer's stream waits on strata's event; the host does not (DLPack protocol)",
+          "[device]") {
+  // What the Python binding does at __dlpack__(stream=...): record strata's event after the
+  // copy, make the consumer's stream wait on it, return. A gate holds the copy, so the call
+  // demonstrably returns before the bytes arrive and the consumer reads them after.
+  auto device = host_device();
+  auto memory = device->allocate_device_memory(1 << 20);
+  auto strata_stream = device->create_stream();
+  auto consumer_stream = device->create_stream();
+  auto ready = device->create_event();
+  REQUIRE(memory.ok());
+  REQUIRE(strata_stream.ok());
+  REQUIRE(consumer_stream.ok());
+  REQUIRE(ready.ok());
+  auto* base = static_cast<unsigned char*>((*memory)->data());
+  std::memset(base, 0, 4096);
+  std::vector<unsigned char> bytes(4096), out(4096, 0);
+  std::iota(bytes.begin(), bytes.end(), 0);
+
+  auto gate = hold_device(*device, {consumer_stream->get()});
+  REQUIRE(gate.ok());
+  REQUIRE(
+      device->copy_async(base, bytes.data(), 4096, CopyKind::kHostToDevice, **strata_stream).ok());
+  REQUIRE(device->record(**ready, **strata_stream).ok());
+  auto consumer = device->wrap_external_stream(*device->native_handle(**consumer_stream));
+  REQUIRE(consumer.ok());
+  REQUIRE(device->wait(**consumer, **ready).ok());
+  REQUIRE(device->copy_async(out.data(), base, 4096, CopyKind::kDeviceToHost, **consumer).ok());
+  auto consumed = device->create_event();
+  REQUIRE(consumed.ok());
+  REQUIRE(device->record(**consumed, **consumer).ok());
+  (*gate)->wait_until_held(1);  // the copy is issued and held
+  CHECK_FALSE(*device->query(**consumed));
+  CHECK(out[1] == 0);
+  CHECK(base[1] == 0);
+  (*gate)->open();
+  REQUIRE(device->synchronize(**consumed).ok());
+  CHECK(out == bytes);
+}
+
+TEST_CASE("Stream gates are a host-device hook and check their stream", "[device]") {
+  auto device = host_device();
+  auto other = host_device();
+  auto foreign = other->create_stream();
+  REQUIRE(foreign.ok());
+  CHECK(absl::IsInvalidArgument(hold_stream(*device, **foreign).status()));
+  CHECK(absl::IsInvalidArgument(hold_device(*device, {foreign->get()}).status()));
+}
+
 TEST_CASE("Destroying a stream lets its queued work finish", "[device]") {
   auto device = host_device();
   auto memory = device->allocate_device_memory(1 << 20);

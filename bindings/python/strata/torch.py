@@ -25,6 +25,11 @@ How it works (docs/python.md has the details):
     optimizer's grad_ready(), so the gradient's trip to the CPU overlaps the rest of backward.
     p.grad is cleared when backward ends: the gradient lives in strata (use max_grad_norm for
     clipping rather than torch.nn.utils.clip_grad_norm_).
+  - Streams: torch.from_dlpack hands strata torch's current stream, which waits for the memory on
+    the device; releases name torch's current stream, where strata records the end of torch's
+    work. The host never waits for torch's kernels or strata's copies in the hooks (with the
+    host backend torch runs on the CPU, and a CPU consumer waits for strata's copy at
+    from_dlpack).
   - OffloadAdamW.step() runs strata's ZeRO-Offload step (fp32 master weights and moments in the
     CPU tier or on NVMe) and closes the scheduler's step: the first step records the access
     order and later steps prefetch along it; offload(order="module") gives the order up front.
@@ -57,10 +62,13 @@ def _dtype_name(dtype) -> str:
     return _DTYPES[dtype]
 
 
-def _synchronize(tensor) -> None:
-    # Work torch issued on its own stream must be done before strata reuses the memory.
+def _stream_of(tensor):
+    """The stream torch's work on `tensor` runs on, as release() takes it: strata records the
+    end of that work there and reuses the memory only after it; the host does not wait. None
+    for CPU tensors (the host backend): their work is done when the Python call returns."""
     if tensor.is_cuda:
-        torch.cuda.current_stream(tensor.device).synchronize()
+        return torch.cuda.current_stream(tensor.device)
+    return None
 
 
 class _Param:
@@ -204,10 +212,10 @@ class Offloaded(nn.Module):
 
     def _release_param(self, prm: _Param) -> None:
         acquisition = prm.acquisitions.pop()
+        stream = _stream_of(prm.param.data)
         if not prm.acquisitions:
-            _synchronize(prm.param.data)
             prm.param.data = prm.placeholder  # drops the DLPack view before the release
-        acquisition.release()
+        acquisition.release(stream=stream)
 
     def _pre_forward(self, leaf: _Leaf, inputs):
         for prm in leaf.params:
@@ -251,11 +259,15 @@ class Offloaded(nn.Module):
         if not self._backward_queued:
             self._backward_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
-        with prm.grad_tensor.acquire(self.tier, "w") as view:
-            dst = torch.from_dlpack(view)
+        acquisition = prm.grad_tensor.acquire(self.tier, "w")
+        stream = None
+        try:
+            dst = torch.from_dlpack(acquisition)  # torch's stream waits for the memory
+            stream = _stream_of(dst)
             dst.copy_(grad.detach().reshape(dst.shape))
-            _synchronize(dst)
             del dst
+        finally:
+            acquisition.release(stream=stream)  # grad_ready's copy waits for the copy_ above
         if self._optimizer is not None:
             self._optimizer._grad_ready(prm)
         return None

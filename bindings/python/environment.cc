@@ -1,0 +1,58 @@
+#include "environment.h"
+
+#include <pybind11/stl.h>
+
+#include <cctype>
+
+namespace py = pybind11;
+
+namespace strata::python {
+namespace {
+
+// os.environ rather than getenv: what Python code (and pytest's monkeypatch) sees.
+std::map<std::string, std::string> strata_environment() {
+  std::map<std::string, std::string> vars;
+  py::dict environ = py::module_::import("os").attr("environ").attr("copy")();
+  for (auto [key, value] : environ) {
+    const auto name = key.cast<std::string>();
+    if (name.starts_with("STRATA_")) vars[name] = value.cast<std::string>();
+  }
+  return vars;
+}
+
+// A keyword's value as the variable's text: True/False as on/off, lists of paths joined by ','.
+std::string override_text(const py::handle& value) {
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>() ? "on" : "off";
+  if (py::isinstance<py::str>(value)) return value.cast<std::string>();
+  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    std::string joined;
+    for (const py::handle item : value) {
+      if (!joined.empty()) joined += ",";
+      joined += py::str(py::module_::import("os").attr("fspath")(item)).cast<std::string>();
+    }
+    return joined;
+  }
+  if (py::hasattr(value, "__fspath__")) {
+    return py::str(py::module_::import("os").attr("fspath")(value)).cast<std::string>();
+  }
+  return py::str(value).cast<std::string>();
+}
+
+}  // namespace
+
+std::map<std::string, std::string> runtime_variables(const py::kwargs& overrides) {
+  std::map<std::string, std::string> vars = strata_environment();
+  for (auto [key, value] : overrides) {
+    std::string name = key.cast<std::string>();
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (!name.starts_with("STRATA_")) name = "STRATA_" + name;
+    if (value.is_none()) {
+      vars.erase(name);  // back to the default
+    } else {
+      vars[name] = override_text(value);
+    }
+  }
+  return vars;
+}
+
+}  // namespace strata::python

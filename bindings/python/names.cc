@@ -1,0 +1,85 @@
+#include "names.h"
+
+#include <pybind11/stl.h>
+
+#include <cctype>
+#include <map>
+
+#include "errors.h"
+
+namespace py = pybind11;
+
+namespace strata::python {
+namespace {
+
+std::string lower(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+}  // namespace
+
+TierKind parse_tier(const std::string& text, bool allow_nvme) {
+  const std::string t = lower(text);
+  if (t == "gpu" || t == "cuda" || t == "device") return TierKind::kGpu;
+  if (t == "cpu" || t == "host") return TierKind::kCpu;
+  if (allow_nvme && t == "nvme") return TierKind::kNvme;
+  raise(absl::StatusCode::kInvalidArgument,
+        "'" + text + "' is not a tier: use " + (allow_nvme ? "gpu, cpu or nvme" : "gpu or cpu"));
+}
+
+std::string tier_name(TierKind kind) { return std::string(to_string(kind)); }
+
+AccessMode parse_mode(const std::string& text) {
+  const std::string t = lower(text);
+  if (t == "r" || t == "read") return AccessMode::kRead;
+  if (t == "w" || t == "write" || t == "rw" || t == "r+" || t == "readwrite") {
+    return AccessMode::kWrite;
+  }
+  raise(absl::StatusCode::kInvalidArgument,
+        "'" + text + "' is not an access mode: use 'r' (read) or 'w' (write)");
+}
+
+const std::vector<DType>& dtypes() {
+  static const std::vector<DType> table = {
+      {"float32", {kDLFloat, 32, 1}, 4}, {"float64", {kDLFloat, 64, 1}, 8},
+      {"float16", {kDLFloat, 16, 1}, 2}, {"bfloat16", {kDLBfloat, 16, 1}, 2},
+      {"int8", {kDLInt, 8, 1}, 1},       {"int16", {kDLInt, 16, 1}, 2},
+      {"int32", {kDLInt, 32, 1}, 4},     {"int64", {kDLInt, 64, 1}, 8},
+      {"uint8", {kDLUInt, 8, 1}, 1},     {"bool", {kDLBool, 8, 1}, 1},
+  };
+  return table;
+}
+
+const DType& uint8_dtype() { return dtypes()[8]; }
+
+DType parse_dtype(const py::handle& object) {
+  std::string text;
+  if (py::isinstance<py::str>(object)) {
+    text = object.cast<std::string>();
+  } else if (py::hasattr(object, "is_floating_point")) {  // torch.dtype: "torch.float32"
+    text = py::str(object).cast<std::string>();
+  } else {  // numpy dtypes and scalar types
+    try {
+      text = py::module_::import("numpy").attr("dtype")(object).attr("name").cast<std::string>();
+    } catch (const py::error_already_set&) {
+      text = py::str(object).cast<std::string>();
+    }
+  }
+  std::string t = lower(text);
+  if (t.starts_with("torch.")) t = t.substr(6);
+  static const std::map<std::string, std::string> aliases = {
+      {"float", "float32"}, {"half", "float16"}, {"double", "float64"}, {"int", "int32"},
+      {"long", "int64"},    {"short", "int16"},  {"f4", "float32"},     {"f2", "float16"},
+      {"f8", "float64"},    {"bf16", "bfloat16"}};
+  if (auto it = aliases.find(t); it != aliases.end()) t = it->second;
+  for (const DType& d : dtypes()) {
+    if (d.name == t) return d;
+  }
+  raise(absl::StatusCode::kInvalidArgument,
+        "'" + text +
+            "' is not a dtype strata knows: use float32, float64, float16, bfloat16, int8, int16, "
+            "int32, int64, uint8 or bool");
+}
+
+}  // namespace strata::python

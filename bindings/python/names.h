@@ -1,0 +1,31 @@
+// Names Python uses for strata's enums: tiers, access modes and dtypes (torch's spellings, numpy
+// dtypes and torch.dtype objects accepted).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dlpack.h"
+#include "strata/tensor_store.h"
+#include "strata/tier.h"
+
+namespace strata::python {
+
+TierKind parse_tier(const std::string& text, bool allow_nvme);
+std::string tier_name(TierKind kind);
+AccessMode parse_mode(const std::string& text);
+
+struct DType {
+  std::string name;  // torch's spelling
+  DLDataType dl;
+  uint32_t itemsize;
+};
+
+const std::vector<DType>& dtypes();
+const DType& uint8_dtype();  // what find() reports for a tensor Python did not create
+DType parse_dtype(const pybind11::handle& object);
+
+}  // namespace strata::python

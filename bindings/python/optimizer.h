@@ -1,0 +1,30 @@
+// strata.OffloadOptimizer: ZeRO-Offload's optimizer over a Runtime's tensors.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime.h"
+#include "strata/offload_optimizer.h"
+
+namespace strata::python {
+
+class PyOptimizer {
+ public:
+  PyOptimizer(std::shared_ptr<PyRuntime> rt_, std::unique_ptr<OffloadOptimizer> opt_)
+      : rt(std::move(rt_)), opt(std::move(opt_)) {}
+  ~PyOptimizer() {
+    pybind11::gil_scoped_release unlocked;
+    opt.reset();
+  }
+  std::shared_ptr<PyRuntime> rt;  // outlives opt
+  std::unique_ptr<OffloadOptimizer> opt;
+  std::vector<uint64_t> counts;  // by ParamId
+};
+
+void bind_optimizer(pybind11::module_& m);
+
+}  // namespace strata::python

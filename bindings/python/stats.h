@@ -1,0 +1,16 @@
+// Stats and configuration as Python dicts.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include "strata/config.h"
+#include "strata/offload_optimizer.h"
+#include "strata/tensor_store.h"
+
+namespace strata::python {
+
+pybind11::dict store_stats(const StoreStats& s);
+pybind11::dict config_dict(const ResolvedConfig& c);
+pybind11::dict optimizer_stats(const OffloadOptimizerStats& s);
+
+}  // namespace strata::python
