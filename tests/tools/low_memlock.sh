@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # Runs a command with RLIMIT_MEMLOCK at 64 KiB and without CAP_IPC_LOCK (where setpriv can drop
 # it), so that a configuration with an NVMe tier has a warning on any machine: staging above the
 # memlock limit with io_uring, or the psync fallback without it.
