@@ -443,8 +443,8 @@ int run(int argc, const char* const* argv) {
   for (auto [file, text, flag, path] : {std::tuple{&json_file, &json, "json", &options.json},
                                         std::tuple{&csv_file, &csv, "csv", &options.csv}}) {
     if (*file != nullptr && !finish_output(*file, *text)) {
-      return cli::print_error("offload-bench", std::string("cannot write --") + flag + "=" +
-                                                   *path + ": " + std::strerror(errno));
+      return cli::print_error("offload-bench", std::string("cannot write --") + flag + "=" + *path +
+                                                   ": " + std::strerror(errno));
     }
   }
   if (svg_file != nullptr && !finish_output(svg_file, to_svg(report.rows, title))) {

@@ -46,13 +46,14 @@ void start_reaper(const char* dir) {
     for (const int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
       std::signal(signal_number, SIG_IGN);
     }
-    // Hold none of the bench's descriptors (a reader of its stdout must see EOF when it ends).
+    // Hold none of the bench's descriptors: not the pipe's write end (or EOF never comes), not
+    // its stdout or stderr (a reader of them must see EOF when the bench ends).
+    ::close(fds[1]);
     const int null_fd = ::open("/dev/null", O_RDWR);
     for (int fd = 0; fd < 3; ++fd) {
       if (null_fd >= 0) ::dup2(null_fd, fd);
     }
-    const int last = static_cast<int>(::sysconf(_SC_OPEN_MAX));
-    for (int fd = 3; fd < (last > 0 && last < 65536 ? last : 65536); ++fd) {
+    for (int fd = 3; fd < 1024; ++fd) {  // choose() runs first: few descriptors are open yet
       if (fd != fds[0]) ::close(fd);
     }
     char byte = 0;
