@@ -1,6 +1,7 @@
 #include "strata/runtime.h"
 
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
 
 #include "strata/backend.h"
 #include "strata/base/log.h"
@@ -24,13 +25,11 @@ void log_tiers(const ResolvedConfig& c) {
   if (!log::enabled(LogLevel::kInfo)) return;
   std::string nvme = "none";
   if (!c.nvme_paths.empty()) {
-    nvme = absl::StrFormat("%s on %d path%s (", format_bytes(c.nvme_bytes * c.nvme_paths.size()),
-                           c.nvme_paths.size(), c.nvme_paths.size() == 1 ? "" : "s");
-    for (size_t i = 0; i < c.nvme_paths.size(); ++i) {
-      nvme += (i == 0 ? "" : ",") + c.nvme_paths[i];
-    }
-    nvme += absl::StrFormat("), %s depth %u, block %s, staging %s", to_string(c.io_engine),
-                            c.io_depth, format_bytes(c.io_block), format_bytes(c.staging_bytes));
+    nvme = absl::StrFormat("%s on %d path%s (%s), %s depth %u, block %s, staging %s",
+                           format_bytes(c.nvme_bytes * c.nvme_paths.size()), c.nvme_paths.size(),
+                           c.nvme_paths.size() == 1 ? "" : "s", absl::StrJoin(c.nvme_paths, ","),
+                           to_string(c.io_engine), c.io_depth, format_bytes(c.io_block),
+                           format_bytes(c.staging_bytes));
   }
   STRATA_LOG(kInfo, "runtime: backend %s device %d (%s); GPU arena %s, pinned CPU %s, NVMe %s",
              to_string(c.backend), c.device, c.backend_reason, format_bytes(c.gpu_bytes),
