@@ -80,12 +80,15 @@ class LowMemlock {
     REQUIRE(setrlimit(RLIMIT_MEMLOCK, &low) == 0);
     header_.version = _LINUX_CAPABILITY_VERSION_3;
     REQUIRE(syscall(SYS_capget, &header_, saved_caps_) == 0);
-    __user_cap_data_struct lowered[2] = {saved_caps_[0], saved_caps_[1]};
-    lowered[0].effective &= ~(1U << CAP_IPC_LOCK);
-    REQUIRE(syscall(SYS_capset, &header_, lowered) == 0);
+    dropped_ = (saved_caps_[0].effective & (1U << CAP_IPC_LOCK)) != 0;
+    if (dropped_) {  // root, or a container granting CAP_IPC_LOCK
+      __user_cap_data_struct lowered[2] = {saved_caps_[0], saved_caps_[1]};
+      lowered[0].effective &= ~(1U << CAP_IPC_LOCK);
+      REQUIRE(syscall(SYS_capset, &header_, lowered) == 0);
+    }
   }
   ~LowMemlock() {
-    syscall(SYS_capset, &header_, saved_caps_);
+    if (dropped_) syscall(SYS_capset, &header_, saved_caps_);
     setrlimit(RLIMIT_MEMLOCK, &saved_limit_);
   }
   LowMemlock(const LowMemlock&) = delete;
@@ -95,6 +98,7 @@ class LowMemlock {
   rlimit saved_limit_{};
   __user_cap_header_struct header_{};
   __user_cap_data_struct saved_caps_[2]{};
+  bool dropped_ = false;
 };
 
 // A host runtime with an NVMe tier in a fresh directory; `staging` makes the warning's text (and
