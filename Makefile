@@ -5,8 +5,12 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 # `make test SANITIZERS=off` skips the address/undefined and thread sanitizer runs.
 SANITIZERS ?= on
-BUILD_TYPE ?= RelWithDebInfo
+# The plain build is Release (what most users build); the ASan build is Debug and the TSan build
+# RelWithDebInfo, so `make test` compiles all three. Warnings are errors in all of them
+# (STRATA_WERROR; a user's own `cmake` build leaves it off).
+BUILD_TYPE ?= Release
 CMAKE_ARGS ?=
+WERROR     ?= -DSTRATA_WERROR=ON
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
 .PHONY: all deps build test test-asan test-tsan bench clean
@@ -16,9 +20,11 @@ all: build
 deps:
 	@tools/install-deps.sh
 
-# Re-configures only when the build folder has not been configured yet.
-$(BUILD)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
+# Configures when the build folder has not been configured yet, or again when this Makefile is
+# newer than its cache (so a changed BUILD_TYPE or WERROR here reaches an existing folder). A
+# BUILD_TYPE given on the command line to an existing folder needs `make clean` first.
+$(BUILD)/CMakeCache.txt: Makefile | deps
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(WERROR) $(CMAKE_ARGS)
 
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
@@ -36,7 +42,7 @@ test-asan: deps
 	  ctest --test-dir $(BUILD)-asan --output-on-failure -j $(JOBS)
 
 test-tsan: deps
-	$(MAKE) --no-print-directory build BUILD=$(BUILD)-tsan \
+	$(MAKE) --no-print-directory build BUILD=$(BUILD)-tsan BUILD_TYPE=RelWithDebInfo \
 	  CMAKE_ARGS="-DSTRATA_SANITIZE=thread $(CMAKE_ARGS)"
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --test-dir $(BUILD)-tsan --output-on-failure -j $(JOBS)

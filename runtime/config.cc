@@ -12,6 +12,7 @@
 #include <set>
 
 #include "config_internal.h"
+#include "strata/base/log.h"
 #include "strata/io_engine.h"
 #include "text.h"
 
@@ -91,6 +92,9 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return d[a.size()][b.size()];
 }
 
+// A STRATA_ name that strata does not read. A near miss of a real name (a typo, the wrong case)
+// is an error, since the setting the user meant would silently not apply. Anything further is
+// probably another program's variable (a wrapper script's STRATA_BUILD_TYPE): a warning, once.
 absl::Status unknown_variable(std::string_view name, std::string_view value) {
   const std::string name_upper = upper(name);
   std::string_view best;
@@ -112,8 +116,9 @@ absl::Status unknown_variable(std::string_view name, std::string_view value) {
     return invalid(cat(head, "did you mean ", best,
                        "? Fix the name or unset it; docs/configuration.md lists them"));
   }
-  return invalid(
-      cat(head, "fix the name or unset it; strata reads ", join(known_variables(), ", ")));
+  log::warn_once(cat(head, "ignored (strata reads ", join(known_variables(), ", "),
+                     "; a name within a few letters of one of them would be an error)"));
+  return absl::OkStatus();
 }
 
 // Checks a size setting's own value (not against the machine).

@@ -1,8 +1,10 @@
 #include "strata/runtime.h"
 
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
 
 #include "strata/backend.h"
+#include "strata/base/log.h"
 #include "strata/format_bytes.h"
 #include "strata/swap_config.h"
 
@@ -16,6 +18,22 @@ uint64_t staging_chunk(const ResolvedConfig& config) {
   const uint64_t unit = config.io_block;
   const uint64_t target = std::min<uint64_t>(config.staging_bytes / 8, uint64_t{64} << 20);
   return std::max<uint64_t>(unit, target / unit * unit);
+}
+
+// One info line with what the configuration resolved to, for STRATA_LOG=info.
+void log_tiers(const ResolvedConfig& c) {
+  if (!log::enabled(LogLevel::kInfo)) return;
+  std::string nvme = "none";
+  if (!c.nvme_paths.empty()) {
+    nvme = absl::StrFormat("%s on %d path%s (%s), %s depth %u, block %s, staging %s",
+                           format_bytes(c.nvme_bytes * c.nvme_paths.size()), c.nvme_paths.size(),
+                           c.nvme_paths.size() == 1 ? "" : "s", absl::StrJoin(c.nvme_paths, ","),
+                           to_string(c.io_engine), c.io_depth, format_bytes(c.io_block),
+                           format_bytes(c.staging_bytes));
+  }
+  STRATA_LOG(kInfo, "runtime: backend %s device %d (%s); GPU arena %s, pinned CPU %s, NVMe %s",
+             to_string(c.backend), c.device, c.backend_reason, format_bytes(c.gpu_bytes),
+             format_bytes(c.cpu_bytes), nvme);
 }
 
 absl::Status context(const absl::Status& status, std::string_view what) {
@@ -33,12 +51,16 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::from_environment(RuntimeOption
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
                                                          RuntimeOptions options) {
+  // STRATA_LOG (or the level set from C++) is the process's threshold from here on.
+  log::set_threshold(config.log);
   auto loaded = load_configuration(config);
   if (!loaded.ok()) return loaded.status();
   auto runtime = std::make_unique<Runtime>();
   runtime->config_ = loaded->first;
   const ResolvedConfig& c = runtime->config_;
   runtime->warnings_ = c.warnings;
+  // Said once per process, however many runtimes a program creates; warnings() keeps them all.
+  for (const std::string& warning : c.warnings) log::warn_once(warning);
 
   if (options.device != nullptr) {
     if (options.device->backend() != c.backend) {
@@ -69,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
     const SwapStats stats = runtime->nvme_->stats();
     runtime->warnings_.insert(runtime->warnings_.end(), stats.warnings.begin(),
                               stats.warnings.end());
+    for (const std::string& warning : stats.warnings) log::warn_once(warning);
     if (c.staging_bytes >= c.cpu_bytes) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "STRATA_STAGING_BYTES=%s leaves nothing of STRATA_CPU_BYTES=%s for tensors; raise "
@@ -84,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
                           runtime->staging_.get(), std::move(options.store));
   if (!store.ok()) return store.status();
   runtime->store_ = *std::move(store);
+  log_tiers(c);
   return runtime;
 }
 

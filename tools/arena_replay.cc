@@ -293,8 +293,7 @@ int run(int argc, char** argv) {
   }
 
   auto fail = [](const absl::Status& st) {
-    std::cerr << "arena-replay: " << st.message() << "\n";
-    return 1;
+    return cli::print_error("arena-replay", std::string(st.message()));
   };
   const std::string& name = args[0];
   absl::StatusOr<std::string> data = read_all(name);

@@ -278,8 +278,23 @@ std::string FlagSet::usage() const {
   return out;
 }
 
+std::string error_line(std::string_view program, std::string_view message) {
+  while (!message.empty() && absl::ascii_isspace(static_cast<unsigned char>(message.back()))) {
+    message.remove_suffix(1);
+  }
+  std::string line(program);
+  line.append(": ").append(message).append("\n");
+  return line;
+}
+
+int print_error(std::string_view program, std::string_view message, int exit_code) {
+  std::cerr << error_line(program, message) << std::flush;
+  return exit_code;
+}
+
 int FlagSet::usage_error(std::string_view message) const {
-  std::cerr << program_ << ": " << message << "\nRun '" << program_ << " --help' for usage.\n";
+  std::cerr << error_line(program_, message) << "Run '" << program_ << " --help' for usage.\n"
+            << std::flush;
   return kUsageExitCode;
 }
 

@@ -65,6 +65,12 @@ class Flag {
   bool set_ = false;
 };
 
+// "<program>: <message>\n": one whole line however `message` ends (trailing newlines and
+// spaces dropped), so that an error never runs into the shell's next prompt.
+std::string error_line(std::string_view program, std::string_view message);
+// Writes error_line() to stderr and returns `exit_code`; tools return it from main.
+int print_error(std::string_view program, std::string_view message, int exit_code = 1);
+
 class FlagSet {
  public:
   // `positional` names the positional arguments in the usage line ("TRACE", "[FILE...]").

@@ -2,6 +2,7 @@
 // same process (docs/cpu_adam.md). A measurement, not a test: nothing here asserts on time.
 //
 //   cpu-adam-bench [--mparams=64] [--repeat=5]
+#include <absl/strings/str_format.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <unistd.h>
 
@@ -47,12 +48,11 @@ int main(int argc, char** argv) {
   const uint64_t physical =
       static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (needed > physical / 10 * 8) {
-    std::fprintf(stderr,
-                 "cpu-adam-bench: --mparams=%llu needs %s of memory but this machine has %s; "
-                 "lower --mparams\n",
-                 static_cast<unsigned long long>(mparams), strata::format_bytes(needed).c_str(),
-                 strata::format_bytes(physical).c_str());
-    return 2;
+    return strata::cli::print_error(
+        "cpu-adam-bench",
+        absl::StrFormat("--mparams=%u needs %s of memory but this machine has %s; lower --mparams",
+                        mparams, strata::format_bytes(needed), strata::format_bytes(physical)),
+        strata::cli::kUsageExitCode);
   }
   const int repeats = static_cast<int>(repeat);
   std::vector<float> master(n, 0.5F), m(n, 0.0F), v(n, 0.0F), grad(n, 1e-3F);

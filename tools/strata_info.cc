@@ -232,8 +232,7 @@ int run(int argc, char** argv) {
   // The same steps as load_configuration(), kept apart so that the machine's facts are still
   // printed when the configuration does not fit them.
   const auto fail = [](const absl::Status& status) {
-    std::cerr << "strata-info: " << status.message() << "\n";
-    return 1;
+    return cli::print_error("strata-info", std::string(status.message()));
   };
   absl::StatusOr<Config> config = Config::from_environment();
   if (!config.ok()) return fail(config.status());

@@ -48,7 +48,8 @@ class Runtime {
   StagingPool* staging() { return staging_.get(); }
   TensorStore& store() { return *store_; }
   const ResolvedConfig& config() const { return config_; }
-  // Degraded but working (psync fallback, buffered swap, ...): print them once.
+  // Degraded but working (psync fallback, buffered swap, ...). create() already logged each
+  // once per process through log::warn_once (unless STRATA_LOG=error); this is the full list.
   const std::vector<std::string>& warnings() const { return warnings_; }
 
   Runtime() = default;  // use create()

@@ -6,8 +6,8 @@
   check_bench_nvme.py BENCH paths     STRATA_NVME_PATHS = two fresh directories: both rows, both
                                       directories empty afterwards
   check_bench_nvme.py BENCH sigkill   SIGKILL once the swap file is open: the directories hold
-                                      nothing (the files are O_TMPFILE); with TMPDIR, at most an
-                                      empty directory is left
+                                      nothing (the files are O_TMPFILE); with TMPDIR, the
+                                      temporary directory is gone too (its reaper removes it)
 """
 import os
 import signal
@@ -102,15 +102,23 @@ def check_sigkill(bench):
         for d in dirs:
             assert not os.listdir(d), f"left behind in {d} after SIGKILL: {os.listdir(d)}"
 
-        # Without STRATA_NVME_PATHS only the (empty) temporary directory may remain.
+        # Without STRATA_NVME_PATHS the temporary directory was empty (O_TMPFILE files) and
+        # its reaper removes it once the bench is gone. The reaper runs after the kill, so the
+        # check waits for it (a bound, not a timing assertion).
         tmpdir = os.path.join(root, "tmp")
         os.mkdir(tmpdir)
         env = dict(base_env(), TMPDIR=tmpdir)
-        kill_once_open(bench, env,
-                       lambda: [os.path.join(tmpdir, n) for n in os.listdir(tmpdir)])
+        temp_files = kill_once_open(
+            bench, env, lambda: [os.path.join(tmpdir, n) for n in os.listdir(tmpdir)])
+        assert any("/strata-bench-" in f for f in temp_files), temp_files
+        deadline = time.monotonic() + 30
+        while os.listdir(tmpdir) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for name in os.listdir(tmpdir):
             inside = os.listdir(os.path.join(tmpdir, name))
             assert name.startswith("strata-bench-") and not inside, (name, inside)
+        left = os.listdir(tmpdir)
+        assert not left, f"left behind in TMPDIR after SIGKILL: {left}"
     return f"nothing left after SIGKILL (had open: {', '.join(sorted(set(files)))})"
 
 

@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 
+#include "log_capture.h"
+
 namespace strata {
 namespace {
 
@@ -187,7 +189,8 @@ TEST_CASE("A variable set to nothing is an error that names its default", "[conf
   CHECK(contains(error_of({{"STRATA_GPU_BYTES", " "}}), "default (80% on cuda, 1GiB on host)"));
 }
 
-TEST_CASE("Unknown STRATA_ variables are errors with the closest name suggested", "[config]") {
+TEST_CASE("Near misses of STRATA_ variables are errors with the closest name suggested",
+          "[config]") {
   CHECK(contains(error_of({{"STRATA_GPU_BYTE", "1GiB"}}),
                  "STRATA_GPU_BYTE='1GiB' is not a strata variable: did you mean "
                  "STRATA_GPU_BYTES?"));
@@ -198,13 +201,36 @@ TEST_CASE("Unknown STRATA_ variables are errors with the closest name suggested"
   CHECK(contains(error_of({{"STRATA_gpu_bytes", "1GiB"}}),
                  "did you mean STRATA_GPU_BYTES? (names are upper case)"));
   CHECK(contains(error_of({{"STRATA_LOGS", "info"}}), "did you mean STRATA_LOG?"));
-  // Short names need a close match: STRATA_FOO is two edits from STRATA_LOG, too far.
-  CHECK_FALSE(contains(error_of({{"STRATA_FOO", "1"}}), "did you mean"));
-  const std::string far = error_of({{"STRATA_COMPLETELY_DIFFERENT", "1"}});
-  CHECK_FALSE(contains(far, "did you mean"));
-  CHECK(contains(far, "strata reads STRATA_BACKEND, STRATA_DEVICE,"));
   // Variables of other programs are not ours to judge.
   CHECK(Config::from_variables({{"STRATAX", "1"}, {"MY_STRATA_THING", "1"}}).ok());
+}
+
+TEST_CASE("Other STRATA_ variables are a warning, once, not an error", "[config][log]") {
+  testing::LogCapture log;
+  log::set_threshold(LogLevel::kWarn);
+  // A wrapper script's variable must not stop every strata program from starting.
+  CHECK(config_of({{"STRATA_BUILD_TYPE", "Release"}, {"STRATA_IO_DEPTH", "8"}}).io_depth == 8);
+  CHECK(config_of({{"STRATA_BUILD_TYPE", "Release"}}).io_depth == 32);
+  const auto build_type = log.matching("STRATA_BUILD_TYPE='Release' is not a strata variable");
+  REQUIRE(build_type.size() == 1);  // once, although two configurations saw it
+  CHECK(build_type[0].rfind("strata: warning: ", 0) == 0);
+  CHECK(contains(build_type[0], "ignored (strata reads STRATA_BACKEND, STRATA_DEVICE,"));
+  CHECK_FALSE(contains(build_type[0], "did you mean"));
+  // Short names need a close match: STRATA_FOO is two edits from STRATA_LOG, too far.
+  CHECK(Config::from_variables({{"STRATA_FOO", "1"}}).ok());
+  CHECK(log.matching("STRATA_FOO='1' is not a strata variable").size() == 1);
+  CHECK(Config::from_variables({{"STRATA_COMPLETELY_DIFFERENT", "1"}}).ok());
+  const auto far = log.matching("STRATA_COMPLETELY_DIFFERENT='1'");
+  REQUIRE(far.size() == 1);
+  CHECK_FALSE(contains(far[0], "did you mean"));
+  // A real error elsewhere still fails, and the foreign variable is not counted as one.
+  absl::StatusOr<Config> bad =
+      Config::from_variables({{"STRATA_HOME", "/opt"}, {"STRATA_GPU_BYTES", "12XB"}});
+  REQUIRE_FALSE(bad.ok());
+  const std::string both(bad.status().message());
+  CHECK_FALSE(contains(both, "configuration errors"));
+  CHECK_FALSE(contains(both, "STRATA_HOME"));
+  CHECK(contains(both, "STRATA_GPU_BYTES='12XB'"));
 }
 
 TEST_CASE("Several errors are all reported, one per line, in table order", "[config]") {

@@ -143,5 +143,12 @@ TEST_CASE("usage lists every flag with its help and default", "[cli]") {
   CHECK_THAT(usage, Catch::Contains("--help, -h"));
 }
 
+TEST_CASE("error lines end with exactly one newline", "[cli]") {
+  CHECK(error_line("tool", "it broke") == "tool: it broke\n");
+  CHECK(error_line("tool", "it broke\n") == "tool: it broke\n");
+  CHECK(error_line("tool", "two lines\n  second\n\n ") == "tool: two lines\n  second\n");
+  CHECK(error_line("tool", "") == "tool: \n");
+}
+
 }  // namespace
 }  // namespace strata::cli

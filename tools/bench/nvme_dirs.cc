@@ -2,6 +2,8 @@
 
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,6 +25,59 @@ extern "C" void remove_temporary_dir_and_reraise(int signal_number) {
   std::raise(signal_number);
 }
 
+// The reaper: a small child process that removes the temporary directory once the bench is
+// gone, however it ended. SIGKILL cannot be caught, but the kernel closes the bench's end of a
+// pipe when it dies, and the reaper's read() then returns 0. Started before the bench has any
+// thread (choose() runs first), so the child may do anything; it still keeps to plain syscalls.
+int g_reaper_pipe = -1;
+pid_t g_reaper_pid = -1;
+
+void start_reaper(const char* dir) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return;  // best effort: the handlers and destructor remain
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return;
+  }
+  if (pid == 0) {
+    // Ctrl-C reaches the whole process group: outlive the bench to clean up after it.
+    for (const int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+      std::signal(signal_number, SIG_IGN);
+    }
+    // Hold none of the bench's descriptors: not the pipe's write end (or EOF never comes), not
+    // its stdout or stderr (a reader of them must see EOF when the bench ends).
+    ::close(fds[1]);
+    const int null_fd = ::open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; ++fd) {
+      if (null_fd >= 0) ::dup2(null_fd, fd);
+    }
+    for (int fd = 3; fd < 1024; ++fd) {  // choose() runs first: few descriptors are open yet
+      if (fd != fds[0]) ::close(fd);
+    }
+    char byte = 0;
+    for (;;) {
+      const ssize_t n = ::read(fds[0], &byte, 1);
+      if (n == 0 || (n < 0 && errno != EINTR)) break;
+    }
+    ::rmdir(dir);  // empty: every file in it was O_TMPFILE; ENOENT when the bench removed it
+    ::_exit(0);
+  }
+  ::close(fds[0]);
+  g_reaper_pipe = fds[1];
+  g_reaper_pid = pid;
+}
+
+void stop_reaper() {
+  if (g_reaper_pipe < 0) return;
+  ::close(g_reaper_pipe);  // the reaper sees EOF, finds the directory gone, and exits
+  g_reaper_pipe = -1;
+  while (::waitpid(g_reaper_pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  g_reaper_pid = -1;
+}
+
 }  // namespace
 
 absl::StatusOr<NvmeDirs> NvmeDirs::choose(const std::vector<std::string>& configured) {
@@ -42,6 +97,7 @@ absl::StatusOr<NvmeDirs> NvmeDirs::choose(const std::vector<std::string>& config
         base, std::strerror(errno)));
   }
   std::memcpy(g_temporary_dir, pattern.c_str(), pattern.size() + 1);
+  start_reaper(g_temporary_dir);
   for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) {
     std::signal(signal_number, &remove_temporary_dir_and_reraise);
   }
@@ -56,6 +112,7 @@ NvmeDirs::~NvmeDirs() {
   // The swap and baseline files are O_TMPFILE (or unlinked at once), so the directory is empty
   // even while they are still open.
   for (const std::string& path : paths_) ::rmdir(path.c_str());
+  stop_reaper();
   g_temporary_dir[0] = '\0';
 }
 

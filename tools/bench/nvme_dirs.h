@@ -1,7 +1,8 @@
 // The directories offload-bench's NVMe paths use: STRATA_NVME_PATHS when set, otherwise a fresh
 // directory under $TMPDIR (or /tmp) that is removed when the bench ends. Every file the bench
-// and SwapSpace create there has no name (O_TMPFILE), so even after SIGKILL the temporary
-// directory is left empty, and SIGINT/SIGTERM/SIGHUP remove it too.
+// and SwapSpace create there has no name (O_TMPFILE), so the directory is always empty; it is
+// removed at exit, by SIGINT/SIGTERM/SIGHUP handlers, and after SIGKILL by a small reaper
+// process that waits for the bench's end of a pipe to close.
 #pragma once
 
 #include <absl/status/statusor.h>

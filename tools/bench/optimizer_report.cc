@@ -1,4 +1,5 @@
 // The optimizer workload's output: the human lines and the "optimizer" JSON object.
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
@@ -26,7 +27,7 @@ std::string json_strings(const std::vector<std::string>& items) {
     }
     quoted.push_back(out + "\"");
   }
-  return "[" + absl::StrJoin(quoted, ", ") + "]";
+  return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
 }
 
 std::string stats_json(const OptimizerStepRun& run) {
@@ -43,7 +44,7 @@ std::string stats_json(const OptimizerStepRun& run) {
 std::string all_seconds_json(const OptimizerStepRun& run) {
   std::vector<std::string> all;
   for (double s : run.all_step_seconds) all.push_back(seconds_json(s));
-  return "[" + absl::StrJoin(all, ", ") + "]";
+  return absl::StrCat("[", absl::StrJoin(all, ", "), "]");
 }
 
 double gbps(double bytes_per_second) { return bytes_per_second / 1e9; }
