@@ -77,6 +77,13 @@ struct StoreStats {
   uint64_t prefetches_late = 0;    // acquired while still in flight
   uint64_t prefetches_wasted = 0;  // evicted (or overwritten) before any use
   uint64_t prefetches_failed = 0;  // dropped: no room without evicting sooner-needed tensors
+  // Device work the copies wait on. Each copy keeps at most one event per stream and drops
+  // completed ones, so these stay small however many acquire/release pairs run.
+  uint64_t busy_events = 0;      // events the copies hold now
+  uint64_t busy_peak = 0;        // the longest busy list any copy has had
+  uint64_t events_created = 0;   // device events made; they are pooled and reused
+  uint64_t moves_in_flight = 0;  // issued, not yet seen complete (write-backs, fetches to cpu)
+  uint64_t drops_pending = 0;    // evicted copies waiting for their device work to end
   double prefetch_accuracy() const {
     return prefetches_issued == 0
                ? 0

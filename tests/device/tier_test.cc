@@ -37,6 +37,7 @@ class BlockIo {
     for (uint64_t i = 0; i < bytes; ++i) host[i] = byte_at(seed, i);
     auto address = tier.address(block);
     REQUIRE(address.ok());
+    REQUIRE(tier.order_after_compaction(*stream_).ok());  // compaction copies are not waited for
     REQUIRE(device_.copy_async(*address, host, bytes, CopyKind::kHostToDevice, *stream_).ok());
     REQUIRE(device_.synchronize(*stream_).ok());
   }
@@ -45,6 +46,7 @@ class BlockIo {
     std::memset(host, 0, bytes);
     auto address = tier.address(block);
     REQUIRE(address.ok());
+    REQUIRE(tier.order_after_compaction(*stream_).ok());
     REQUIRE(device_.copy_async(host, *address, bytes, CopyKind::kDeviceToHost, *stream_).ok());
     REQUIRE(device_.synchronize(*stream_).ok());
     for (uint64_t i = 0; i < bytes; ++i) {
@@ -225,6 +227,8 @@ TEST_CASE("Concurrent allocate, pin, verify and free with frequent compaction", 
           ++unexpected_errors;
           return;
         }
+        // The host reads arena memory directly: compaction copies in flight must be done.
+        if (!gpu.synchronize_compaction().ok()) ++unexpected_errors;
         auto* p = static_cast<uint8_t*>(*gpu.address(l.block));
         for (uint64_t j = 0; j < l.bytes; j += 61) {
           if (p[j] != byte_at(l.seed, j)) {
@@ -246,6 +250,7 @@ TEST_CASE("Concurrent allocate, pin, verify and free with frequent compaction", 
           }
           Live l{*block, bytes, next_seed++};
           if (!gpu.pin(l.block).ok()) ++unexpected_errors;
+          if (!gpu.synchronize_compaction().ok()) ++unexpected_errors;
           auto* p = static_cast<uint8_t*>(*gpu.address(l.block));
           for (uint64_t j = 0; j < bytes; ++j) p[j] = byte_at(l.seed, j);
           if (!gpu.unpin(l.block).ok()) ++unexpected_errors;
