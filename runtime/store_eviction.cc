@@ -114,7 +114,8 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::evict_copy(Tensor& t, Tier
     STRATA_LOG(kDebug, "evict '%s' from %s: %s", t.name, to_string(tier),
                c.valid ? "clean" : "stale");
   }
-  if (!c.present) return write;  // write_back() may have waited: someone dropped it meanwhile
+  // write_back() may have waited: someone dropped or acquired the copy meanwhile.
+  if (!c.present || c.pins > c.moves_out) return write;
   c.evicting = true;
   // With a write-back in flight its completion schedules the drop (or cancels the eviction).
   if (write == nullptr || write->done) schedule_drop(t, tier);

@@ -21,6 +21,11 @@ absl::Status TensorStore::flush() {
   std::vector<TensorHandle> dirty;
   {
     MutexLock lock(&s.mu);
+    // Write-backs already in flight (evictions') end first. One that failed leaves its copy the
+    // only newest, and the scan below writes it back again.
+    const std::vector<std::shared_ptr<Impl::InFlight>> pending(s.in_flight.begin(),
+                                                               s.in_flight.end());
+    for (const auto& m : pending) (void)s.wait_for(*m);
     for (const auto& owned : s.tensors) {
       const Impl::Tensor& t = *owned;
       const Impl::Copy& home = t.copies[tier_index(t.home)];

@@ -28,6 +28,7 @@ Impl::MoveGuard::MoveGuard(Impl& s, Tensor& t, TierKind from, TierKind to)
   if (host_reads_) ++src.readers;
   dst.moving = true;
   dst.valid = false;
+  s.cancel_eviction(t, to);  // being filled: wanted again
   ++t.operations;
   s.update_pin(t, from);
   s.update_pin(t, to);

@@ -104,8 +104,10 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::write_back(Tensor& t, Tier
   Copy& dst = t.copies[tier_index(home)];
   while (dst.moving) wait(&changed, &mu);
   // The wait released the lock: a write elsewhere may have made this copy stale since the
-  // caller looked. Its bytes are then not the newest and must not become the home copy.
-  if (!src.valid) return nullptr;
+  // caller looked. Its bytes are then not the newest and must not become the home copy. Nor
+  // may a copy the trainer acquired for writing meanwhile be read: its bytes are not final, and
+  // the move would carry the same version as the write (the next write-back takes them).
+  if (!src.valid || src.writers > 0) return nullptr;
   if (dst.pins > 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "tensor '%s': cannot write back to its home tier (%s) while that copy is acquired", t.name,

@@ -117,6 +117,48 @@ STRATA_BOTH_BACKENDS("GPU arena compacts fragmented free space and keeps every b
   for (const auto& [block, address] : pinned) REQUIRE(gpu.unpin(block).ok());
 }
 
+TEST_CASE("GPU compaction does not wait for its copies; later work is ordered after them",
+          "[tier][compaction]") {
+  // Held at the gate, the compaction's device-to-device copies have not run when allocate()
+  // returns; work ordered with order_after_compaction() still sees every byte in place.
+  auto gate = std::make_shared<HostCopyGate>();
+  HostDeviceOptions options;
+  options.gate = gate;
+  auto device = testing::host_device(options);
+  auto tier = MemoryTier::create_gpu_arena(*device, 16 * kMiB);
+  REQUIRE(tier.ok());
+  MemoryTier& gpu = **tier;
+  BlockIo io(*device, 8 * kMiB);
+  std::vector<Live> live;
+  for (uint32_t i = 0; i < gpu.capacity() / kMiB; ++i) {
+    auto block = gpu.allocate(kMiB);
+    REQUIRE(block.ok());
+    live.push_back({*block, kMiB, 300 + i});
+    io.fill(gpu, *block, kMiB, 300 + i);
+  }
+  std::vector<Live> kept;
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (i % 2 == 0) {
+      REQUIRE(gpu.free(live[i].block).ok());
+    } else {
+      kept.push_back(live[i]);
+    }
+  }
+  CHECK(gpu.pending_compaction() == nullptr);
+  gate->close(CopyKind::kDeviceToDevice);
+  auto big = gpu.allocate(4 * kMiB);  // needs compaction; must not wait for its copies
+  REQUIRE(big.ok());
+  gate->wait_held(CopyKind::kDeviceToDevice, 1);  // the first copy sits at the gate
+  CHECK(gpu.stats().arena.compactions == 1);
+  CHECK(gpu.pending_compaction() != nullptr);
+  gate->open(CopyKind::kDeviceToDevice);
+  io.fill(gpu, *big, 4 * kMiB, 999);  // ordered after the compaction
+  for (const Live& l : kept) CHECK(io.matches(gpu, l.block, l.bytes, l.seed));
+  CHECK(io.matches(gpu, *big, 4 * kMiB, 999));
+  REQUIRE(gpu.synchronize_compaction().ok());
+  CHECK(gpu.pending_compaction() == nullptr);
+}
+
 STRATA_BOTH_BACKENDS("Compaction slides a large block by less than its size",
                      "[tier][compaction]") {
   // [small][large........][filler....][tail hole]: freeing `small` and asking for small + tail
