@@ -42,9 +42,9 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
     if (auto status = s.make_resident(t, tier, std::nullopt, &waited); !status.ok()) {
       return status;
     }
-    // A write must not change bytes a host-side move is still copying out (a write-back to
-    // NVMe): wait for those, then make sure the copy is still here and valid. Device moves that
-    // read it are ordered before the caller's work by their events instead.
+    // A write must not change bytes a move is still copying out: wait for host-side ones (a
+    // write-back to NVMe) and for device ones until their event is in the busy list (the caller's
+    // work is then ordered after it); then make sure the copy is still here and valid.
     if (mode != AccessMode::kWrite || c.readers == 0) break;
     waited = true;
     wait(&s.changed, &s.mu);

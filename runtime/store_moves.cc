@@ -25,7 +25,7 @@ Impl::MoveGuard::MoveGuard(Impl& s, Tensor& t, TierKind from, TierKind to)
   Copy& dst = t.copies[tier_index(to)];
   ++src.pins;
   ++src.moves_out;
-  if (host_reads_) ++src.readers;
+  ++src.readers;
   dst.moving = true;
   dst.valid = false;
   s.cancel_eviction(t, to);  // being filled: wanted again
@@ -41,9 +41,17 @@ Impl::MoveGuard::MoveGuard(MoveGuard&& other) noexcept
       to_(other.to_),
       version_(other.version_),
       host_reads_(other.host_reads_),
+      reading_(other.reading_),
       active_(std::exchange(other.active_, false)) {}
 
 Impl::MoveGuard::~MoveGuard() { finish(false); }
+
+void Impl::MoveGuard::issued() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!active_ || !reading_ || host_reads_) return;
+  reading_ = false;
+  --t_->copies[tier_index(from_)].readers;
+  s_->changed.SignalAll();
+}
 
 void Impl::MoveGuard::finish(bool succeeded) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (!active_) return;
@@ -53,7 +61,7 @@ void Impl::MoveGuard::finish(bool succeeded) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   Copy& dst = t.copies[tier_index(to_)];
   --src.pins;
   --src.moves_out;
-  if (host_reads_) --src.readers;
+  if (reading_) --src.readers;
   dst.moving = false;
   if (succeeded && t.version == version_) dst.valid = true;
   s_->update_pin(t, from_);
@@ -138,11 +146,12 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::start_move(Tensor& t, Tier
   if (ticket->event != nullptr && from != TierKind::kNvme) {
     add_busy(t, from, ticket->stream, ticket->event);
   }
+  guard.issued();
   auto m = std::make_shared<InFlight>(std::move(guard), *std::move(ticket));
   m->index = t.index;
   m->from = from;
   m->to = to;
-  m->start = start;
+  m->issue_ns = ns_since(start);
   in_flight.push_back(m);
   completion_work.Signal();
   return m;
@@ -157,7 +166,7 @@ void Impl::complete(InFlight& m, const absl::Status& status) {
   Tensor& t = *tensors[m.index];  // alive: the guard holds an operation on it
   m.guard.finish(status.ok());
   if (status.ok()) {
-    count_move(counters, m.from, m.to, t.bytes, 0);
+    count_move(counters, m.from, m.to, t.bytes, m.issue_ns);
     m.status = absl::OkStatus();
   } else {
     ++counters.errors;

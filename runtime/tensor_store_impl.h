@@ -74,8 +74,8 @@ struct TensorStore::Impl {
     bool arena_pinned = false;
     uint32_t pins = 0;       // acquisitions and moves reading from it
     uint32_t writers = 0;    // write acquisitions not yet released: no move may read it
-    uint32_t readers = 0;    // host-side moves reading it now (NVMe writes from the CPU tier):
-                             // a write acquisition waits for them
+    uint32_t readers = 0;    // moves reading it now: a write acquisition waits for them (for a
+                             // device read only until its event is in `busy`)
     uint32_t moves_out = 0;  // moves reading it, device or host: it is their source
     BlockHandle block;       // gpu / cpu
     ExtentHandle extent;     // nvme
@@ -111,6 +111,10 @@ struct TensorStore::Impl {
     MoveGuard& operator=(MoveGuard&&) = delete;
     MoveGuard(const MoveGuard&) = delete;
     ~MoveGuard();  // the lock must be held if still active
+    // The move's device reads of the source are issued and their event is in the source's busy
+    // list: a write acquisition is ordered after them by that event from now on, and stops
+    // waiting for the move (host-side reads, NVMe writes from the CPU tier, still count).
+    void issued();
     void finish(bool succeeded);
 
    private:
@@ -119,6 +123,7 @@ struct TensorStore::Impl {
     TierKind from_, to_;
     uint64_t version_;
     bool host_reads_;
+    bool reading_ = true;  // counted in the source's `readers`
     bool active_ = true;
   };
 
@@ -129,8 +134,8 @@ struct TensorStore::Impl {
     MoveTicket ticket;
     uint32_t index = 0;  // the tensor (kept alive by the guard)
     TierKind from = TierKind::kCpu, to = TierKind::kCpu;
-    absl::Time start;
-    bool done = false;  // finished: `status` says how (waiters watch `changed`)
+    uint64_t issue_ns = 0;  // host time spent issuing it, counted in MoveStats::ns
+    bool done = false;      // finished: `status` says how (waiters watch `changed`)
     absl::Status status;
   };
 
