@@ -1,208 +1,265 @@
-// Bytes between tiers, for TensorStore. Called with the store's lock held; it is released for
-// the copies and I/O themselves. The caller has pinned the source copy and marked the
-// destination moving, so neither changes underneath.
-//
-//   cpu -> gpu   H2D on the h2d stream after the copies' pending work; the host does not wait.
-//   gpu -> cpu   D2H on the d2h stream; the host waits (the CPU copy is host memory).
-//   nvme -> cpu  swap read straight into the pinned CPU-tier block (registered with io_uring).
-//   cpu -> nvme  swap write straight from it.
-//   nvme -> gpu  through staging chunks, pipelined: the read of chunk k+1 overlaps the H2D of k;
-//                the host waits for the reads only.
-//   gpu -> nvme  through staging chunks: D2H of chunk k, then its swap write from a stream
-//                callback, overlapping the D2H of k+1; the host waits for the writes.
+// The store's side of moving bytes: the MoveGuard bracket, issuing a move through the TierMover
+// (which never sees the store), and the completion worker that finishes moves the host must see
+// end (write-backs, fetches into host memory) and drops evicted copies once their device work is
+// over. Nothing here blocks the thread that asked for the move on a device copy.
 #include <absl/strings/str_format.h>
 #include <absl/time/clock.h>
 
+#include "strata/base/log.h"
 #include "tensor_store_impl.h"
 
 namespace strata {
 
 using Impl = TensorStore::Impl;
 
+// ---- MoveGuard ------------------------------------------------------------------------------
+
+Impl::MoveGuard::MoveGuard(Impl& s, Tensor& t, TierKind from, TierKind to)
+    : s_(&s),
+      t_(&t),
+      from_(from),
+      to_(to),
+      version_(t.version),
+      host_reads_(from == TierKind::kCpu && to == TierKind::kNvme) {
+  Copy& src = t.copies[tier_index(from)];
+  Copy& dst = t.copies[tier_index(to)];
+  ++src.pins;
+  ++src.moves_out;
+  ++src.readers;
+  dst.moving = true;
+  dst.valid = false;
+  s.cancel_eviction(t, to);  // being filled: wanted again
+  ++t.operations;
+  s.update_pin(t, from);
+  s.update_pin(t, to);
+}
+
+Impl::MoveGuard::MoveGuard(MoveGuard&& other) noexcept
+    : s_(other.s_),
+      t_(other.t_),
+      from_(other.from_),
+      to_(other.to_),
+      version_(other.version_),
+      host_reads_(other.host_reads_),
+      reading_(other.reading_),
+      active_(std::exchange(other.active_, false)) {}
+
+Impl::MoveGuard::~MoveGuard() { finish(false); }
+
+void Impl::MoveGuard::issued() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!active_ || !reading_ || host_reads_) return;
+  reading_ = false;
+  --t_->copies[tier_index(from_)].readers;
+  s_->changed.SignalAll();
+}
+
+void Impl::MoveGuard::finish(bool succeeded) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!active_) return;
+  active_ = false;
+  Tensor& t = *t_;
+  Copy& src = t.copies[tier_index(from_)];
+  Copy& dst = t.copies[tier_index(to_)];
+  --src.pins;
+  --src.moves_out;
+  if (reading_) --src.readers;
+  dst.moving = false;
+  if (succeeded && t.version == version_) dst.valid = true;
+  s_->update_pin(t, from_);
+  s_->update_pin(t, to_);
+  --t.operations;
+  s_->changed.SignalAll();
+}
+
+// ---- issuing --------------------------------------------------------------------------------
+
 namespace {
 
-// First error among asynchronous parts (callbacks run on I/O and stream threads).
-class FirstError {
- public:
-  void add(const absl::Status& status) {
-    if (status.ok()) return;
-    MutexLock lock(&mu_);
-    if (status_.ok()) status_ = absl::Status(status.code(), status.message());
-  }
-  absl::Status get() {
-    MutexLock lock(&mu_);
-    return absl::Status(status_.code(), status_.message());
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
-
-absl::Status wait_all(Device& device, Stream& stream,
-                      const std::vector<std::shared_ptr<Event>>& events) {
-  for (const auto& e : events) {
-    if (auto status = device.wait(stream, *e); !status.ok()) return status;
-  }
-  return absl::OkStatus();
+absl::Status in_context(const Impl::Tensor& t, TierKind from, TierKind to,
+                        const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrFormat("moving tensor '%s' (%d bytes) from %s to %s: %s", t.name,
+                                      t.bytes, to_string(from), to_string(to), status.message()));
 }
 
-absl::Status sync_all(Device& device, const std::vector<std::shared_ptr<Event>>& events) {
-  for (const auto& e : events) {
-    if (auto status = device.synchronize(*e); !status.ok()) return status;
-  }
-  return absl::OkStatus();
+void count_move(StoreStats& counters, TierKind from, TierKind to, uint64_t bytes, uint64_t ns) {
+  MoveStats& m = counters.moves[tier_index(from)][tier_index(to)];
+  m.bytes += bytes;
+  ++m.moves;
+  m.ns += ns;
 }
 
-absl::StatusOr<std::shared_ptr<Event>> record(Device& device, Stream& stream) {
-  auto event = device.create_event();
-  if (!event.ok()) return event.status();
-  if (auto status = device.record(**event, stream); !status.ok()) return status;
-  return std::shared_ptr<Event>(*std::move(event));
-}
-
-struct Endpoints {
-  void* src = nullptr;
-  void* dst = nullptr;
-  ExtentHandle extent;  // the NVMe side, if any
-  uint64_t bytes = 0;
-  std::vector<std::shared_ptr<Event>> pending;  // work on either copy that must come first
-};
-
-absl::StatusOr<std::shared_ptr<Event>> nvme_to_gpu(Device& device, Stream& h2d, SwapSpace& swap,
-                                                   StagingPool& staging, const Endpoints& e) {
-  if (auto status = wait_all(device, h2d, e.pending); !status.ok()) return status;
-  auto errors = std::make_shared<FirstError>();
-  IoWaiter waiter;
-  auto* dst = static_cast<std::byte*>(e.dst);
-  for (uint64_t offset = 0; offset < e.bytes; offset += staging.chunk_bytes()) {
-    const uint64_t n = std::min(staging.chunk_bytes(), e.bytes - offset);
-    auto lease = std::make_shared<StagingPool::Lease>(staging.acquire());
-    IoCallback done = waiter.track();
-    std::byte* chunk = static_cast<std::byte*>(lease->data());
-    auto status =
-        swap.read(e.extent, offset, chunk, n,
-                  [&device, &h2d, errors, lease, chunk, target = dst + offset, n,
-                   done = std::move(done)](absl::Status read) mutable {
-                    if (read.ok())
-                      read = device.copy_async(target, chunk, n, CopyKind::kHostToDevice, h2d);
-                    // The chunk goes back to the pool once its H2D copy has run.
-                    if (read.ok()) read = device.launch_host_callback(h2d, [lease] {});
-                    errors->add(read);
-                    std::move(done)(read);
-                  });
-    if (!status.ok()) {
-      errors->add(status);
-      break;
-    }
-  }
-  (void)waiter.wait();
-  if (auto status = errors->get(); !status.ok()) return status;
-  return record(device, h2d);
-}
-
-absl::Status gpu_to_nvme(Device& device, Stream& d2h, SwapSpace& swap, StagingPool& staging,
-                         const Endpoints& e) {
-  if (auto status = wait_all(device, d2h, e.pending); !status.ok()) return status;
-  auto errors = std::make_shared<FirstError>();
-  IoWaiter waiter;
-  const auto* src = static_cast<const std::byte*>(e.src);
-  for (uint64_t offset = 0; offset < e.bytes; offset += staging.chunk_bytes()) {
-    const uint64_t n = std::min(staging.chunk_bytes(), e.bytes - offset);
-    auto lease = std::make_shared<StagingPool::Lease>(staging.acquire());
-    std::byte* chunk = static_cast<std::byte*>(lease->data());
-    if (auto status = device.copy_async(chunk, src + offset, n, CopyKind::kDeviceToHost, d2h);
-        !status.ok()) {
-      errors->add(status);
-      break;
-    }
-    IoCallback done = waiter.track();
-    auto status =
-        device.launch_host_callback(d2h, [&swap, extent = e.extent, offset, chunk, n, lease, errors,
-                                          done = std::move(done)]() mutable {
-          auto shared_done = std::make_shared<IoCallback>(std::move(done));
-          auto submitted = swap.write(extent, offset, chunk, n,
-                                      [lease, errors, shared_done](absl::Status written) {
-                                        errors->add(written);
-                                        std::move (*shared_done)(written);
-                                      });
-          if (!submitted.ok()) {
-            errors->add(submitted);
-            std::move (*shared_done)(submitted);
-          }
-        });
-    if (!status.ok()) {
-      errors->add(status);
-      break;
-    }
-  }
-  (void)waiter.wait();
-  return errors->get();
+uint64_t ns_since(absl::Time start) {
+  return static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
 }
 
 }  // namespace
 
-absl::Status Impl::transfer(Tensor& t, TierKind from, TierKind to) {
-  Copy& src = t.copies[tier_index(from)];
-  Copy& dst = t.copies[tier_index(to)];
-  Endpoints e;
-  e.bytes = t.bytes;
-  if (from != TierKind::kNvme) e.src = address(t, from);
-  if (to != TierKind::kNvme) e.dst = address(t, to);
-  e.extent = from == TierKind::kNvme ? src.extent : dst.extent;
-  e.pending = src.busy;
-  e.pending.insert(e.pending.end(), dst.busy.begin(), dst.busy.end());
-
+absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::start_move(Tensor& t, TierKind from,
+                                                                 TierKind to) {
+  MoveGuard guard(*this, t, from, to);  // pins both copies before their addresses are taken
+  const auto place = [&](TierKind k) {
+    Place p;
+    p.tier = k;
+    if (k == TierKind::kNvme) {
+      p.extent = t.copies[tier_index(k)].extent;
+    } else {
+      p.address = address(t, k);
+    }
+    return p;
+  };
+  const Place source = place(from);
+  const Place destination = place(to);
+  // Work on either copy comes first; so do GPU compaction copies still in flight.
+  std::vector<std::shared_ptr<Event>> after;
+  for (TierKind k : {from, to}) {
+    for (const Busy& b : t.copies[tier_index(k)].busy) after.push_back(b.event);
+  }
+  if (from == TierKind::kGpu || to == TierKind::kGpu) {
+    if (std::shared_ptr<Event> fence = gpu.pending_compaction()) after.push_back(fence);
+  }
+  const uint64_t bytes = t.bytes;
+  STRATA_LOG(kDebug, "move '%s' %s -> %s, %d bytes", t.name, to_string(from), to_string(to), bytes);
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<Event>> arrival = std::shared_ptr<Event>();
-  absl::Status status;
+  absl::StatusOr<MoveTicket> ticket;
   {
     MutexUnlock unlock(&mu);
-    if (from == TierKind::kCpu && to == TierKind::kGpu) {
-      status = wait_all(device, *h2d, e.pending);
-      if (status.ok())
-        status = device.copy_async(e.dst, e.src, e.bytes, CopyKind::kHostToDevice, *h2d);
-      if (status.ok()) arrival = record(device, *h2d);
-    } else if (from == TierKind::kGpu && to == TierKind::kCpu) {
-      status = wait_all(device, *d2h, e.pending);
-      if (status.ok())
-        status = device.copy_async(e.dst, e.src, e.bytes, CopyKind::kDeviceToHost, *d2h);
-      if (status.ok()) status = device.synchronize(*d2h);
-    } else if (from == TierKind::kNvme && to == TierKind::kCpu) {
-      status = sync_all(device, e.pending);
-      if (status.ok()) status = nvme->read_sync(e.extent, e.dst, e.bytes);
-    } else if (from == TierKind::kCpu && to == TierKind::kNvme) {
-      status = sync_all(device, e.pending);
-      if (status.ok()) status = nvme->write_sync(e.extent, e.src, e.bytes);
-    } else if (from == TierKind::kNvme && to == TierKind::kGpu) {
-      arrival = nvme_to_gpu(device, *h2d, *nvme, *staging, e);
-    } else if (from == TierKind::kGpu && to == TierKind::kNvme) {
-      status = gpu_to_nvme(device, *d2h, *nvme, *staging, e);
+    ticket = mover->move(source, destination, bytes, after);
+  }
+  if (!ticket.ok()) {
+    guard.finish(false);
+    ++counters.errors;
+    return in_context(t, from, to, ticket.status());
+  }
+  // Arrivals on the GPU are stream-ordered: whoever uses either copy next waits on the event,
+  // so the destination is valid now. A move that ended on the host (an NVMe read) is done.
+  if (to == TierKind::kGpu || (ticket->event == nullptr && ticket->host == nullptr)) {
+    if (ticket->event != nullptr) {
+      if (from != TierKind::kNvme) add_busy(t, from, ticket->stream, ticket->event);
+      add_busy(t, to, ticket->stream, ticket->event);
+    }
+    guard.finish(true);
+    count_move(counters, from, to, bytes, ns_since(start));
+    return nullptr;
+  }
+  // The rest end on the host's view (the destination is host memory or a drive): the completion
+  // worker finishes them. Writes to the source are ordered after the copy reading it.
+  if (ticket->event != nullptr && from != TierKind::kNvme) {
+    add_busy(t, from, ticket->stream, ticket->event);
+  }
+  guard.issued();
+  auto m = std::make_shared<InFlight>(std::move(guard), *std::move(ticket));
+  m->index = t.index;
+  m->from = from;
+  m->to = to;
+  m->issue_ns = ns_since(start);
+  in_flight.push_back(m);
+  completion_work.Signal();
+  return m;
+}
+
+absl::Status Impl::wait_for(const InFlight& m) {
+  while (!m.done) wait(&changed, &mu);
+  return absl::Status(m.status.code(), m.status.message());
+}
+
+void Impl::complete(InFlight& m, const absl::Status& status) {
+  Tensor& t = *tensors[m.index];  // alive: the guard holds an operation on it
+  m.guard.finish(status.ok());
+  if (status.ok()) {
+    count_move(counters, m.from, m.to, t.bytes, m.issue_ns);
+    m.status = absl::OkStatus();
+  } else {
+    ++counters.errors;
+    m.status = in_context(t, m.from, m.to, status);
+    // Rule 3: the source stays; a half-filled destination that is not the home copy goes.
+    if (m.to != t.home) drop_copy(t, m.to);
+    STRATA_LOG(kDebug, "%s", m.status.message());
+  }
+  Copy& src = t.copies[tier_index(m.from)];
+  if (t.live && src.evicting) {
+    if (status.ok()) {
+      schedule_drop(t, m.from);
     } else {
-      status = absl::InternalError(
-          absl::StrFormat("no move from %s to %s", to_string(from), to_string(to)));
+      cancel_eviction(t, m.from);  // its bytes are still the only newest
     }
   }
-  if (status.ok() && !arrival.ok()) status = arrival.status();
-  if (!status.ok()) {
-    return absl::Status(status.code(),
-                        absl::StrFormat("moving tensor '%s' (%d bytes) from %s to %s: %s", t.name,
-                                        t.bytes, to_string(from), to_string(to), status.message()));
+  m.done = true;
+  changed.SignalAll();
+}
+
+// ---- the completion worker ------------------------------------------------------------------
+
+void Impl::start_completion_worker() {
+  completion_thread = std::thread([this] { run_completion_worker(); });
+}
+
+void Impl::stop_completion_worker() {
+  {
+    MutexLock lock(&mu);
+    completion_stopping = true;
+    completion_work.SignalAll();
   }
-  // The arrival (H2D) must finish before either copy's memory is reused or the GPU copy read.
-  if (*arrival != nullptr) {
-    for (TierKind k : {from, to}) {
-      Copy& c = t.copies[tier_index(k)];
-      if (k == TierKind::kNvme || !c.present) continue;
-      c.busy.push_back(*arrival);
-      watched.insert(key(t.index, k));
+  if (completion_thread.joinable()) completion_thread.join();
+}
+
+void Impl::run_completion_worker() {
+  MutexLock lock(&mu);
+  for (;;) {
+    while (in_flight.empty() && dropping.empty() && !completion_stopping) {
+      wait(&completion_work, &mu);
+    }
+    if (in_flight.empty() && dropping.empty()) return;  // stopping, and nothing left
+    // What to watch, taken under the lock; watched with it released.
+    std::vector<std::shared_ptr<InFlight>> moves(in_flight.begin(), in_flight.end());
+    std::vector<std::shared_ptr<Event>> drop_events;
+    for (uint64_t k : dropping) {
+      for (const Busy& b : tensors[k >> 2]->copies[k & 3].busy) drop_events.push_back(b.event);
+    }
+    std::vector<std::optional<absl::Status>> results(moves.size());
+    {
+      MutexUnlock unlock(&mu);
+      bool progress = false;
+      for (size_t i = 0; i < moves.size(); ++i) {
+        absl::StatusOr<bool> ready = moves[i]->ticket.ready(device);
+        if (!ready.ok()) {
+          results[i] = ready.status();
+        } else if (*ready) {
+          results[i] = absl::OkStatus();
+        }
+        progress = progress || results[i].has_value();
+      }
+      for (const auto& e : drop_events) {
+        auto done = device.query(*e);
+        progress = progress || !done.ok() || *done;
+      }
+      if (!progress) {
+        // Nothing has ended yet: block on the oldest move, else on an evicted copy's work.
+        if (!moves.empty()) {
+          results[0] = moves[0]->ticket.wait(device);
+        } else if (!drop_events.empty()) {
+          (void)device.synchronize(*drop_events.front());
+        }
+      }
+    }
+    for (size_t i = 0; i < moves.size(); ++i) {
+      if (!results[i].has_value()) continue;
+      std::erase(in_flight, moves[i]);
+      complete(*moves[i], *results[i]);
+    }
+    const std::vector<uint64_t> keys(dropping.begin(), dropping.end());
+    bool dropped = false;
+    for (uint64_t k : keys) {
+      Tensor& t = *tensors[k >> 2];
+      if (!t.live || try_drop(t, static_cast<TierKind>(k & 3))) {
+        dropping.erase(k);
+        dropped = true;
+      }
+    }
+    // Copies held only by moves issued on other threads: wait until one of those ends.
+    if (moves.empty() && drop_events.empty() && !dropped && !dropping.empty()) {
+      wait(&changed, &mu);
     }
   }
-  MoveStats& m = counters.moves[tier_index(from)][tier_index(to)];
-  m.bytes += t.bytes;
-  ++m.moves;
-  m.ns += static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
-  return absl::OkStatus();
 }
 
 }  // namespace strata

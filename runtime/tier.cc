@@ -51,7 +51,11 @@ MemoryTier::MemoryTier(Key, TierKind kind, Device& device, std::unique_ptr<Regio
                        Arena arena)
     : kind_(kind), device_(device), region_(std::move(region)), arena_(std::move(arena)) {}
 
-MemoryTier::~MemoryTier() = default;
+MemoryTier::~MemoryTier() {
+  MutexLock lock(&mu_);
+  // Compaction copies still in flight write into the region freed below.
+  if (compaction_stream_ != nullptr) (void)device_.synchronize(*compaction_stream_);
+}
 
 absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::create_gpu_arena(Device& device,
                                                                          uint64_t bytes,
@@ -75,10 +79,13 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::create_gpu_arena(Device&
   if (!arena.ok()) return with_context(arena.status(), "creating the GPU arena");
   auto stream = device.create_stream();
   if (!stream.ok()) return with_context(stream.status(), "creating the GPU arena");
+  auto event = device.create_event();
+  if (!event.ok()) return with_context(event.status(), "creating the GPU arena");
   auto tier = std::make_unique<MemoryTier>(Key(), TierKind::kGpu, device, std::move(region),
                                            *std::move(arena));
   MutexLock lock(&tier->mu_);
   tier->compaction_stream_ = *std::move(stream);
+  tier->compaction_done_ = std::shared_ptr<Event>(*std::move(event));
   return tier;
 }
 
@@ -144,6 +151,26 @@ absl::Status MemoryTier::unpin(BlockHandle block) {
   return arena_.unpin(block);
 }
 
+std::shared_ptr<Event> MemoryTier::pending_compaction() const {
+  MutexLock lock(&mu_);
+  if (!compacted_) return nullptr;
+  auto done = device_.query(*compaction_done_);
+  if (done.ok() && *done) return nullptr;
+  return compaction_done_;  // an error here is the device's: waiting on it reports it again
+}
+
+absl::Status MemoryTier::order_after_compaction(Stream& stream) const {
+  std::shared_ptr<Event> pending = pending_compaction();
+  if (pending == nullptr) return absl::OkStatus();
+  return with_context(device_.wait(stream, *pending), "waiting for GPU arena compaction");
+}
+
+absl::Status MemoryTier::synchronize_compaction() const {
+  std::shared_ptr<Event> pending = pending_compaction();
+  if (pending == nullptr) return absl::OkStatus();
+  return with_context(device_.synchronize(*pending), "waiting for GPU arena compaction");
+}
+
 TierStats MemoryTier::stats() const {
   MutexLock lock(&mu_);
   TierStats stats;
@@ -186,7 +213,13 @@ absl::Status MemoryTier::execute_moves(const CompactionPlan& plan) {
       return with_context(status, "GPU arena compaction");
     }
   }
-  return with_context(device_.synchronize(*compaction_stream_), "GPU arena compaction");
+  // Not waited for: later device work on the arena is ordered after this record (see tier.h).
+  compacted_ = true;
+  if (auto status = device_.record(*compaction_done_, *compaction_stream_); !status.ok()) {
+    // Nothing could be ordered after the copies: wait for them here instead.
+    return with_context(device_.synchronize(*compaction_stream_), "GPU arena compaction");
+  }
+  return absl::OkStatus();
 }
 
 // Moves [src, src + bytes) down to dst < src, ranges possibly overlapping, in stream order.

@@ -13,9 +13,11 @@
 // lack of room.
 //
 // Stream ordering: acquire(gpu) makes `stream` wait for the copy's arrival (and for earlier work
-// that used the copy) without blocking the host; only NVMe reads block the host. acquire(cpu)
-// returns host memory the host may use at once. release(stream) records where the work using
-// the copy ends; the memory is reused only after that point.
+// that used the copy) without blocking the host. acquire(cpu) returns host memory the host may
+// use at once, so it waits for the copy's device work. release(stream) records where the work
+// using the copy ends (one pooled event per stream and copy); the memory is reused only after
+// that point. evict() and write-backs to the CPU tier return without waiting for the device
+// copy: a completion worker finishes them. Where the host does wait is listed in docs/store.md.
 //
 // Thread-safe: several trainer threads may create, acquire and release concurrently.
 #pragma once
@@ -55,10 +57,10 @@ struct TierUsage {
   double fragmentation = 0;
 };
 
-struct MoveStats {
+struct MoveStats {  // completed moves (counted when seen complete)
   uint64_t bytes = 0;
   uint64_t moves = 0;
-  uint64_t ns = 0;  // host time spent issuing and (where the host waits) completing them
+  uint64_t ns = 0;  // host time spent issuing them (and, for NVMe reads, waiting for the reads)
 };
 
 struct StoreStats {
@@ -77,6 +79,13 @@ struct StoreStats {
   uint64_t prefetches_late = 0;    // acquired while still in flight
   uint64_t prefetches_wasted = 0;  // evicted (or overwritten) before any use
   uint64_t prefetches_failed = 0;  // dropped: no room without evicting sooner-needed tensors
+  // Device work the copies wait on. Each copy keeps at most one event per stream and drops
+  // completed ones, so these stay small however many acquire/release pairs run.
+  uint64_t busy_events = 0;      // events the copies hold now
+  uint64_t busy_peak = 0;        // the longest busy list any copy has had
+  uint64_t events_created = 0;   // device events made; they are pooled and reused
+  uint64_t moves_in_flight = 0;  // issued, not yet seen complete (write-backs, fetches to cpu)
+  uint64_t drops_pending = 0;    // evicted copies waiting for their device work to end
   double prefetch_accuracy() const {
     return prefetches_issued == 0
                ? 0
@@ -126,8 +135,12 @@ class TensorStore {
   // Starts moving the tensor toward `tier` in the background.
   absl::Status prefetch(TensorHandle tensor, TierKind tier);
   // Drops the copy in `tier`, writing it back home first when it holds the only newest bytes.
+  // Returns once the eviction is under way: the copy goes when its write-back and device work
+  // are done (an acquire before then keeps it). A write-back to NVMe is waited for, and its
+  // failure returned; one to the CPU tier is not (a failure is counted in stats().errors).
   absl::Status evict(TensorHandle tensor, TierKind tier);
-  // Writes every copy newer than its home copy back home, and waits.
+  // Writes every copy newer than its home copy back home, and waits (also for write-backs that
+  // evictions left in flight).
   absl::Status flush();
 
   // The scheduler: step boundaries and an optional order given up front.

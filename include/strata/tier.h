@@ -4,6 +4,13 @@
 // Thread-safe. Blocks are stable handles; a block's address changes only when compaction moves
 // it, and compaction never moves a pinned block. Callers pin a block for as long as device work
 // or host code uses its address.
+//
+// GPU compaction is stream-ordered: its copies run on the tier's own stream and allocate() does
+// not wait for them. Device work that uses a block's address after an allocate() (the moved
+// blocks, and new blocks that may overlap where they were) must be ordered after them:
+// order_after_compaction(stream), or pending_compaction() as an event to wait on. Host code that
+// touches arena memory directly (possible only on the host backend) calls
+// synchronize_compaction() first. The CPU tier compacts with memmove on the calling thread.
 #pragma once
 
 #include <absl/status/statusor.h>
@@ -67,6 +74,14 @@ class MemoryTier {
   absl::Status pin(BlockHandle block);
   absl::Status unpin(BlockHandle block);
 
+  // The latest compaction's copies, while still in flight; null when none are (always null for
+  // the CPU tier).
+  std::shared_ptr<Event> pending_compaction() const;
+  // Makes later work on `stream` wait for compaction copies in flight; the host does not block.
+  absl::Status order_after_compaction(Stream& stream) const;
+  // Waits on the host for compaction copies in flight.
+  absl::Status synchronize_compaction() const;
+
   TierStats stats() const;
   absl::Status check_invariants() const;
 
@@ -81,6 +96,10 @@ class MemoryTier {
   mutable absl::Mutex mu_;
   Arena arena_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Stream> compaction_stream_ ABSL_GUARDED_BY(mu_);
+  // Recorded after each compaction's copies; re-recorded by the next (same stream, so the latest
+  // record covers every earlier compaction).
+  std::shared_ptr<Event> compaction_done_ ABSL_GUARDED_BY(mu_);
+  bool compacted_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t compaction_copies_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -426,7 +426,8 @@ class HostDevice final : public Device {
     Link* link = kind == CopyKind::kHostToDevice   ? &shared_->h2d
                  : kind == CopyKind::kDeviceToHost ? &shared_->d2h
                                                    : &shared_->d2d;
-    host_stream->enqueue([dst, src, bytes, link] {
+    host_stream->enqueue([dst, src, bytes, link, kind, gate = shared_->options.gate] {
+      if (gate != nullptr) gate->pass(kind);
       const absl::Time finish = link->reserve(bytes);
       std::memcpy(dst, src, bytes);
       const absl::Duration left = finish - absl::Now();
@@ -610,6 +611,32 @@ absl::StatusOr<std::unique_ptr<StreamGate>> hold_device(Device& device,
   auto state = gate.state;
   (*host)->shared()->add_gate(std::move(gate));
   return std::make_unique<StreamGate>(std::move(state));
+}
+
+void HostCopyGate::close(CopyKind kind) {
+  MutexLock lock(&mu_);
+  closed_[static_cast<size_t>(kind)] = true;
+}
+
+void HostCopyGate::open(CopyKind kind) {
+  MutexLock lock(&mu_);
+  closed_[static_cast<size_t>(kind)] = false;
+  changed_.SignalAll();
+}
+
+void HostCopyGate::wait_held(CopyKind kind, uint64_t count) {
+  MutexLock lock(&mu_);
+  while (held_[static_cast<size_t>(kind)] < count) wait(&changed_, &mu_);
+}
+
+void HostCopyGate::pass(CopyKind kind) {
+  const auto k = static_cast<size_t>(kind);
+  MutexLock lock(&mu_);
+  if (!closed_[k]) return;
+  ++held_[k];
+  changed_.SignalAll();
+  while (closed_[k]) wait(&changed_, &mu_);
+  --held_[k];
 }
 
 absl::StatusOr<std::unique_ptr<Device>> make_host_device(HostDeviceOptions options) {

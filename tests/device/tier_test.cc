@@ -37,6 +37,7 @@ class BlockIo {
     for (uint64_t i = 0; i < bytes; ++i) host[i] = byte_at(seed, i);
     auto address = tier.address(block);
     REQUIRE(address.ok());
+    REQUIRE(tier.order_after_compaction(*stream_).ok());  // compaction copies are not waited for
     REQUIRE(device_.copy_async(*address, host, bytes, CopyKind::kHostToDevice, *stream_).ok());
     REQUIRE(device_.synchronize(*stream_).ok());
   }
@@ -45,6 +46,7 @@ class BlockIo {
     std::memset(host, 0, bytes);
     auto address = tier.address(block);
     REQUIRE(address.ok());
+    REQUIRE(tier.order_after_compaction(*stream_).ok());
     REQUIRE(device_.copy_async(host, *address, bytes, CopyKind::kDeviceToHost, *stream_).ok());
     REQUIRE(device_.synchronize(*stream_).ok());
     for (uint64_t i = 0; i < bytes; ++i) {
@@ -113,6 +115,48 @@ STRATA_BOTH_BACKENDS("GPU arena compacts fragmented free space and keeps every b
   for (const Live& l : kept) CHECK(io.matches(gpu, l.block, l.bytes, l.seed));
   CHECK(io.matches(gpu, *big, 16 * kMiB, 999));
   for (const auto& [block, address] : pinned) REQUIRE(gpu.unpin(block).ok());
+}
+
+TEST_CASE("GPU compaction does not wait for its copies; later work is ordered after them",
+          "[tier][compaction]") {
+  // Held at the gate, the compaction's device-to-device copies have not run when allocate()
+  // returns; work ordered with order_after_compaction() still sees every byte in place.
+  auto gate = std::make_shared<HostCopyGate>();
+  HostDeviceOptions options;
+  options.gate = gate;
+  auto device = testing::host_device(options);
+  auto tier = MemoryTier::create_gpu_arena(*device, 16 * kMiB);
+  REQUIRE(tier.ok());
+  MemoryTier& gpu = **tier;
+  BlockIo io(*device, 8 * kMiB);
+  std::vector<Live> live;
+  for (uint32_t i = 0; i < gpu.capacity() / kMiB; ++i) {
+    auto block = gpu.allocate(kMiB);
+    REQUIRE(block.ok());
+    live.push_back({*block, kMiB, 300 + i});
+    io.fill(gpu, *block, kMiB, 300 + i);
+  }
+  std::vector<Live> kept;
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (i % 2 == 0) {
+      REQUIRE(gpu.free(live[i].block).ok());
+    } else {
+      kept.push_back(live[i]);
+    }
+  }
+  CHECK(gpu.pending_compaction() == nullptr);
+  gate->close(CopyKind::kDeviceToDevice);
+  auto big = gpu.allocate(4 * kMiB);  // needs compaction; must not wait for its copies
+  REQUIRE(big.ok());
+  gate->wait_held(CopyKind::kDeviceToDevice, 1);  // the first copy sits at the gate
+  CHECK(gpu.stats().arena.compactions == 1);
+  CHECK(gpu.pending_compaction() != nullptr);
+  gate->open(CopyKind::kDeviceToDevice);
+  io.fill(gpu, *big, 4 * kMiB, 999);  // ordered after the compaction
+  for (const Live& l : kept) CHECK(io.matches(gpu, l.block, l.bytes, l.seed));
+  CHECK(io.matches(gpu, *big, 4 * kMiB, 999));
+  REQUIRE(gpu.synchronize_compaction().ok());
+  CHECK(gpu.pending_compaction() == nullptr);
 }
 
 STRATA_BOTH_BACKENDS("Compaction slides a large block by less than its size",
@@ -225,6 +269,8 @@ TEST_CASE("Concurrent allocate, pin, verify and free with frequent compaction", 
           ++unexpected_errors;
           return;
         }
+        // The host reads arena memory directly: compaction copies in flight must be done.
+        if (!gpu.synchronize_compaction().ok()) ++unexpected_errors;
         auto* p = static_cast<uint8_t*>(*gpu.address(l.block));
         for (uint64_t j = 0; j < l.bytes; j += 61) {
           if (p[j] != byte_at(l.seed, j)) {
@@ -246,6 +292,7 @@ TEST_CASE("Concurrent allocate, pin, verify and free with frequent compaction", 
           }
           Live l{*block, bytes, next_seed++};
           if (!gpu.pin(l.block).ok()) ++unexpected_errors;
+          if (!gpu.synchronize_compaction().ok()) ++unexpected_errors;
           auto* p = static_cast<uint8_t*>(*gpu.address(l.block));
           for (uint64_t j = 0; j < bytes; ++j) p[j] = byte_at(l.seed, j);
           if (!gpu.unpin(l.block).ok()) ++unexpected_errors;
