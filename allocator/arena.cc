@@ -1,6 +1,6 @@
 // Arena: allocation, free, handles, pins, statistics and the invariant checker.
 // Compaction planning and commit live in compaction.cc.
-#include "strata/arena.h"
+#include "strata/allocator/arena.h"
 
 #include <absl/strings/str_cat.h>
 

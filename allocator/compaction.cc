@@ -16,7 +16,7 @@
 #include <optional>
 #include <queue>
 
-#include "strata/arena.h"
+#include "strata/allocator/arena.h"
 
 namespace strata {
 

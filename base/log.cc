@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
 
 namespace strata::log {
 namespace {

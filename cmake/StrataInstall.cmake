@@ -7,7 +7,8 @@ install(TARGETS ${strata_layers} strata EXPORT strataTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY include/strata DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# Test hooks (include/strata/testing/) are not part of the installed API.
+install(DIRECTORY include/strata DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN testing EXCLUDE)
 install(EXPORT strataTargets NAMESPACE strata:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/strata)
 
 configure_package_config_file(cmake/strataConfig.cmake.in

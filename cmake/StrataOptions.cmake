@@ -34,22 +34,39 @@ function(strata_target_warnings target)
                          $<${strata_gcc12}:-Wno-restrict> $<$<BOOL:${STRATA_WERROR}>:-Werror>)
 endfunction()
 
-# One library per layer folder. Sources may be empty until the layer's issue lands.
+# One library per layer folder. HEADERS names the folder of its public headers under
+# include/strata/ (and TESTING_HEADERS its test hooks under include/strata/testing/). Each layer
+# sees only its own headers and those of the layers it links: the build tree gives every layer an
+# include folder of its own that links to just its headers, so an include of a higher floor's
+# header does not compile (the layering is enforced, not a convention).
 function(strata_add_layer name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "HEADERS" "SOURCES;TESTING_HEADERS;HEADER_FILES;PUBLIC_DEPS;PRIVATE_DEPS"
+                        ${ARGN})
+  set(staged ${PROJECT_BINARY_DIR}/layer-include/${name})
+  file(MAKE_DIRECTORY ${staged}/strata/testing)
+  if(ARG_HEADERS)
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/include/strata/${ARG_HEADERS}
+         ${staged}/strata/${ARG_HEADERS} SYMBOLIC)
+  endif()
+  foreach(header IN LISTS ARG_TESTING_HEADERS)
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/include/strata/testing/${header}
+         ${staged}/strata/testing/${header} SYMBOLIC)
+  endforeach()
+  foreach(header IN LISTS ARG_HEADER_FILES)
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/include/strata/${header} ${staged}/strata/${header}
+         SYMBOLIC)
+  endforeach()
   if(ARG_SOURCES)
     add_library(${name} STATIC ${ARG_SOURCES})
     target_include_directories(${name}
-      PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
-             $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+      PUBLIC $<BUILD_INTERFACE:${staged}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
       PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
     target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
     strata_target_warnings(${name})
   else()
     add_library(${name} INTERFACE)
     target_include_directories(${name}
-      INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
-                $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+      INTERFACE $<BUILD_INTERFACE:${staged}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
     target_link_libraries(${name} INTERFACE ${ARG_PUBLIC_DEPS})
   endif()
   set_target_properties(${name} PROPERTIES EXPORT_NAME ${name})

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "strata/base/log.h"
-#include "strata/io_engine.h"
+#include "strata/nvme/io_engine.h"
 
 namespace strata {
 namespace {

@@ -1,8 +1,8 @@
-#include "strata/fault_injector.h"
+#include "strata/testing/fault_injector.h"
 
 #include <algorithm>
 
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
 
 namespace strata {
 

@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "strata/fault_injector.h"
+#include "strata/testing/fault_injector.h"
 
 namespace strata {
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "strata/base/system.h"
-#include "strata/fault_injector.h"
-#include "strata/io_engine.h"
+#include "strata/nvme/io_engine.h"
+#include "strata/testing/fault_injector.h"
 
 namespace strata::io {
 

@@ -4,8 +4,8 @@
 
 #include <memory>
 
-#include "strata/io_engine.h"
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
+#include "strata/nvme/io_engine.h"
 
 namespace strata {
 namespace {

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "io_common.h"
-#include "strata/fault_injector.h"
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
+#include "strata/testing/fault_injector.h"
 
 namespace strata {
 namespace {

@@ -14,8 +14,8 @@
 #include <string>
 
 #include "io_common.h"
+#include "strata/base/format_bytes.h"
 #include "strata/base/system.h"
-#include "strata/format_bytes.h"
 
 namespace strata {
 namespace {

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "strata/io_engine.h"
-#include "strata/unique_fd.h"
+#include "strata/base/unique_fd.h"
+#include "strata/nvme/io_engine.h"
 
 namespace strata {
 

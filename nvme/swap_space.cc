@@ -1,4 +1,4 @@
-#include "strata/swap_space.h"
+#include "strata/nvme/swap_space.h"
 
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
@@ -9,9 +9,9 @@
 #include <optional>
 #include <span>
 
-#include "strata/fault_injector.h"
-#include "strata/format_bytes.h"
-#include "strata/mutex.h"
+#include "strata/base/format_bytes.h"
+#include "strata/base/mutex.h"
+#include "strata/testing/fault_injector.h"
 #include "swap_file.h"
 
 namespace strata {

@@ -1,5 +1,5 @@
 // CPU Adam driver: validation, ISA dispatch and the parallel split over fixed-size chunks.
-#include "strata/cpu_adam.h"
+#include "strata/offload/cpu_adam.h"
 
 #include <absl/status/status.h>
 #include <absl/strings/str_cat.h>

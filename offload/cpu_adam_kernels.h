@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "strata/cpu_adam.h"
+#include "strata/offload/cpu_adam.h"
 
 namespace strata::adam_detail {
 

@@ -12,7 +12,7 @@
 #include <algorithm>
 
 #include "optimizer_impl.h"
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
 
 namespace strata {
 

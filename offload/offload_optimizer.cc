@@ -1,6 +1,6 @@
 // OffloadOptimizer's public API: creation, parameter groups and registration, inspection (the
 // step, gradient landing, NVMe states and checkpoints have files of their own).
-#include "strata/offload_optimizer.h"
+#include "strata/offload/offload_optimizer.h"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
@@ -10,8 +10,8 @@
 #include <cstring>
 
 #include "optimizer_impl.h"
-#include "strata/format_bytes.h"
-#include "strata/mutex.h"
+#include "strata/base/format_bytes.h"
+#include "strata/base/mutex.h"
 
 namespace strata {
 

@@ -22,8 +22,8 @@
 #include <sstream>
 
 #include "optimizer_impl.h"
-#include "strata/mutex.h"
-#include "strata/unique_fd.h"
+#include "strata/base/mutex.h"
+#include "strata/base/unique_fd.h"
 
 namespace strata {
 namespace {

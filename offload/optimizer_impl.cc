@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "cpu_adam_kernels.h"
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
 
 namespace strata {
 

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "strata/offload_optimizer.h"
-#include "strata/staging.h"
-#include "strata/swap_space.h"
+#include "strata/nvme/swap_space.h"
+#include "strata/offload/offload_optimizer.h"
+#include "strata/store/staging.h"
 
 namespace strata {
 

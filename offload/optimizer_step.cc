@@ -11,7 +11,7 @@
 #include <limits>
 
 #include "optimizer_impl.h"
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
 
 namespace strata {
 namespace {

@@ -1,12 +1,12 @@
-#include "strata/runtime.h"
+#include "strata/runtime/runtime.h"
 
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
-#include "strata/backend.h"
+#include "strata/base/format_bytes.h"
 #include "strata/base/log.h"
-#include "strata/format_bytes.h"
-#include "strata/swap_config.h"
+#include "strata/device/backend.h"
+#include "strata/testing/swap_config.h"
 
 namespace strata {
 

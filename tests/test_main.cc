@@ -1,7 +1,7 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
 
 // Tests take Abseil locks of their own (absl::Notification) before any strata lock: switch the
 // deadlock graph off before main, as the first strata lock would.

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "cli.h"
-#include "strata/arena.h"
-#include "strata/size.h"
+#include "strata/allocator/arena.h"
+#include "strata/base/size.h"
 
 namespace strata {
 namespace {

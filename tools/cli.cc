@@ -9,7 +9,7 @@
 #include <cmath>
 #include <iostream>
 
-#include "strata/size.h"
+#include "strata/base/size.h"
 
 namespace strata::cli {
 

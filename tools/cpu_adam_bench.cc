@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "cli.h"
-#include "strata/cpu_adam.h"
-#include "strata/format_bytes.h"
+#include "strata/base/format_bytes.h"
+#include "strata/offload/cpu_adam.h"
 
 namespace {
 

@@ -40,9 +40,9 @@
 #include "bench/train_step.h"
 #include "bench/tune.h"
 #include "cli.h"
-#include "strata/backend.h"
-#include "strata/config.h"
-#include "strata/size.h"
+#include "strata/base/size.h"
+#include "strata/config/config.h"
+#include "strata/device/backend.h"
 
 namespace strata::bench {
 namespace {

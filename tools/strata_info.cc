@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "cli.h"
-#include "strata/backend.h"
-#include "strata/config.h"
-#include "strata/machine_info.h"
-#include "strata/size.h"
+#include "strata/base/size.h"
+#include "strata/config/config.h"
+#include "strata/config/machine_info.h"
+#include "strata/device/backend.h"
 
 namespace strata {
 namespace {

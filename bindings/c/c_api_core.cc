@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "c_api_internal.h"
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
 
 namespace strata::c_api {
 namespace {

@@ -22,10 +22,10 @@
 #include <utility>
 #include <vector>
 
-#include "strata/runtime.h"
+#include "strata/runtime/runtime.h"
+#include "strata/store/tensor_store.h"
+#include "strata/store/tier.h"
 #include "strata/strata.h"
-#include "strata/tensor_store.h"
-#include "strata/tier.h"
 
 namespace strata::c_api {
 

@@ -4,8 +4,8 @@
 #include <span>
 
 #include "c_api_internal.h"
-#include "strata/mutex.h"
-#include "strata/offload_optimizer.h"
+#include "strata/base/mutex.h"
+#include "strata/offload/offload_optimizer.h"
 
 namespace strata::c_api {
 namespace {

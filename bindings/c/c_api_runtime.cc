@@ -8,8 +8,8 @@
 #include <string>
 
 #include "c_api_internal.h"
-#include "strata/config.h"
-#include "strata/mutex.h"
+#include "strata/base/mutex.h"
+#include "strata/config/config.h"
 
 namespace strata::c_api {
 namespace {

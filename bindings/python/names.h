@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "dlpack.h"
-#include "strata/tensor_store.h"
-#include "strata/tier.h"
+#include "strata/store/tensor_store.h"
+#include "strata/store/tier.h"
 
 namespace strata::python {
 

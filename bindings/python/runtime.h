@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "names.h"
-#include "strata/device.h"
-#include "strata/runtime.h"
-#include "strata/tensor_store.h"
+#include "strata/device/device.h"
+#include "strata/runtime/runtime.h"
+#include "strata/store/tensor_store.h"
 
 namespace strata::python {
 

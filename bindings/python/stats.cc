@@ -3,7 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "names.h"
-#include "strata/runtime.h"
+#include "strata/runtime/runtime.h"
 
 namespace py = pybind11;
 

@@ -3,9 +3,9 @@
 
 #include <pybind11/pybind11.h>
 
-#include "strata/config.h"
-#include "strata/offload_optimizer.h"
-#include "strata/tensor_store.h"
+#include "strata/config/config.h"
+#include "strata/offload/offload_optimizer.h"
+#include "strata/store/tensor_store.h"
 
 namespace strata::python {
 

@@ -8,7 +8,7 @@
 
 #include "errors.h"
 #include "runtime.h"
-#include "strata/host_device.h"
+#include "strata/device/host_device.h"
 #include "stream.h"
 
 namespace py = pybind11;

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "strata/offload_optimizer.h"
-#include "strata/runtime.h"
+#include "strata/offload/offload_optimizer.h"
+#include "strata/runtime/runtime.h"
 
 namespace {
 

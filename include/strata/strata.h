@@ -254,8 +254,8 @@ STRATA_API strata_status_t strata_tensor_evict(strata_tensor_t tensor, strata_ti
  */
 
 /* Adam/AdamW with fp32 master weights and moments in the pinned CPU tier or on NVMe, stepped on
- * the CPU; see include/strata/offload_optimizer.h for the step's pipeline and its data safety
- * (a step applies completely or not at all). Belongs to one runtime. */
+ * the CPU; see include/strata/offload/offload_optimizer.h for the step's pipeline and its data
+ * safety (a step applies completely or not at all). Belongs to one runtime. */
 typedef struct strata_optimizer strata_optimizer_t; /* opaque */
 
 typedef int32_t strata_param_type_t; /* the parameter copy the model computes with */

@@ -1,6 +1,6 @@
 // Arena: allocation, free, coalescing, handles, pins and statistics, including a randomized
 // comparison against a reference model with the invariant checker run after every step.
-#include "strata/arena.h"
+#include "strata/allocator/arena.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "strata/arena.h"
+#include "strata/allocator/arena.h"
 
 namespace strata {
 namespace {

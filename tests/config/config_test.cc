@@ -1,4 +1,4 @@
-#include "strata/config.h"
+#include "strata/config/config.h"
 
 #include <stdlib.h>
 

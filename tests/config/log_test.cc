@@ -13,7 +13,7 @@
 #include <string>
 
 #include "log_capture.h"
-#include "strata/runtime.h"
+#include "strata/runtime/runtime.h"
 
 namespace strata {
 namespace {

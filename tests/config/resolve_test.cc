@@ -9,9 +9,9 @@
 #include <limits>
 #include <string>
 
-#include "strata/config.h"
-#include "strata/machine_info.h"
-#include "strata/swap_config.h"
+#include "strata/config/config.h"
+#include "strata/config/machine_info.h"
+#include "strata/testing/swap_config.h"
 #include "temp_dir.h"
 
 namespace strata {

@@ -1,4 +1,4 @@
-#include "strata/size.h"
+#include "strata/base/size.h"
 
 #include <absl/strings/str_format.h>
 

@@ -1,6 +1,6 @@
 // AccessSchedule: recording and re-recording the trace, realignment, due prefetches and their
 // leads, Belady and LRU victims, forget(); next_use and choose_victim against a brute force.
-#include "strata/access_schedule.h"
+#include "strata/store/access_schedule.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -6,8 +6,8 @@
 #include <iostream>
 #include <memory>
 
-#include "strata/backend.h"
-#include "strata/host_device.h"
+#include "strata/device/backend.h"
+#include "strata/device/host_device.h"
 
 namespace strata::testing {
 

@@ -1,5 +1,5 @@
 // Device semantics on HostDevice: copies, streams, events and what CUDA would reject.
-#include "strata/host_device.h"
+#include "strata/device/host_device.h"
 
 #include <absl/synchronization/notification.h>
 #include <absl/time/clock.h>

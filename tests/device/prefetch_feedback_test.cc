@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "device_fixtures.h"
-#include "strata/tensor_store.h"
-#include "strata/tier.h"
+#include "strata/store/tensor_store.h"
+#include "strata/store/tier.h"
 
 namespace strata {
 namespace {

@@ -1,6 +1,6 @@
 // The README's "embed it in a trainer" loop, run as a test: a Runtime from the configuration,
 // layers created once, acquired and released in order inside steps, their bytes intact.
-#include "strata/runtime.h"
+#include "strata/runtime/runtime.h"
 
 #include <absl/strings/str_format.h>
 

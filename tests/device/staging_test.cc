@@ -1,6 +1,6 @@
 // StagingPool: a fixed budget of pinned chunks; waiting, never growing; pinned against
 // compaction of the CPU tier it lives in.
-#include "strata/staging.h"
+#include "strata/store/staging.h"
 
 #include <absl/synchronization/notification.h>
 

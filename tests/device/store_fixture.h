@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "device_fixtures.h"
-#include "strata/fault_injector.h"
-#include "strata/tensor_store.h"
+#include "strata/store/tensor_store.h"
+#include "strata/testing/fault_injector.h"
 #include "temp_dir.h"
 
 namespace strata::testing {

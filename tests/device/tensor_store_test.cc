@@ -1,6 +1,6 @@
 // TensorStore: the data-safety rules, on HostDevice (and the basic paths on a GPU under
 // [cuda]). Device memory is read and written through copies, so the same helpers serve both.
-#include "strata/tensor_store.h"
+#include "strata/store/tensor_store.h"
 
 #include <absl/strings/str_format.h>
 

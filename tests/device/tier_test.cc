@@ -1,6 +1,6 @@
 // The GPU arena and the pinned CPU tier: allocation, compaction that preserves every block's
 // bytes and never moves a pinned block, and a concurrent randomized stress test.
-#include "strata/tier.h"
+#include "strata/store/tier.h"
 
 #include <absl/container/flat_hash_map.h>
 

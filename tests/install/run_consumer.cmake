@@ -17,8 +17,11 @@ function(run)
 endfunction()
 
 run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
-if(NOT EXISTS "${prefix}/include/strata/tier.h")
-  message(FATAL_ERROR "headers were not installed under ${prefix}/include/strata")
+if(NOT EXISTS "${prefix}/include/strata/store/tier.h")
+  message(FATAL_ERROR "headers were not installed under ${prefix}/include/strata/<layer>/")
+endif()
+if(EXISTS "${prefix}/include/strata/testing")
+  message(FATAL_ERROR "test hooks (include/strata/testing/) were installed; they are not API")
 endif()
 run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/install/consumer" -B "${WORK_DIR}/build"
     -DCMAKE_PREFIX_PATH=${prefix} "-DCMAKE_CXX_FLAGS=${CONSUMER_CXX_FLAGS}"

@@ -6,7 +6,7 @@
 #include <cerrno>
 
 #include "nvme/engine_fixtures.h"
-#include "strata/fault_injector.h"
+#include "strata/testing/fault_injector.h"
 
 namespace strata {
 namespace {

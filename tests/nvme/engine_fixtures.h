@@ -17,11 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "strata/fault_injector.h"
-#include "strata/io_engine.h"
+#include "strata/nvme/io_engine.h"
+#include "strata/testing/fault_injector.h"
 
 namespace strata::testing {
-
 
 inline constexpr uint64_t kBlock = 4096;
 

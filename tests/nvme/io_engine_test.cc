@@ -1,4 +1,4 @@
-#include "strata/io_engine.h"
+#include "strata/nvme/io_engine.h"
 
 #include <sys/mman.h>
 

@@ -1,6 +1,6 @@
 // SwapSpace: striping, checksums, partial ranges, bad paths, exhaustion, injected faults,
 // on-disk corruption, and concurrent use — on real O_DIRECT files in temporary directories.
-#include "strata/swap_space.h"
+#include "strata/nvme/swap_space.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "strata/fault_injector.h"
-#include "strata/format_bytes.h"
-#include "strata/swap_config.h"
+#include "strata/base/format_bytes.h"
+#include "strata/testing/fault_injector.h"
+#include "strata/testing/swap_config.h"
 #include "temp_dir.h"
 
 namespace strata {

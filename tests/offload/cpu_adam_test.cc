@@ -1,5 +1,5 @@
 // CPU Adam / AdamW: every ISA the CPU has against a double-precision scalar reference.
-#include "strata/cpu_adam.h"
+#include "strata/offload/cpu_adam.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>

@@ -1,7 +1,7 @@
 // OffloadOptimizer end to end on the host backend: equivalence with an in-memory AdamW step for
 // step (states in the CPU tier and on NVMe), bitwise checkpoint/resume, overflow skipping, I/O
 // faults during the NVMe write-back, gradient accumulation, concurrency and bad input.
-#include "strata/offload_optimizer.h"
+#include "strata/offload/offload_optimizer.h"
 
 #include <absl/strings/match.h>
 

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "offload/cpu_adam_kernels.h"
-#include "strata/fault_injector.h"
-#include "strata/offload_optimizer.h"
-#include "strata/runtime.h"
+#include "strata/offload/offload_optimizer.h"
+#include "strata/runtime/runtime.h"
+#include "strata/testing/fault_injector.h"
 #include "temp_dir.h"
 
 namespace strata::testing {

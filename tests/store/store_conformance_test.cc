@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "store/store_fixtures.h"
-#include "strata/runtime.h"
-#include "strata/tensor_store.h"
+#include "strata/runtime/runtime.h"
+#include "strata/store/tensor_store.h"
 
 namespace strata::testing {
 namespace {

@@ -14,9 +14,9 @@
 #include <memory>
 #include <string>
 
-#include "strata/backend.h"
-#include "strata/runtime.h"
-#include "strata/tensor_store.h"
+#include "strata/device/backend.h"
+#include "strata/runtime/runtime.h"
+#include "strata/store/tensor_store.h"
 #include "temp_dir.h"
 
 namespace strata::testing {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "strata/backend.h"
+#include "strata/device/backend.h"
 
 namespace strata::bench {
 

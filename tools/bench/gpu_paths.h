@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bench/common.h"
-#include "strata/device.h"
+#include "strata/device/device.h"
 
 namespace strata::bench {
 

@@ -18,7 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "strata/format_bytes.h"
+#include "strata/base/format_bytes.h"
 
 namespace strata::bench {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "bench/optimizer_baselines.h"
 #include "bench/optimizer_workload.h"
-#include "strata/size.h"
+#include "strata/base/size.h"
 
 namespace strata::bench {
 namespace {

@@ -19,9 +19,9 @@
 #include "bench/optimizer_baselines.h"
 #include "bench/raw_io.h"
 #include "bench/report.h"
-#include "strata/backend.h"
-#include "strata/runtime.h"
-#include "strata/size.h"
+#include "strata/base/size.h"
+#include "strata/device/backend.h"
+#include "strata/runtime/runtime.h"
 
 namespace strata::bench {
 namespace {

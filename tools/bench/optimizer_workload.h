@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "cli.h"
-#include "strata/offload_optimizer.h"
+#include "strata/offload/offload_optimizer.h"
 
 namespace strata::bench {
 

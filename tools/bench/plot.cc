@@ -6,7 +6,7 @@
 #include <cmath>
 #include <map>
 
-#include "strata/size.h"
+#include "strata/base/size.h"
 
 namespace strata::bench {
 namespace {

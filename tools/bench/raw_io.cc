@@ -14,9 +14,9 @@
 #include <utility>
 
 #include "bench/common.h"
+#include "strata/base/size.h"
 #include "strata/base/system.h"
-#include "strata/size.h"
-#include "strata/unique_fd.h"
+#include "strata/base/unique_fd.h"
 
 namespace strata::bench {
 namespace {

@@ -4,8 +4,8 @@
 #include <absl/strings/str_join.h>
 
 #include "bench/gpu_paths.h"
-#include "strata/backend.h"
-#include "strata/size.h"
+#include "strata/base/size.h"
+#include "strata/device/backend.h"
 
 namespace strata::bench {
 namespace {

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "bench/common.h"
-#include "strata/config.h"
-#include "strata/device.h"
+#include "strata/config/config.h"
+#include "strata/device/device.h"
 
 namespace strata::bench {
 

@@ -11,8 +11,8 @@
 
 #include "bench/gpu_paths.h"
 #include "bench/raw_io.h"
-#include "strata/runtime.h"
-#include "strata/size.h"
+#include "strata/base/size.h"
+#include "strata/runtime/runtime.h"
 
 namespace strata::bench {
 namespace {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "bench/common.h"
-#include "strata/config.h"
+#include "strata/config/config.h"
 
 namespace strata::bench {
 

@@ -12,10 +12,10 @@
 #include <utility>
 
 #include "bench/common.h"
-#include "strata/backend.h"
-#include "strata/host_device.h"
-#include "strata/runtime.h"
-#include "strata/size.h"
+#include "strata/base/size.h"
+#include "strata/device/backend.h"
+#include "strata/device/host_device.h"
+#include "strata/runtime/runtime.h"
 
 namespace strata::bench {
 namespace {

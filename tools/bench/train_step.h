@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "bench/train_step_plan.h"
-#include "strata/config.h"
-#include "strata/device.h"
+#include "strata/config/config.h"
+#include "strata/device/device.h"
 
 namespace strata::bench {
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "bench/train_step.h"
-#include "strata/backend.h"
-#include "strata/size.h"
+#include "strata/base/size.h"
+#include "strata/device/backend.h"
 
 namespace strata::bench {
 namespace {

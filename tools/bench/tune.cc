@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "bench/store_paths.h"
-#include "strata/io_engine.h"
-#include "strata/size.h"
+#include "strata/base/size.h"
+#include "strata/nvme/io_engine.h"
 
 namespace strata::bench {
 namespace {

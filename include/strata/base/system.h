@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "strata/unique_fd.h"
+#include "strata/base/unique_fd.h"
 
 namespace strata::sys {
 

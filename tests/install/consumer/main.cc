@@ -1,8 +1,8 @@
 // Creates a host device and a GPU-arena tier through the installed headers and library, moves a
 // block's bytes in and out, and checks them.
-#include <strata/backend.h>
-#include <strata/host_device.h>
-#include <strata/tier.h>
+#include <strata/device/backend.h>
+#include <strata/device/host_device.h>
+#include <strata/store/tier.h>
 
 #include <cstdio>
 #include <cstring>
@@ -18,10 +18,12 @@ int main() {
   if (!block.ok() || !stream.ok()) return 3;
   std::vector<unsigned char> in(1 << 20, 0xab), out(1 << 20, 0);
   void* address = *(*tier)->address(*block);
-  if (!(*device)->copy_async(address, in.data(), in.size(), strata::CopyKind::kHostToDevice,
-                             **stream).ok() ||
-      !(*device)->copy_async(out.data(), address, out.size(), strata::CopyKind::kDeviceToHost,
-                             **stream).ok() ||
+  if (!(*device)
+           ->copy_async(address, in.data(), in.size(), strata::CopyKind::kHostToDevice, **stream)
+           .ok() ||
+      !(*device)
+           ->copy_async(out.data(), address, out.size(), strata::CopyKind::kDeviceToHost, **stream)
+           .ok() ||
       !(*device)->synchronize(**stream).ok()) {
     return 4;
   }

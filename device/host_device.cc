@@ -1,0 +1,653 @@
+#include "strata/device/host_device.h"
+
+#include <absl/container/btree_map.h>
+#include <absl/container/btree_set.h>
+#include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "strata/base/mutex.h"
+#include "strata/base/size.h"
+
+namespace strata {
+namespace {
+
+using Op = absl::AnyInvocable<void() &&>;
+
+// Address ranges the device knows: its allocations and the host ranges registered with it.
+class RangeSet {
+ public:
+  absl::Status add(const void* data, uint64_t bytes, std::string_view what) {
+    MutexLock lock(&mu_);
+    const auto start = reinterpret_cast<uintptr_t>(data);
+    if (touches_locked(start, bytes)) {
+      return absl::AlreadyExistsError(
+          absl::StrFormat("%s [%p, +%d) overlaps a range already registered with the host device",
+                          what, data, bytes));
+    }
+    ranges_.emplace(start, bytes);
+    total_ += bytes;
+    return absl::OkStatus();
+  }
+  void remove(const void* data) {
+    MutexLock lock(&mu_);
+    auto it = ranges_.find(reinterpret_cast<uintptr_t>(data));
+    if (it != ranges_.end()) {
+      total_ -= it->second;
+      ranges_.erase(it);
+    }
+  }
+  // True when [data, data + bytes) lies inside one range.
+  bool contains(const void* data, uint64_t bytes) const {
+    MutexLock lock(&mu_);
+    return find_locked(reinterpret_cast<uintptr_t>(data), bytes) != ranges_.end();
+  }
+  // True when [data, data + bytes) touches any range.
+  bool touches(const void* data, uint64_t bytes) const {
+    MutexLock lock(&mu_);
+    return touches_locked(reinterpret_cast<uintptr_t>(data), bytes);
+  }
+  uint64_t total() const {
+    MutexLock lock(&mu_);
+    return total_;
+  }
+
+ private:
+  bool touches_locked(uintptr_t start, uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = ranges_.lower_bound(start + bytes);  // first range starting at or after the end
+    if (it == ranges_.begin()) return false;
+    --it;
+    return it->first + it->second > start;
+  }
+  absl::btree_map<uintptr_t, uint64_t>::const_iterator find_locked(uintptr_t start,
+                                                                   uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = ranges_.upper_bound(start);
+    if (it == ranges_.begin()) return ranges_.end();
+    --it;
+    if (start + bytes <= it->first + it->second) return it;
+    return ranges_.end();
+  }
+
+  mutable absl::Mutex mu_;
+  absl::btree_map<uintptr_t, uint64_t> ranges_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One copy direction, shared by all streams: copies queue behind each other at its bandwidth.
+class Link {
+ public:
+  explicit Link(double bytes_per_second) : bytes_per_second_(bytes_per_second) {}
+  // Reserves the link for `bytes` and returns when the transfer would have finished.
+  absl::Time reserve(uint64_t bytes) {
+    if (bytes_per_second_ <= 0) return absl::InfinitePast();
+    MutexLock lock(&mu_);
+    const absl::Time start = std::max(absl::Now(), free_at_);
+    free_at_ = start + absl::Seconds(static_cast<double>(bytes) / bytes_per_second_);
+    return free_at_;
+  }
+
+ private:
+  const double bytes_per_second_;
+  absl::Mutex mu_;
+  absl::Time free_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+}  // namespace
+
+// A gate's state, shared by the gate and the work it holds.
+struct StreamGate::State {
+  mutable absl::Mutex mu;
+  mutable absl::CondVar changed;
+  bool open ABSL_GUARDED_BY(mu) = false;
+  uint64_t held ABSL_GUARDED_BY(mu) = 0;
+
+  bool is_open() const {
+    MutexLock lock(&mu);
+    return open;
+  }
+  // Runs on a stream's worker: waits until the gate opens.
+  void pass() {
+    MutexLock lock(&mu);
+    if (open) return;
+    ++held;
+    changed.SignalAll();
+    while (!open) wait(&changed, &mu);
+    --held;
+  }
+};
+
+namespace {
+
+class StreamQueue;
+
+// A device-wide gate and the queues it does not hold.
+struct DeviceGate {
+  std::shared_ptr<StreamGate::State> state;
+  std::vector<const StreamQueue*> exempt;
+};
+
+// State shared by the device and everything it made, so late work never touches a dead device.
+struct Shared {
+  explicit Shared(const HostDeviceOptions& o)
+      : options(o),
+        h2d(o.h2d_bytes_per_second),
+        d2h(o.d2h_bytes_per_second),
+        d2d(o.d2d_bytes_per_second) {}
+  const HostDeviceOptions options;
+  RangeSet device_memory;
+  RangeSet registered_host;
+  Link h2d, d2h, d2d;
+
+  // The closed device-wide gates that hold work issued on `queue` now.
+  std::vector<std::shared_ptr<StreamGate::State>> device_gates_for(const StreamQueue* queue) {
+    MutexLock lock(&mu);
+    std::erase_if(gates, [](const DeviceGate& g) { return g.state->is_open(); });
+    std::vector<std::shared_ptr<StreamGate::State>> closed;
+    for (const DeviceGate& g : gates) {
+      if (std::find(g.exempt.begin(), g.exempt.end(), queue) == g.exempt.end()) {
+        closed.push_back(g.state);
+      }
+    }
+    return closed;
+  }
+  void add_gate(DeviceGate gate) {
+    MutexLock lock(&mu);
+    gates.push_back(std::move(gate));
+  }
+
+  // Host streams' native handles: ids from 16 up, so they never read as DLPack's special stream
+  // values (-1, 0, 1, 2) or as null.
+  uint64_t add_queue(const std::shared_ptr<StreamQueue>& queue) {
+    MutexLock lock(&mu);
+    const uint64_t id = next_stream_id++;
+    queues.emplace(id, queue);
+    return id;
+  }
+  void remove_queue(uint64_t id) {
+    MutexLock lock(&mu);
+    queues.erase(id);
+  }
+  std::shared_ptr<StreamQueue> find_queue(uint64_t id) {
+    MutexLock lock(&mu);
+    auto it = queues.find(id);
+    return it == queues.end() ? nullptr : it->second.lock();
+  }
+
+ private:
+  absl::Mutex mu;
+  std::vector<DeviceGate> gates ABSL_GUARDED_BY(mu);
+  uint64_t next_stream_id ABSL_GUARDED_BY(mu) = 16;
+  absl::btree_map<uint64_t, std::weak_ptr<StreamQueue>> queues ABSL_GUARDED_BY(mu);
+};
+
+struct EventState {
+  absl::Mutex mu;
+  absl::CondVar done;
+  uint64_t latest ABSL_GUARDED_BY(mu) = 0;                // sequence of the latest record
+  absl::btree_set<uint64_t> pending ABSL_GUARDED_BY(mu);  // records not yet reached
+};
+
+class HostEvent final : public Event {
+ public:
+  explicit HostEvent(std::shared_ptr<const Shared> shared) : owner(std::move(shared)) {}
+  const std::shared_ptr<const Shared> owner;
+  const std::shared_ptr<EventState> state = std::make_shared<EventState>();
+};
+
+// A FIFO of work executed by one worker thread, like a CUDA stream.
+class StreamQueue {
+ public:
+  explicit StreamQueue(std::shared_ptr<Shared> shared)
+      : owner(std::move(shared)), worker_([this] { run(); }) {}
+  ~StreamQueue() {
+    {
+      MutexLock lock(&mu_);
+      stopping_ = true;
+      work_.SignalAll();
+    }
+    worker_.join();  // drains the queue first, as cudaStreamDestroy lets queued work finish
+    if (id != 0) owner->remove_queue(id);
+  }
+
+  void enqueue(Op op) {
+    // Closed gates hold this work: it passes each of them before it runs.
+    std::vector<std::shared_ptr<StreamGate::State>> gates = owner->device_gates_for(this);
+    MutexLock lock(&mu_);
+    std::erase_if(gates_, [](const auto& g) { return g->is_open(); });
+    gates.insert(gates.end(), gates_.begin(), gates_.end());
+    if (!gates.empty()) {
+      op = [gates = std::move(gates), op = std::move(op)]() mutable {
+        for (const auto& gate : gates) gate->pass();
+        std::move(op)();
+      };
+    }
+    queue_.push_back(std::move(op));
+    ++submitted_;
+    work_.Signal();
+  }
+
+  void add_gate(std::shared_ptr<StreamGate::State> gate) {
+    MutexLock lock(&mu_);
+    gates_.push_back(std::move(gate));
+  }
+
+  void drain() {
+    MutexLock lock(&mu_);
+    const uint64_t target = submitted_;
+    while (completed_ < target) wait(&idle_, &mu_);
+  }
+
+  const std::shared_ptr<Shared> owner;  // keeps the links alive for queued copies
+  uint64_t id = 0;                      // the native handle; set once, by create_stream
+
+ private:
+  void run() {
+    for (;;) {
+      Op op;
+      {
+        MutexLock lock(&mu_);
+        while (queue_.empty() && !stopping_) wait(&work_, &mu_);
+        if (queue_.empty()) return;
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::move(op)();
+      MutexLock lock(&mu_);
+      ++completed_;
+      idle_.SignalAll();
+    }
+  }
+
+  absl::Mutex mu_;
+  absl::CondVar work_;
+  absl::CondVar idle_;
+  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<StreamGate::State>> gates_ ABSL_GUARDED_BY(mu_);
+  uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;  // last: starts after every member it uses exists
+};
+
+// A Stream of the host device: a handle on a queue. The stream create_stream returns and every
+// wrapper wrap_external_stream makes for it share the queue; the queue lives while any does.
+class HostStream final : public Stream {
+ public:
+  explicit HostStream(std::shared_ptr<StreamQueue> q) : owner(q->owner), queue(std::move(q)) {}
+  void enqueue(Op op) { queue->enqueue(std::move(op)); }
+  void drain() { queue->drain(); }
+  const std::shared_ptr<Shared> owner;
+  const std::shared_ptr<StreamQueue> queue;
+};
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+class HostDeviceMemory final : public DeviceMemory {
+ public:
+  HostDeviceMemory(std::shared_ptr<Shared> shared, std::unique_ptr<void, FreeDeleter> memory,
+                   uint64_t bytes)
+      : DeviceMemory(memory.get(), bytes), shared_(std::move(shared)), memory_(std::move(memory)) {}
+  ~HostDeviceMemory() override { shared_->device_memory.remove(data()); }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::unique_ptr<void, FreeDeleter> memory_;
+};
+
+class HostRangeRegistration final : public HostRegistration {
+ public:
+  HostRangeRegistration(std::shared_ptr<Shared> shared, const void* data)
+      : shared_(std::move(shared)), data_(data) {}
+  ~HostRangeRegistration() override { shared_->registered_host.remove(data_); }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  const void* data_;
+};
+
+class HostDevice final : public Device {
+ public:
+  explicit HostDevice(const HostDeviceOptions& options)
+      : shared_(std::make_shared<Shared>(options)) {}
+
+  Backend backend() const override { return Backend::kHost; }
+
+  std::string description() const override {
+    const auto& o = shared_->options;
+    if (o.h2d_bytes_per_second > 0 || o.d2h_bytes_per_second > 0 || o.d2d_bytes_per_second > 0) {
+      return absl::StrFormat(
+          "host (simulated device, throttled: H2D %.2f GB/s, D2H %.2f GB/s, "
+          "D2D %.2f GB/s; 0 = unthrottled)",
+          o.h2d_bytes_per_second / 1e9, o.d2h_bytes_per_second / 1e9, o.d2d_bytes_per_second / 1e9);
+    }
+    return "host (simulated device in host memory)";
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceMemory>> allocate_device_memory(uint64_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("device allocation of 0 bytes");
+    const uint64_t in_use = shared_->device_memory.total();
+    if (bytes > shared_->options.memory_bytes - std::min(in_use, shared_->options.memory_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "host device: cannot allocate %s of device memory: %s of %s in use; lower "
+          "STRATA_GPU_BYTES",
+          format_bytes(bytes), format_bytes(in_use), format_bytes(shared_->options.memory_bytes)));
+    }
+    const uint64_t rounded = (bytes + 4095) / 4096 * 4096;
+    std::unique_ptr<void, FreeDeleter> memory(std::aligned_alloc(4096, rounded));
+    if (memory == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "host device: cannot allocate %s of host memory for the simulated device; lower "
+          "STRATA_GPU_BYTES",
+          format_bytes(bytes)));
+    }
+    if (auto status = shared_->device_memory.add(memory.get(), bytes, "device allocation");
+        !status.ok()) {
+      return status;
+    }
+    return std::make_unique<HostDeviceMemory>(shared_, std::move(memory), bytes);
+  }
+
+  absl::StatusOr<std::unique_ptr<HostRegistration>> register_host(void* data,
+                                                                  uint64_t bytes) override {
+    if (data == nullptr || bytes == 0) {
+      return absl::InvalidArgumentError("register_host needs a non-null, non-empty range");
+    }
+    if (shared_->device_memory.touches(data, bytes)) {
+      return absl::InvalidArgumentError("register_host: the range is device memory");
+    }
+    if (auto status = shared_->registered_host.add(data, bytes, "host registration");
+        !status.ok()) {
+      return status;
+    }
+    return std::make_unique<HostRangeRegistration>(shared_, data);
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> create_stream() override {
+    auto queue = std::make_shared<StreamQueue>(shared_);
+    queue->id = shared_->add_queue(queue);
+    return std::make_unique<HostStream>(std::move(queue));
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> wrap_external_stream(uintptr_t native) override {
+    std::shared_ptr<StreamQueue> queue = shared_->find_queue(native);
+    if (queue == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "host device: no live stream has the handle %d; the host backend's streams are named "
+          "only by the native_handle() of a stream this device created (Python: Stream.handle)",
+          native));
+    }
+    return std::make_unique<HostStream>(std::move(queue));
+  }
+
+  absl::StatusOr<uintptr_t> native_handle(Stream& stream) override {
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    return host_stream->queue->id;
+  }
+
+  absl::StatusOr<std::unique_ptr<Event>> create_event() override {
+    return std::make_unique<HostEvent>(shared_);
+  }
+
+  absl::Status copy_async(void* dst, const void* src, uint64_t bytes, CopyKind kind,
+                          Stream& stream) override {
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    if (bytes == 0) return absl::OkStatus();
+    if (dst == nullptr || src == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s copy of %d bytes with a null pointer", to_string(kind), bytes));
+    }
+    const bool dst_device = kind != CopyKind::kDeviceToHost;
+    const bool src_device = kind != CopyKind::kHostToDevice;
+    if (auto status = check_side(dst, bytes, dst_device, "destination", kind); !status.ok()) {
+      return status;
+    }
+    if (auto status = check_side(src, bytes, src_device, "source", kind); !status.ok()) {
+      return status;
+    }
+    const auto d = reinterpret_cast<uintptr_t>(dst);
+    const auto s = reinterpret_cast<uintptr_t>(src);
+    if (d < s + bytes && s < d + bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s copy of %d bytes between overlapping ranges; cudaMemcpyAsync does not support "
+          "overlap: copy in steps no larger than the distance between them",
+          to_string(kind), bytes));
+    }
+    Link* link = kind == CopyKind::kHostToDevice   ? &shared_->h2d
+                 : kind == CopyKind::kDeviceToHost ? &shared_->d2h
+                                                   : &shared_->d2d;
+    host_stream->enqueue([dst, src, bytes, link, kind, gate = shared_->options.gate] {
+      if (gate != nullptr) gate->pass(kind);
+      const absl::Time finish = link->reserve(bytes);
+      std::memcpy(dst, src, bytes);
+      const absl::Duration left = finish - absl::Now();
+      if (left > absl::ZeroDuration()) absl::SleepFor(left);
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status launch_host_callback(Stream& stream,
+                                    absl::AnyInvocable<void() &&> callback) override {
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    if (!callback) return absl::InvalidArgumentError("launch_host_callback: empty callback");
+    host_stream->enqueue(std::move(callback));
+    return absl::OkStatus();
+  }
+
+  absl::Status record(Event& event, Stream& stream) override {
+    auto owned = own(event, stream);
+    if (!owned.ok()) return owned.status();
+    auto [host_event, host_stream] = *owned;
+    std::shared_ptr<EventState> state = host_event->state;
+    uint64_t sequence;
+    {
+      MutexLock lock(&state->mu);
+      sequence = ++state->latest;
+      state->pending.insert(sequence);
+    }
+    host_stream->enqueue([state, sequence] {
+      MutexLock lock(&state->mu);
+      state->pending.erase(sequence);
+      state->done.SignalAll();
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status wait(Stream& stream, Event& event) override {
+    auto owned = own(event, stream);
+    if (!owned.ok()) return owned.status();
+    auto [host_event, host_stream] = *owned;
+    std::shared_ptr<EventState> state = host_event->state;
+    uint64_t sequence;
+    {
+      MutexLock lock(&state->mu);
+      sequence = state->latest;
+      if (!state->pending.contains(sequence)) return absl::OkStatus();  // already complete
+    }
+    host_stream->enqueue([state, sequence] {
+      MutexLock lock(&state->mu);
+      while (state->pending.contains(sequence)) strata::wait(&state->done, &state->mu);
+    });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> query(Event& event) override {
+    auto* host_event = own(event);
+    if (host_event == nullptr) return foreign("event");
+    EventState& state = *host_event->state;
+    MutexLock lock(&state.mu);
+    return !state.pending.contains(state.latest);
+  }
+
+  absl::Status synchronize(Event& event) override {
+    auto* host_event = own(event);
+    if (host_event == nullptr) return foreign("event");
+    EventState& state = *host_event->state;
+    MutexLock lock(&state.mu);
+    const uint64_t sequence = state.latest;
+    while (state.pending.contains(sequence)) strata::wait(&state.done, &state.mu);
+    return absl::OkStatus();
+  }
+
+  absl::Status synchronize(Stream& stream) override {
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    host_stream->drain();
+    return absl::OkStatus();
+  }
+
+ public:
+  HostStream* own(Stream& stream) const {
+    auto* s = dynamic_cast<HostStream*>(&stream);
+    return s != nullptr && s->owner == shared_ ? s : nullptr;
+  }
+  HostEvent* own(Event& event) const {
+    auto* e = dynamic_cast<HostEvent*>(&event);
+    return e != nullptr && e->owner == shared_ ? e : nullptr;
+  }
+  absl::StatusOr<std::pair<HostEvent*, HostStream*>> own(Event& event, Stream& stream) const {
+    auto* host_event = own(event);
+    auto* host_stream = own(stream);
+    if (host_event == nullptr) return foreign("event");
+    if (host_stream == nullptr) return foreign("stream");
+    return std::pair{host_event, host_stream};
+  }
+  const std::shared_ptr<Shared>& shared() const { return shared_; }
+
+ private:
+  static absl::Status foreign(std::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the %s was not created by this host device", what));
+  }
+
+  // Device-side pointers must lie inside one device allocation; host-side ones outside all.
+  absl::Status check_side(const void* p, uint64_t bytes, bool device_side, std::string_view side,
+                          CopyKind kind) const {
+    if (device_side && !shared_->device_memory.contains(p, bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s copy: %s [%p, +%d) is not inside one device allocation",
+                          to_string(kind), side, p, bytes));
+    }
+    if (!device_side && shared_->device_memory.touches(p, bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s copy: %s [%p, +%d) is device memory, not host memory",
+                          to_string(kind), side, p, bytes));
+    }
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<Shared> shared_;
+};
+
+absl::StatusOr<HostDevice*> host_device_of(Device& device, std::string_view what) {
+  auto* host = dynamic_cast<HostDevice*>(&device);
+  if (host == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is a test hook of the host backend; this device is %s", what, device.description()));
+  }
+  return host;
+}
+
+}  // namespace
+
+StreamGate::StreamGate(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+StreamGate::~StreamGate() { open(); }
+
+void StreamGate::open() {
+  MutexLock lock(&state_->mu);
+  state_->open = true;
+  state_->changed.SignalAll();
+}
+
+bool StreamGate::is_open() const { return state_->is_open(); }
+
+uint64_t StreamGate::held() const {
+  MutexLock lock(&state_->mu);
+  return state_->held;
+}
+
+void StreamGate::wait_until_held(uint64_t count) const {
+  MutexLock lock(&state_->mu);
+  while (!state_->open && state_->held < count) wait(&state_->changed, &state_->mu);
+}
+
+absl::StatusOr<std::unique_ptr<StreamGate>> hold_stream(Device& device, Stream& stream) {
+  auto host = host_device_of(device, "hold_stream");
+  if (!host.ok()) return host.status();
+  HostStream* host_stream = (*host)->own(stream);
+  if (host_stream == nullptr) {
+    return absl::InvalidArgumentError("hold_stream: the stream was not created by this device");
+  }
+  auto state = std::make_shared<StreamGate::State>();
+  host_stream->queue->add_gate(state);
+  return std::make_unique<StreamGate>(std::move(state));
+}
+
+absl::StatusOr<std::unique_ptr<StreamGate>> hold_device(Device& device,
+                                                        const std::vector<Stream*>& exempt) {
+  auto host = host_device_of(device, "hold_device");
+  if (!host.ok()) return host.status();
+  DeviceGate gate{std::make_shared<StreamGate::State>(), {}};
+  for (Stream* stream : exempt) {
+    HostStream* host_stream = stream == nullptr ? nullptr : (*host)->own(*stream);
+    if (host_stream == nullptr) {
+      return absl::InvalidArgumentError(
+          "hold_device: an exempt stream was not created by this device");
+    }
+    gate.exempt.push_back(host_stream->queue.get());
+  }
+  auto state = gate.state;
+  (*host)->shared()->add_gate(std::move(gate));
+  return std::make_unique<StreamGate>(std::move(state));
+}
+
+void HostCopyGate::close(CopyKind kind) {
+  MutexLock lock(&mu_);
+  closed_[static_cast<size_t>(kind)] = true;
+}
+
+void HostCopyGate::open(CopyKind kind) {
+  MutexLock lock(&mu_);
+  closed_[static_cast<size_t>(kind)] = false;
+  changed_.SignalAll();
+}
+
+void HostCopyGate::wait_held(CopyKind kind, uint64_t count) {
+  MutexLock lock(&mu_);
+  while (held_[static_cast<size_t>(kind)] < count) wait(&changed_, &mu_);
+}
+
+void HostCopyGate::pass(CopyKind kind) {
+  const auto k = static_cast<size_t>(kind);
+  MutexLock lock(&mu_);
+  if (!closed_[k]) return;
+  ++held_[k];
+  changed_.SignalAll();
+  while (closed_[k]) wait(&changed_, &mu_);
+  --held_[k];
+}
+
+absl::StatusOr<std::unique_ptr<Device>> make_host_device(HostDeviceOptions options) {
+  if (options.h2d_bytes_per_second < 0 || options.d2h_bytes_per_second < 0 ||
+      options.d2d_bytes_per_second < 0) {
+    return absl::InvalidArgumentError("host device bandwidths must be >= 0 (0 = unthrottled)");
+  }
+  if (options.memory_bytes == 0) {
+    return absl::InvalidArgumentError("host device memory_bytes must be > 0");
+  }
+  return std::make_unique<HostDevice>(options);
+}
+
+}  // namespace strata

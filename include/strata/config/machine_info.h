@@ -1,0 +1,74 @@
+// What the machine offers: memory, memlock limit, io_uring, NVMe paths and (filled in by the
+// device layer) the GPU. Configuration is checked against it (strata/config/config.h) and
+// strata-info prints it.
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/device/backend_kind.h"
+#include "strata/device/gpu_info.h"
+
+namespace strata {
+
+struct PathInfo {
+  std::string path;
+  bool exists = false;
+  bool is_directory = false;
+  bool writable = false;    // access(W_OK) passed and a temporary file could be created
+  std::string problem;      // why it is missing / not a directory / not writable; else empty
+  uint64_t free_bytes = 0;  // available to unprivileged users (statvfs f_bavail)
+  uint64_t total_bytes = 0;
+  uint32_t logical_block_size = 4096;  // O_DIRECT alignment of the device below the path
+  bool block_size_known = false;       // false: not found in sysfs, 4096 assumed (safe for
+                                       // every device strata supports)
+  std::string filesystem;              // "ext4", "xfs", "tmpfs", ... or "unknown (0x...)"
+};
+
+struct MachineInfo {
+  // Physical memory, lowered to the cgroup memory limit when one applies (containers).
+  uint64_t physical_memory_bytes = 0;
+  std::string physical_memory_source;   // "sysconf" or the cgroup file that lowered it
+  uint64_t available_memory_bytes = 0;  // MemAvailable, capped by the cgroup headroom
+  uint32_t cpu_count = 0;               // CPUs this process may run on
+  std::string cpu_model;
+
+  // RLIMIT_MEMLOCK soft limit (UINT64_MAX: unlimited). Buffers registered with io_uring count
+  // against it unless the process has CAP_IPC_LOCK.
+  uint64_t memlock_limit_bytes = 0;
+  bool has_cap_ipc_lock = false;
+
+  // Probed with a real ring: setup, a NOP and a READ, each reaped.
+  bool io_uring_available = false;
+  std::string io_uring_detail;  // what worked, or why not
+
+  std::vector<PathInfo> paths;  // one per requested NVMe path, same order
+
+  // Filled by the caller from the device layer (choose_backend in strata/device/backend.h).
+  std::optional<GpuInfo> gpu;
+  Backend backend = Backend::kAuto;
+  std::string backend_reason;
+
+  // The entry for `path`, or nullptr if it was not probed.
+  const PathInfo* find_path(std::string_view path) const;
+};
+
+// Host facts; leaves gpu/backend/backend_reason for the caller. Paths that are missing or not
+// writable are reported in PathInfo, not as errors: resolve() turns them into errors that name
+// the variable. Fails only if the machine cannot be queried at all.
+absl::StatusOr<MachineInfo> probe_machine(const std::vector<std::string>& nvme_paths);
+
+// One path's facts (used by probe_machine; exposed for tests).
+PathInfo probe_path(const std::string& path);
+
+// Whether `bytes` of buffers can be registered with io_uring under the memlock limit.
+inline bool memlock_allows(const MachineInfo& machine, uint64_t bytes) {
+  return machine.has_cap_ipc_lock || machine.memlock_limit_bytes >= bytes;
+}
+
+}  // namespace strata

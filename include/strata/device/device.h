@@ -1,0 +1,144 @@
+// Device: the seam between strata and an accelerator.
+//
+// Everything above the device layer talks to memory, streams and events through this interface,
+// so every test runs against HostDevice (ordinary memory, copies on worker threads) and the same
+// code runs on CudaDevice. Semantics follow CUDA's: work on one stream runs in issue order, work
+// on different streams may overlap, an event marks a point in a stream, and a stream can be made
+// to wait for an event without blocking the host.
+#pragma once
+
+#include <absl/functional/any_invocable.h>
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "strata/device/backend_kind.h"
+
+namespace strata {
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+std::string_view to_string(CopyKind kind);
+
+// An ordered queue of device work. Created by a Device; must not outlive it.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+// A point in a stream's work. Created by a Device; must not outlive it.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+// One device allocation, freed on destruction.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  void* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ protected:
+  DeviceMemory(void* data, uint64_t size) : data_(data), size_(size) {}
+
+ private:
+  void* data_;
+  uint64_t size_;
+};
+
+// A host range made visible to the device's DMA engines (cudaHostRegister on CUDA); the range is
+// unregistered on destruction. The memory itself belongs to the caller.
+class HostRegistration {
+ public:
+  virtual ~HostRegistration() = default;
+};
+
+// Page-aligned host memory, registered with the device for as long as it lives.
+// aligned_alloc rather than cudaHostAlloc: O_DIRECT and io_uring buffer registration need
+// block-aligned anonymous memory, and cudaHostAlloc only promises 256-byte alignment.
+class PinnedHostMemory {
+ public:
+  static constexpr uint64_t kAlignment = 4096;
+
+  PinnedHostMemory(const PinnedHostMemory&) = delete;
+  PinnedHostMemory& operator=(const PinnedHostMemory&) = delete;
+  ~PinnedHostMemory();
+
+  void* data() const { return data_.get(); }
+  uint64_t size() const { return size_; }
+
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  // Only Device can make one (passkey).
+  class Key {
+    friend class Device;
+    Key() = default;
+  };
+  PinnedHostMemory(Key, std::unique_ptr<void, FreeDeleter> data, uint64_t size,
+                   std::unique_ptr<HostRegistration> registration)
+      : data_(std::move(data)), size_(size), registration_(std::move(registration)) {}
+
+ private:
+  std::unique_ptr<void, FreeDeleter> data_;
+  uint64_t size_;
+  // Declared after data_ so it is destroyed (unregistered) before the memory is freed.
+  std::unique_ptr<HostRegistration> registration_;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual Backend backend() const = 0;
+  // A line for people: "cuda:0 NVIDIA H200 (139.8 GiB)" or "host (simulated device)".
+  virtual std::string description() const = 0;
+
+  // One device allocation of `bytes` (the GPU arena is one such allocation, made at start).
+  virtual absl::StatusOr<std::unique_ptr<DeviceMemory>> allocate_device_memory(uint64_t bytes) = 0;
+  // Makes [data, data + bytes) usable for asynchronous copies.
+  virtual absl::StatusOr<std::unique_ptr<HostRegistration>> register_host(void* data,
+                                                                          uint64_t bytes) = 0;
+  // aligned_alloc(4096) + register_host; `what` names the memory in error messages.
+  absl::StatusOr<std::unique_ptr<PinnedHostMemory>> allocate_pinned(uint64_t bytes,
+                                                                    std::string_view what);
+
+  virtual absl::StatusOr<std::unique_ptr<Stream>> create_stream() = 0;
+  virtual absl::StatusOr<std::unique_ptr<Event>> create_event() = 0;
+
+  // Streams made outside strata (a framework's, a consumer's in the DLPack stream protocol).
+  //
+  // wrap_external_stream returns a Stream that refers to an existing queue without owning it:
+  // destroying the wrapper leaves the queue alone, and the queue must outlive the wrapper.
+  //   CudaDevice: `native` is a cudaStream_t of this device, including the special handles
+  //               0 (default stream), cudaStreamLegacy (1) and cudaStreamPerThread (2).
+  //   HostDevice: `native` is the native_handle() of a live stream this device created (host
+  //               streams have no other name); anything else is InvalidArgument.
+  // native_handle is the inverse: the cudaStream_t as an integer, or the host stream's id.
+  virtual absl::StatusOr<std::unique_ptr<Stream>> wrap_external_stream(uintptr_t native) = 0;
+  virtual absl::StatusOr<uintptr_t> native_handle(Stream& stream) = 0;
+
+  // Enqueues a copy on `stream`. Device-to-device ranges must not overlap (as cudaMemcpyAsync).
+  // Host memory must stay valid until the copy completes.
+  virtual absl::Status copy_async(void* dst, const void* src, uint64_t bytes, CopyKind kind,
+                                  Stream& stream) = 0;
+  // Runs `callback` on a device-owned thread once all earlier work on `stream` is done; later
+  // work on `stream` waits for it. The callback must not call into the device.
+  virtual absl::Status launch_host_callback(Stream& stream,
+                                            absl::AnyInvocable<void() &&> callback) = 0;
+
+  // Marks the current end of `stream`'s work; re-recording moves the mark.
+  virtual absl::Status record(Event& event, Stream& stream) = 0;
+  // Later work on `stream` waits for the event's latest record; the host does not block.
+  virtual absl::Status wait(Stream& stream, Event& event) = 0;
+  // True when the event's latest record has completed (or it was never recorded).
+  virtual absl::StatusOr<bool> query(Event& event) = 0;
+  virtual absl::Status synchronize(Event& event) = 0;
+  virtual absl::Status synchronize(Stream& stream) = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,179 @@
+// OffloadOptimizer: ZeRO-Offload's optimizer step, with ZeRO-Infinity's NVMe-resident states.
+//
+// The model computes with low-precision parameters on the GPU (store tensors); their fp32
+// master weights and Adam moments live in the pinned CPU tier, or on NVMe, and the Adam step
+// runs on the CPU (cpu_adam.h). Per training step:
+//
+//   backward: grad_ready(p, stream) as each gradient is produced. The gradient's D2H copy starts
+//             at once and overlaps the rest of backward; when it lands, its sum of squares and
+//             inf/nan flag are computed, so step() needs no extra pass over the gradients.
+//   step():   global gradient-norm clipping and overflow skipping, then chunk by chunk: Adam on
+//             the CPU, H2D of the updated parameters (chunk k's copies overlap chunk k+1's step).
+//             With states on NVMe the step streams them: read chunk k+1, step chunk k, write
+//             chunk k-1, with at most three staging chunks of pinned memory in use.
+//
+// Several grad_ready() calls for a parameter before step() accumulate (sum) its gradient, as
+// torch's .grad does: gradient accumulation over micro-steps. The sum is kept in the gradient's
+// own dtype, each micro-step rounded to nearest even, as torch accumulates an fp16 .grad.
+//
+// Data safety: a step either applies completely or not at all. An inf/nan gradient skips the
+// step before anything is touched. With states on NVMe every chunk has two swap slots; a step
+// writes the slot not holding the last committed state and commits only when every write has
+// completed, so an I/O error fails the step, leaves the previous states readable, and puts the
+// previous parameters back on the GPU. The gradients stay landed: step() can be retried.
+// With states in the CPU tier they are updated in place (no I/O can fail there).
+//
+// Thread-safe: grad_ready() may be called from several threads; step(), save() and load() wait
+// for gradients still landing.
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/device/device.h"
+#include "strata/offload/cpu_adam.h"
+#include "strata/runtime/runtime.h"
+#include "strata/store/tensor_store.h"
+#include "strata/store/tier.h"
+
+namespace strata {
+
+// The dtype of the parameter copy the model computes with.
+enum class ParamType { kF32, kF16, kBF16 };
+
+// Hyper-parameters of one parameter group (torch's param_groups); changeable between steps.
+// The same struct as the kernels' (cpu_adam.h): the defaults are documented there.
+using AdamGroup = AdamHyper;
+
+// fp16 loss scaling: gradients arrive multiplied by the scale. With `dynamic`, an overflow
+// halves it (backoff) and `growth_interval` steps in a row without one double it (growth), as
+// torch.cuda.amp.GradScaler.
+struct LossScaling {
+  float scale = 1.0F;
+  bool dynamic = false;
+  float growth_factor = 2.0F;
+  float backoff_factor = 0.5F;
+  uint32_t growth_interval = 2000;
+  float min_scale = 1.0F;
+};
+
+struct OffloadOptimizerOptions {
+  // Where master weights and moments live: kCpu (pinned CPU tier) or kNvme (swap space,
+  // streamed through staging chunks during the step).
+  TierKind state_home = TierKind::kCpu;
+  AdamGroup defaults;          // group 0
+  float max_grad_norm = 0.0F;  // > 0: clip the global L2 norm of the gradients to this
+  bool skip_on_overflow = true;
+  LossScaling loss_scaling;
+  // Elements per pipeline chunk; 0 derives it from the staging chunk size. The NVMe layout is
+  // fixed by the chunk size at create(): load() accepts checkpoints of any chunking.
+  uint64_t chunk_elements = 0;
+  CpuIsa isa = CpuIsa::kAuto;  // tests force a kernel variant
+};
+
+struct ParamSpec {
+  std::string name;    // unique; the optimizer's own tensors are named "<name>.master" etc.
+  TensorHandle param;  // `count` elements of `param_type`: the copy the model computes with
+  TensorHandle grad;   // `count` elements of `grad_type`: written by backward
+  ParamType param_type = ParamType::kF16;
+  GradType grad_type = GradType::kF16;
+  uint64_t count = 0;
+  uint32_t group = 0;
+  // Initial fp32 master weights (`count` values), copied at add_param(); empty: the parameter
+  // tensor's current contents, widened. The parameter tensor is then set to the rounded master,
+  // so that the model and the optimizer start from the same weights.
+  std::span<const float> initial_master;
+};
+
+struct ParamId {
+  uint32_t index = UINT32_MAX;
+  friend bool operator==(const ParamId&, const ParamId&) = default;
+};
+
+struct StepResult {
+  bool skipped = false;    // an inf/nan gradient: nothing was updated, the gradients dropped
+  double grad_norm = 0.0;  // global L2 norm of the unscaled gradients, before clipping
+  double clip_coef = 1.0;  // factor the gradients were multiplied by (1: no clipping)
+  uint64_t params_updated = 0;
+  uint64_t step = 0;        // optimizer steps taken so far (skipped ones excluded)
+  float loss_scale = 1.0F;  // the scale to use for the next backward
+};
+
+struct OffloadOptimizerStats {
+  uint64_t steps = 0;
+  uint64_t skipped_steps = 0;
+  uint64_t failed_steps = 0;
+  uint64_t grads_landed = 0;  // grad_ready() calls completed
+  uint64_t grad_bytes_landed = 0;
+  uint64_t params = 0;
+  uint64_t elements = 0;
+  uint64_t chunk_elements = 0;
+  uint64_t chunks = 0;             // chunk_elements-sized pieces of all registered elements
+  uint64_t last_step_ns = 0;       // host time of the last step()
+  uint64_t last_step_wait_ns = 0;  // of which waiting for gradients still landing
+  uint64_t last_adam_ns = 0;       // of which running the CPU Adam kernels
+  uint64_t last_nvme_wait_ns = 0;  // of which waiting for NVMe reads/writes
+  uint64_t nvme_bytes_read = 0;
+  uint64_t nvme_bytes_written = 0;
+  uint64_t peak_staging_chunks = 0;  // pinned staging chunks held at once by one step
+};
+
+class OffloadOptimizer {
+ public:
+  // The runtime must outlive the optimizer. FailedPrecondition when states are to live on NVMe
+  // and the runtime has no NVMe tier.
+  static absl::StatusOr<std::unique_ptr<OffloadOptimizer>> create(
+      Runtime& runtime, OffloadOptimizerOptions options = {});
+  ~OffloadOptimizer();
+  OffloadOptimizer(const OffloadOptimizer&) = delete;
+  OffloadOptimizer& operator=(const OffloadOptimizer&) = delete;
+
+  absl::StatusOr<uint32_t> add_group(const AdamGroup& group);
+  absl::Status set_group(uint32_t group, const AdamGroup& hyper);
+  absl::StatusOr<AdamGroup> group(uint32_t group) const;
+  absl::Status set_loss_scale(float scale);
+
+  // Registers a parameter: creates its master/moment state (moments zero) and its landing
+  // buffer for gradients in the CPU tier.
+  absl::StatusOr<ParamId> add_param(const ParamSpec& spec);
+  absl::StatusOr<ParamId> find_param(std::string_view name) const;
+
+  // The parameter's gradient is complete once the work issued so far on `stream` is done.
+  // Returns after issuing its D2H copy; the rest happens in the background.
+  absl::Status grad_ready(ParamId param, Stream& stream);
+  // Drops every gradient landed since the last step.
+  absl::Status zero_grad();
+
+  // Steps every parameter that received a gradient since the last step. The updated
+  // parameters are in their store tensors for any work issued after step() returns (the store
+  // orders it). Errors leave the previous state in place (see the header comment).
+  absl::StatusOr<StepResult> step();
+
+  // Checkpoint: master weights, moments, step counts, hyper-parameters and the loss scale into
+  // `directory` (created if missing; an existing checkpoint there is replaced atomically).
+  absl::Status save(const std::string& directory);
+  // Restores a checkpoint written by save() for the same parameters (names, counts), then sets
+  // every parameter tensor to its rounded master: training resumes bit for bit.
+  absl::Status load(const std::string& directory);
+
+  // A copy of the parameter's fp32 state, for inspection and tests; spans may be empty to skip.
+  absl::Status read_state(ParamId param, std::span<float> master, std::span<float> exp_avg,
+                          std::span<float> exp_avg_sq);
+  uint64_t step_count() const;
+  uint64_t param_step_count(ParamId param) const;
+  float loss_scale() const;
+  OffloadOptimizerStats stats() const;
+
+  struct Impl;
+  explicit OffloadOptimizer(std::unique_ptr<Impl> impl);  // use create()
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

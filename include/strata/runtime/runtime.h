@@ -1,0 +1,69 @@
+// Runtime: everything a trainer needs, built from the STRATA_* configuration — the device, the
+// GPU arena, the pinned CPU tier, the NVMe swap space and its staging budget, and the
+// TensorStore over them.
+//
+//   auto runtime = strata::Runtime::from_environment();
+//   strata::TensorStore& store = (*runtime)->store();
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/config/config.h"
+#include "strata/nvme/swap_space.h"
+#include "strata/store/staging.h"
+#include "strata/store/tensor_store.h"
+#include "strata/store/tier.h"
+
+namespace strata {
+
+class FaultInjector;
+
+struct RuntimeOptions {
+  TensorStoreOptions store;
+  // A device to use instead of the configured one (e.g. a throttled HostDevice for
+  // simulations). Its backend must match the resolved configuration's.
+  std::unique_ptr<Device> device;
+  // Tests: faults to inject into the NVMe tier's I/O.
+  std::shared_ptr<FaultInjector> nvme_faults;
+};
+
+class Runtime {
+ public:
+  static absl::StatusOr<std::unique_ptr<Runtime>> from_environment(RuntimeOptions options = {});
+  // `config` as read from the environment and overridden from C++.
+  static absl::StatusOr<std::unique_ptr<Runtime>> create(const Config& config,
+                                                         RuntimeOptions options = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  Device& device() { return *device_; }
+  MemoryTier& gpu() { return *gpu_; }
+  MemoryTier& cpu() { return *cpu_; }
+  SwapSpace* nvme() { return nvme_.get(); }  // null without STRATA_NVME_PATHS
+  StagingPool* staging() { return staging_.get(); }
+  TensorStore& store() { return *store_; }
+  const ResolvedConfig& config() const { return config_; }
+  // Degraded but working (psync fallback, buffered swap, ...). create() already logged each
+  // once per process through log::warn_once (unless STRATA_LOG=error); this is the full list.
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+  Runtime() = default;  // use create()
+
+ private:
+  ResolvedConfig config_;
+  std::vector<std::string> warnings_;
+  // Destroyed in reverse: the store first, the device last.
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<MemoryTier> gpu_;
+  std::unique_ptr<MemoryTier> cpu_;
+  std::unique_ptr<SwapSpace> nvme_;
+  std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<TensorStore> store_;
+};
+
+}  // namespace strata

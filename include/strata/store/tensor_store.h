@@ -1,0 +1,160 @@
+// TensorStore: the tensors a trainer keeps in strata, each with copies in up to three tiers
+// (GPU arena, pinned CPU tier, NVMe swap), moved ahead of need by the scheduler.
+//
+// Data safety (DESIGN.md):
+//   1. The newest bytes of a tensor are always in at least one complete copy; a copy is dropped
+//      only after another complete, equally new copy exists (write-back observed complete).
+//   2. Clean copies are dropped without write-back.
+//   3. A failed move leaves the source copy in place and returns an error; the store keeps
+//      working.
+//   4. An acquired copy is never evicted or moved (its arena block stays pinned, also while work
+//      that used it may still be running on a stream).
+// Every tensor's home tier holds space reserved at create(), so a write-back never fails for
+// lack of room.
+//
+// Stream ordering: acquire(gpu) makes `stream` wait for the copy's arrival (and for earlier work
+// that used the copy) without blocking the host. acquire(cpu) returns host memory the host may
+// use at once, so it waits for the copy's device work. release(stream) records where the work
+// using the copy ends (one pooled event per stream and copy); the memory is reused only after
+// that point. evict() and write-backs to the CPU tier return without waiting for the device
+// copy: a completion worker finishes them. Where the host does wait is listed in docs/store.md.
+//
+// Thread-safe: several trainer threads may create, acquire and release concurrently.
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/device/device.h"
+#include "strata/nvme/swap_space.h"
+#include "strata/store/access_schedule.h"
+#include "strata/store/staging.h"
+#include "strata/store/tier.h"
+
+namespace strata {
+
+enum class AccessMode { kRead, kWrite };
+
+struct TensorHandle {
+  uint32_t index = UINT32_MAX;
+  uint32_t generation = 0;
+  bool valid() const { return index != UINT32_MAX; }
+  friend bool operator==(const TensorHandle&, const TensorHandle&) = default;
+};
+
+struct TierUsage {
+  TierKind kind = TierKind::kGpu;
+  bool present = false;  // this store has the tier
+  uint64_t capacity = 0;
+  uint64_t used = 0;
+  uint64_t resident = 0;  // tensors with a valid copy here
+  double fragmentation = 0;
+};
+
+struct MoveStats {  // completed moves (counted when seen complete)
+  uint64_t bytes = 0;
+  uint64_t moves = 0;
+  uint64_t ns = 0;  // host time spent issuing them (and, for NVMe reads, waiting for the reads)
+};
+
+struct StoreStats {
+  std::array<TierUsage, 3> tiers;                 // by TierKind
+  std::array<std::array<MoveStats, 3>, 3> moves;  // [from][to]
+  uint64_t tensors = 0;
+  uint64_t acquires = 0;
+  uint64_t hits = 0;      // the copy was there (and valid) when acquired
+  uint64_t misses = 0;    // fetched on demand
+  uint64_t stall_ns = 0;  // host time acquires spent waiting for data
+  uint64_t evictions_clean = 0;
+  uint64_t evictions_writeback = 0;
+  uint64_t errors = 0;  // failed moves
+  uint64_t prefetches_issued = 0;
+  uint64_t prefetches_used = 0;    // a prefetched copy was acquired
+  uint64_t prefetches_late = 0;    // acquired while still in flight
+  uint64_t prefetches_wasted = 0;  // evicted (or overwritten) before any use
+  uint64_t prefetches_failed = 0;  // dropped: no room without evicting sooner-needed tensors
+  // Device work the copies wait on. Each copy keeps at most one event per stream and drops
+  // completed ones, so these stay small however many acquire/release pairs run.
+  uint64_t busy_events = 0;      // events the copies hold now
+  uint64_t busy_peak = 0;        // the longest busy list any copy has had
+  uint64_t events_created = 0;   // device events made; they are pooled and reused
+  uint64_t moves_in_flight = 0;  // issued, not yet seen complete (write-backs, fetches to cpu)
+  uint64_t drops_pending = 0;    // evicted copies waiting for their device work to end
+  double prefetch_accuracy() const {
+    return prefetches_issued == 0
+               ? 0
+               : static_cast<double>(prefetches_used) / static_cast<double>(prefetches_issued);
+  }
+  AccessScheduleStats schedule;
+};
+
+struct TensorStoreOptions {
+  bool prefetch = true;           // scheduler-driven prefetching
+  bool belady = true;             // false: evict least recently used even with a trace
+  uint32_t prefetch_threads = 2;  // background movers
+  AccessScheduleOptions schedule;
+};
+
+class TensorStore {
+ public:
+  // The tiers must outlive the store; `nvme` and `staging` may be null (no NVMe tier).
+  static absl::StatusOr<std::unique_ptr<TensorStore>> create(Device& device, MemoryTier& gpu,
+                                                             MemoryTier& cpu, SwapSpace* nvme,
+                                                             StagingPool* staging,
+                                                             TensorStoreOptions options = {});
+  ~TensorStore();
+  TensorStore(const TensorStore&) = delete;
+  TensorStore& operator=(const TensorStore&) = delete;
+
+  // Registers a tensor and reserves its home copy. Contents are undefined until first written.
+  absl::StatusOr<TensorHandle> create(std::string name, uint64_t bytes, TierKind home);
+  // Fails while the tensor is acquired; waits for moves in flight.
+  absl::Status destroy(TensorHandle tensor);
+  absl::StatusOr<TensorHandle> find(std::string_view name) const;
+  // What create() was given: the tensor's size in bytes, its name and its home tier.
+  struct Info {
+    std::string name;
+    uint64_t bytes = 0;
+    TierKind home = TierKind::kCpu;
+  };
+  absl::StatusOr<Info> info(TensorHandle tensor) const;
+
+  // The tensor's address in `tier` (gpu or cpu), ready for work issued on `stream` after the
+  // call. kWrite makes this copy the newest: other copies become stale.
+  absl::StatusOr<void*> acquire(TensorHandle tensor, TierKind tier, Stream& stream,
+                                AccessMode mode);
+  // The work on `stream` that used the tensor's most recent acquisition has been issued.
+  absl::Status release(TensorHandle tensor, Stream& stream);
+
+  // Starts moving the tensor toward `tier` in the background.
+  absl::Status prefetch(TensorHandle tensor, TierKind tier);
+  // Drops the copy in `tier`, writing it back home first when it holds the only newest bytes.
+  // Returns once the eviction is under way: the copy goes when its write-back and device work
+  // are done (an acquire before then keeps it). A write-back to NVMe is waited for, and its
+  // failure returned; one to the CPU tier is not (a failure is counted in stats().errors).
+  absl::Status evict(TensorHandle tensor, TierKind tier);
+  // Writes every copy newer than its home copy back home, and waits (also for write-backs that
+  // evictions left in flight).
+  absl::Status flush();
+
+  // The scheduler: step boundaries and an optional order given up front.
+  void step_begin();
+  void step_end();
+  absl::Status set_access_order(const std::vector<std::pair<TensorHandle, TierKind>>& order);
+
+  StoreStats stats() const;
+
+  struct Impl;
+  explicit TensorStore(std::unique_ptr<Impl> impl);  // use create()
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

@@ -1,0 +1,61 @@
+// FaultInjector: makes chosen I/O requests fail, come back short, or wait, so tests can prove
+// what happens on EIO, ENOSPC, short transfers, EAGAIN and slow drives.
+//
+// Engines consult it on every raw completion — after the real transfer, before their retry
+// logic — so a rule that turns a result into "-EAGAIN" or "half the bytes" exercises the engine's
+// own resubmission paths, not a simulation of them.
+#pragma once
+
+#include <absl/synchronization/mutex.h>
+#include <absl/time/time.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "strata/nvme/io_engine.h"
+
+namespace strata {
+
+struct FaultRule {
+  enum class Action {
+    kError,          // the request completes with -error_number (not retried unless EAGAIN/EINTR)
+    kShortTransfer,  // the result reports only `short_bytes` transferred (engine resubmits rest)
+    kDelay,          // the completion is held back for `delay`
+  };
+  std::optional<IoOp> op;        // nullopt: reads and writes
+  std::optional<uint32_t> file;  // nullopt: every file
+  uint64_t skip = 0;             // let this many matching attempts through first
+  uint64_t times = 1;            // then apply to this many (UINT64_MAX: forever)
+  Action action = Action::kError;
+  int error_number = 5;  // EIO
+  uint64_t short_bytes = 0;
+  absl::Duration delay = absl::ZeroDuration();
+};
+
+class FaultInjector {
+ public:
+  void add(FaultRule rule);
+  void clear();
+  // Faults applied so far.
+  uint64_t fired() const;
+
+  struct Decision {
+    int64_t result;                               // what the engine should see
+    absl::Duration delay = absl::ZeroDuration();  // wait this long before handling it
+  };
+  // Called by engines for each attempt: `result` is the real syscall/CQE result (bytes or -errno).
+  Decision apply(IoOp op, uint32_t file, int64_t result);
+
+ private:
+  struct Armed {
+    FaultRule rule;
+    uint64_t seen = 0;
+    uint64_t applied = 0;
+  };
+  mutable absl::Mutex mu_;
+  std::vector<Armed> rules_ ABSL_GUARDED_BY(mu_);
+  uint64_t fired_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace strata

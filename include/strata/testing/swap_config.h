@@ -1,0 +1,18 @@
+// SwapSpaceOptions from the resolved STRATA_* configuration (the runtime's view of nvme/): the
+// place where the runtime hands the NVMe floor its values and the names of their variables.
+#pragma once
+
+#include "strata/config/config.h"
+#include "strata/config/nvme_settings.h"
+#include "strata/nvme/io_engine.h"
+#include "strata/nvme/swap_space.h"
+#include "strata/store/tier.h"
+
+namespace strata {
+
+// Paths, size, stripe unit, depth, engine decision and verification from `config`, with the
+// variables' names for errors; when `cpu_tier` is given its whole slab is registered with
+// io_uring (it holds the staging buffers).
+SwapSpaceOptions swap_space_options(const ResolvedConfig& config, const MemoryTier* cpu_tier);
+
+}  // namespace strata

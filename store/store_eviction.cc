@@ -1,0 +1,174 @@
+// Room in a tier: allocation that compacts, then evicts (stale copies first, then the
+// scheduler's or LRU's choice); eviction that writes back only the only newest bytes (rules 1
+// and 2) and drops the copy once its write-back and device work are over, on the completion
+// worker rather than with the caller waiting.
+#include <absl/strings/str_format.h>
+
+#include "strata/base/format_bytes.h"
+#include "strata/base/log.h"
+#include "tensor_store_impl.h"
+
+namespace strata {
+
+using Impl = TensorStore::Impl;
+
+bool Impl::moves_hold(TierKind tier, const Tensor& except) const {
+  for (const auto& u : tensors) {
+    if (!u->live || u.get() == &except) continue;
+    const Copy& c = u->copies[tier_index(tier)];
+    if (c.present && (c.moving || c.moves_out > 0 || c.evicting)) return true;
+  }
+  return false;
+}
+
+Impl::Tensor* Impl::choose_victim(const Tensor& keep, TierKind tier,
+                                  std::optional<uint64_t> beyond) {
+  Tensor* stale = nullptr;
+  std::vector<TensorId> candidates;
+  for (uint32_t i = 0; i < tensors.size(); ++i) {
+    Tensor& u = *tensors[i];
+    const Copy& c = u.copies[tier_index(tier)];
+    if (!u.live || &u == &keep || u.home == tier || !c.present || c.moving || c.pins > 0 ||
+        c.evicting) {
+      continue;  // an evicting copy is on its way out already
+    }
+    if (!c.valid) {
+      stale = &u;  // costs nothing to drop
+      break;
+    }
+    if (beyond.has_value()) {
+      // A prefetch may only displace tensors needed later than the one it brings.
+      const auto next = schedule.next_use(i);
+      if (next.has_value() && *next <= *beyond) continue;
+    }
+    candidates.push_back(i);
+  }
+  if (stale != nullptr) return stale;
+  if (candidates.empty()) return nullptr;
+  if (options.belady && schedule.has_trace()) {
+    return tensors[schedule.choose_victim(candidates)].get();
+  }
+  TensorId oldest = candidates.front();
+  for (TensorId id : candidates) {
+    if (tensors[id]->last_use < tensors[oldest]->last_use) oldest = id;
+  }
+  return tensors[oldest].get();
+}
+
+void Impl::drop_copy(Tensor& t, TierKind tier) {
+  Copy& c = t.copies[tier_index(tier)];
+  if (!c.present || c.pins > 0 || c.moving || !c.busy.empty()) return;
+  // Rule 1, enforced where copies die: the lock may have been released since the caller
+  // decided (a write acquire and release can make this the only newest copy meanwhile).
+  if (c.valid && !newest_copy(t, tier).has_value()) return;
+  if (c.prefetched) ++counters.prefetches_wasted;
+  if (c.arena_pinned) (void)tier_of(tier)->unpin(c.block);
+  if (MemoryTier* memory = tier_of(tier)) (void)memory->free(c.block);
+  c = Copy();
+  dropping.erase(key(t.index, tier));
+  changed.SignalAll();
+}
+
+void Impl::cancel_eviction(Tensor& t, TierKind tier) {
+  Copy& c = t.copies[tier_index(tier)];
+  if (!c.evicting) return;
+  c.evicting = false;
+  dropping.erase(key(t.index, tier));
+  changed.SignalAll();  // allocations waiting for this copy to go choose again
+}
+
+bool Impl::try_drop(Tensor& t, TierKind tier) {
+  Copy& c = t.copies[tier_index(tier)];
+  if (!c.present || !c.evicting) return true;
+  if (c.moving || c.moves_out > 0) return false;  // the move's completion tries again
+  prune(c);
+  if (!c.busy.empty()) return false;  // device work still uses it
+  update_pin(t, tier);
+  drop_copy(t, tier);
+  // Refused (rule 1: a write made it the only newest copy again): it stays.
+  if (c.present) cancel_eviction(t, tier);
+  return true;
+}
+
+void Impl::schedule_drop(Tensor& t, TierKind tier) {
+  if (try_drop(t, tier)) return;
+  if (dropping.insert(key(t.index, tier)).second) completion_work.Signal();
+}
+
+absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::evict_copy(Tensor& t, TierKind tier) {
+  OperationGuard guard(*this, t);
+  Copy& c = t.copies[tier_index(tier)];
+  if (!c.present || c.evicting) return nullptr;
+  std::shared_ptr<InFlight> write;
+  const bool only_newest = c.valid && !newest_copy(t, tier).has_value();
+  if (only_newest) {
+    // Rule 1: the newest bytes must exist elsewhere, observed complete, before this copy goes.
+    auto started = write_back(t, tier);
+    if (!started.ok()) return started.status();
+    write = *std::move(started);
+    ++counters.evictions_writeback;
+    STRATA_LOG(kDebug, "evict '%s' from %s: write-back to %s", t.name, to_string(tier),
+               to_string(t.home));
+  } else {
+    if (c.valid) ++counters.evictions_clean;  // rule 2: no write-back
+    STRATA_LOG(kDebug, "evict '%s' from %s: %s", t.name, to_string(tier),
+               c.valid ? "clean" : "stale");
+  }
+  // write_back() may have waited: someone dropped or acquired the copy meanwhile.
+  if (!c.present || c.pins > c.moves_out) return write;
+  c.evicting = true;
+  // With a write-back in flight its completion schedules the drop (or cancels the eviction).
+  if (write == nullptr || write->done) schedule_drop(t, tier);
+  return write;
+}
+
+absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> evict_beyond) {
+  Copy& c = t.copies[tier_index(tier)];
+  if (tier == TierKind::kNvme) {
+    auto extent = nvme->allocate(t.bytes, t.name);
+    if (!extent.ok()) return extent.status();
+    c.present = true;
+    c.extent = *extent;
+    return absl::OkStatus();
+  }
+  MemoryTier& memory = *tier_of(tier);
+  for (;;) {
+    // Evicting below may release the lock; another thread may have placed this copy meanwhile
+    // (and be filling it). Overwriting its block would orphan those bytes.
+    if (c.present) return absl::OkStatus();
+    reap(tier);
+    auto block = memory.allocate(t.bytes);
+    if (block.ok()) {
+      c.present = true;
+      c.block = *block;
+      return absl::OkStatus();
+    }
+    if (!absl::IsResourceExhausted(block.status())) return block.status();
+    Tensor* victim = choose_victim(t, tier, evict_beyond);
+    if (victim == nullptr && !evict_beyond.has_value() && moves_hold(tier, t)) {
+      // Copies being moved or evicted (prefetches, write-backs) are only briefly unevictable: an
+      // acquire waits for them rather than failing. Prefetches (evict_beyond set) never wait.
+      wait(&changed, &mu);
+      continue;
+    }
+    if (victim == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "no room for tensor '%s' (%s) in the %s tier: every resident tensor is acquired, "
+          "moving or needed sooner (%s); release tensors or raise %s",
+          t.name, format_bytes(t.bytes), to_string(tier), block.status().message(),
+          tier == TierKind::kGpu ? "STRATA_GPU_BYTES" : "STRATA_CPU_BYTES"));
+    }
+    // The room is needed now: wait for the victim's write-back and device work to end (the
+    // memory may be reused only then), on the completion worker's word.
+    OperationGuard keep(*this, *victim);
+    auto write = evict_copy(*victim, tier);
+    if (!write.ok()) return write.status();
+    if (*write != nullptr) {
+      if (auto status = wait_for(**write); !status.ok()) return status;
+    }
+    const Copy& v = victim->copies[tier_index(tier)];
+    while (v.present && v.evicting) wait(&changed, &mu);
+  }
+}
+
+}  // namespace strata
