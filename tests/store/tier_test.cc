@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "device_fixtures.h"
+#include "device/device_fixtures.h"
 
 namespace strata {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "device_fixtures.h"
+#include "device/device_fixtures.h"
 
 namespace strata {
 namespace {

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "device_fixtures.h"
+#include "device/device_fixtures.h"
 
 namespace strata {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <memory>
 
-#include "device_fixtures.h"
+#include "device/device_fixtures.h"
 #include "strata/store/tensor_store.h"
 #include "strata/testing/fault_injector.h"
 #include "temp_dir.h"
