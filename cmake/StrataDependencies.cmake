@@ -7,6 +7,8 @@ find_package(absl REQUIRED CONFIG)
 find_package(TBB REQUIRED CONFIG)
 pkg_check_modules(liburing REQUIRED IMPORTED_TARGET GLOBAL liburing>=2.0)
 pkg_check_modules(libxxhash REQUIRED IMPORTED_TARGET GLOBAL libxxhash)
+# Gloo (Debian's libgloo-dev): the collective engine for host buffers and GPU-less machines.
+find_package(Gloo REQUIRED CONFIG)
 if(BUILD_TESTING)
   find_package(Catch2 2 REQUIRED CONFIG)
 endif()

@@ -160,6 +160,11 @@ void config_internal::validate_values(const Config& c, Errors& errors) {
     errors.add(
         invalid(cat(kIoBlock, "=", size_text(c.io_block), " is not allowed: ", kIoBlockForm)));
   }
+  if (c.comm.timeout < kMinCommTimeout || c.comm.timeout > kMaxCommTimeout) {
+    errors.add(invalid(cat(kCommTimeout, "=", format_duration(c.comm.timeout),
+                           " is out of range: use ", format_duration(kMinCommTimeout), " to ",
+                           format_duration(kMaxCommTimeout))));
+  }
   if (c.staging_bytes == 0) {
     errors.add(invalid(cat(kStagingBytes, "=0 is zero: sizes must be positive")));
   } else if (block_ok && c.staging_bytes < c.io_block) {
@@ -248,6 +253,11 @@ const std::vector<Variable>& variables() {
        field(parse_plain_size, [](Config& c, uint64_t v) { c.staging_bytes = v; })},
       {kVerify, "on", field(parse_switch, [](Config& c, bool v) { c.verify = v; })},
       {kLog, "warn", field(parse_log_level, [](Config& c, LogLevel v) { c.log = v; })},
+      {kCommBackend, "auto",
+       field(parse_comm_backend, [](Config& c, CommBackendKind v) { c.comm.backend = v; })},
+      {kCommTimeout, "300s",
+       field(parse_comm_timeout, [](Config& c, std::chrono::milliseconds v) { c.comm.timeout = v; })},
+      {kCommDebug, "off", field(parse_switch, [](Config& c, bool v) { c.comm.debug = v; })},
   };
   return table;
 }

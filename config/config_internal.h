@@ -29,6 +29,9 @@ inline constexpr std::string_view kIoBlock = "STRATA_IO_BLOCK";
 inline constexpr std::string_view kStagingBytes = "STRATA_STAGING_BYTES";
 inline constexpr std::string_view kVerify = "STRATA_VERIFY";
 inline constexpr std::string_view kLog = "STRATA_LOG";
+inline constexpr std::string_view kCommBackend = "STRATA_COMM_BACKEND";
+inline constexpr std::string_view kCommTimeout = "STRATA_COMM_TIMEOUT";
+inline constexpr std::string_view kCommDebug = "STRATA_COMM_DEBUG";
 inline constexpr std::string_view kPrefix = "STRATA_";
 
 // Collects every error; the combined status carries the first error's code.

@@ -58,6 +58,7 @@ absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& 
   r.staging_bytes = config.staging_bytes;
   r.verify = config.verify;
   r.log = config.log;
+  r.comm = config.comm;
   r.nvme_paths = config.nvme_paths;
 
   const uint64_t physical = machine.physical_memory_bytes;
@@ -229,6 +230,9 @@ std::string render(const ResolvedConfig& c) {
       {kStagingBytes, bytes(c.staging_bytes)},
       {kVerify, c.verify ? "on" : "off"},
       {kLog, std::string(to_string(c.log))},
+      {kCommBackend, std::string(to_string(c.comm.backend))},
+      {kCommTimeout, format_duration(c.comm.timeout)},
+      {kCommDebug, c.comm.debug ? "on" : "off"},
   };
   size_t width = 0;
   for (const auto& row : rows) width = std::max(width, row.first.size());

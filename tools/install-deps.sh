@@ -6,7 +6,7 @@ set -euo pipefail
 # python3-dev, pybind11-dev: the Python module; python3-pytest, python3-numpy, python3-torch: its
 # tests and the PyTorch example trainer (CPU torch; the same scripts run on CUDA elsewhere).
 packages=(g++ make cmake ninja-build pkg-config python3
-          liburing-dev libtbb-dev libabsl-dev catch2 libxxhash-dev
+          liburing-dev libtbb-dev libabsl-dev catch2 libxxhash-dev libgloo-dev
           python3-dev pybind11-dev python3-pytest python3-numpy python3-torch)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then

@@ -20,6 +20,7 @@
 
 #include "strata/base/log.h"
 #include "strata/base/size.h"
+#include "strata/config/comm_settings.h"
 #include "strata/config/machine_info.h"
 #include "strata/device/backend_kind.h"
 #include "strata/nvme/io_engine_kind.h"
@@ -59,6 +60,7 @@ struct Config {
   uint64_t staging_bytes = uint64_t{256} << 20;
   bool verify = true;
   LogLevel log = LogLevel::kWarn;
+  CommSettings comm;  // STRATA_COMM_BACKEND, STRATA_COMM_TIMEOUT, STRATA_COMM_DEBUG
 
   // Reads the process environment.
   static absl::StatusOr<Config> from_environment();
@@ -85,6 +87,7 @@ struct ResolvedConfig {
   uint64_t staging_bytes = 0;
   bool verify = true;
   LogLevel log = LogLevel::kWarn;
+  CommSettings comm;  // as configured (the backend is chosen when a communicator is created)
   // Things that work but not as well as they could (e.g. staging above RLIMIT_MEMLOCK, so
   // buffers are not registered with io_uring). Printed by strata-info, logged by the runtime.
   std::vector<std::string> warnings;
