@@ -1,0 +1,490 @@
+#include "gloo_communicator.h"
+
+#include <absl/synchronization/mutex.h>
+#include <absl/time/time.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "collective_call.h"
+#include "host_reduce.h"
+#include "job_monitor.h"
+#include "strata/base/log.h"
+#include "strata/base/mutex.h"
+#include "strata/base/text.h"
+#include "strata/device/device.h"
+
+namespace strata::comm_internal {
+namespace {
+
+using text::cat;
+using text::to_absl;
+
+// Gloo's rendezvous reads and writes through this; failures become Gloo exceptions (which
+// connectFullMesh expects) and the store's own status is kept for the user's message.
+class StoreForGloo final : public gloo::rendezvous::Store {
+ public:
+  explicit StoreForGloo(TcpStore& store) : store_(store) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    check(store_.set(key, std::string_view(data.data(), data.size())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::string> value = store_.get(key);
+    check(value.status());
+    return std::vector<char>(value->begin(), value->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, store_.options().timeout); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    check(store_.wait(keys, t));
+  }
+  const absl::Status& error() const { return error_; }
+
+ private:
+  void check(const absl::Status& status) {
+    if (status.ok()) return;
+    error_ = status;
+    throw gloo::IoException(std::string(status.message()));
+  }
+  TcpStore& store_;
+  absl::Status error_;
+};
+
+struct WorkState {
+  absl::Mutex mutex;
+  absl::CondVar done_cv;
+  bool done ABSL_GUARDED_BY(mutex) = false;
+  absl::Status status ABSL_GUARDED_BY(mutex);
+};
+
+class GlooWork final : public CollectiveWork {
+ public:
+  GlooWork(std::shared_ptr<WorkState> state, uint64_t sequence, std::string what,
+           std::chrono::milliseconds timeout)
+      : state_(std::move(state)), sequence_(sequence), what_(std::move(what)), timeout_(timeout) {}
+
+  absl::Status wait() override {
+    // Gloo bounds every operation by the timeout; this backstop (twice that, plus the
+    // post-mortem) only guards against an engine that never returns.
+    const absl::Time deadline = absl::Now() + absl::FromChrono(timeout_) * 2 + absl::Seconds(5);
+    MutexLock lock(&state_->mutex);
+    while (!state_->done) {
+      if (wait_with_timeout(&state_->done_cv, &state_->mutex, deadline - absl::Now()) &&
+          absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            to_absl(cat(what_,
+                        " did not finish within twice STRATA_COMM_TIMEOUT: the engine "
+                        "is stuck; stop the job")));
+      }
+    }
+    return state_->status;
+  }
+  absl::Status synchronize() override { return wait(); }
+  uint64_t sequence() const override { return sequence_; }
+
+ private:
+  std::shared_ptr<WorkState> state_;
+  uint64_t sequence_;
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Gloo's halving-doubling reduce-scatter is templated on the element type and takes a typed
+// reduction; these forward to host_reduce's combine functions.
+template <typename T, ReduceOp Op>
+void typed_combine(T* x, const T* y, size_t n);
+
+template <typename T>
+constexpr DataType data_type_of();
+template <>
+constexpr DataType data_type_of<uint8_t>() {
+  return DataType::kUInt8;
+}
+template <>
+constexpr DataType data_type_of<int32_t>() {
+  return DataType::kInt32;
+}
+template <>
+constexpr DataType data_type_of<int64_t>() {
+  return DataType::kInt64;
+}
+template <>
+constexpr DataType data_type_of<Float16Bits>() {
+  return DataType::kFloat16;
+}
+template <>
+constexpr DataType data_type_of<BFloat16Bits>() {
+  return DataType::kBFloat16;
+}
+template <>
+constexpr DataType data_type_of<float>() {
+  return DataType::kFloat32;
+}
+template <>
+constexpr DataType data_type_of<double>() {
+  return DataType::kFloat64;
+}
+
+template <typename T, ReduceOp Op>
+void typed_combine(T* x, const T* y, size_t n) {
+  static const CombineFn fn = combine_function(data_type_of<T>(), Op);
+  fn(x, y, n);
+}
+
+template <typename T>
+const gloo::ReductionFunction<T>* gloo_reduction(ReduceOp op) {
+  static const gloo::ReductionFunction<T> sum(gloo::SUM, &typed_combine<T, ReduceOp::kSum>);
+  static const gloo::ReductionFunction<T> max(gloo::MAX, &typed_combine<T, ReduceOp::kMax>);
+  static const gloo::ReductionFunction<T> min(gloo::MIN, &typed_combine<T, ReduceOp::kMin>);
+  switch (op) {
+    case ReduceOp::kMax:
+      return &max;
+    case ReduceOp::kMin:
+      return &min;
+    default:
+      return &sum;
+  }
+}
+
+// Calls f(T{}) with the storage type of `type` (Gloo's algorithms are templated on it).
+template <typename F>
+void with_storage_type(DataType type, F&& f) {
+  switch (type) {
+    case DataType::kUInt8:
+      return f(uint8_t{});
+    case DataType::kInt32:
+      return f(int32_t{});
+    case DataType::kInt64:
+      return f(int64_t{});
+    case DataType::kFloat16:
+      return f(Float16Bits{});
+    case DataType::kBFloat16:
+      return f(BFloat16Bits{});
+    case DataType::kFloat32:
+      return f(float{});
+    case DataType::kFloat64:
+      return f(double{});
+  }
+}
+
+CollectiveCall make_call(CollectiveKind kind, DataType type, ReduceOp op = ReduceOp::kSum) {
+  CollectiveCall call;
+  call.kind = kind;
+  call.type = type;
+  call.op = op;
+  return call;
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(const CommOptions& options, std::unique_ptr<JobMonitor> monitor,
+                   std::shared_ptr<gloo::rendezvous::Context> context)
+      : options_(options), monitor_(std::move(monitor)), context_(std::move(context)) {
+    worker_ = std::thread([this] { work(); });
+  }
+
+  ~GlooCommunicator() override {
+    {
+      MutexLock lock(&mutex_);
+      stopping_ = true;
+    }
+    if (worker_.joinable()) worker_.join();
+    context_.reset();  // close Gloo's pairs before the job's rendezvous goes
+    monitor_.reset();
+  }
+
+  int rank() const override { return options_.launch.rank; }
+  int size() const override { return options_.launch.world_size; }
+  CommBackendKind backend() const override { return CommBackendKind::kGloo; }
+  CommStats stats() const override {
+    MutexLock lock(&mutex_);
+    return stats_;
+  }
+  std::string description() const override {
+    return cat("gloo, rank ", rank(), " of ", size(), ", rendezvous at ",
+               options_.launch.master_addr, ":", options_.launch.master_port, ", timeout ",
+               format_duration(options_.settings.timeout),
+               options_.settings.debug ? ", signatures checked" : "");
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> all_gather(
+      const void* send, void* recv, std::span<const uint64_t> counts, DataType type,
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kAllGather, type);
+    call.counts.assign(counts.begin(), counts.end());
+    return issue(std::move(call), options, [this, send, recv, type](const CollectiveCall& c) {
+      const size_t element = element_size(type);
+      // Gathering moves bytes only: byte counts, one code path for every type.
+      std::vector<size_t> byte_counts;
+      for (uint64_t count : c.counts) byte_counts.push_back(count * element);
+      const uint64_t offset =
+          std::accumulate(c.counts.begin(), c.counts.begin() + rank(), uint64_t{0});
+      uint8_t* own = static_cast<uint8_t*>(recv) + offset * element;
+      gloo::AllgathervOptions opts(context_);
+      if (send != own) {
+        opts.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), byte_counts[rank()]);
+      }
+      opts.setOutput(static_cast<uint8_t*>(recv), std::move(byte_counts));
+      opts.setTag(tag(c));
+      gloo::allgatherv(opts);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> reduce_scatter(
+      const void* send, void* recv, std::span<const uint64_t> counts, DataType type, ReduceOp op,
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kReduceScatter, type, op);
+    call.counts.assign(counts.begin(), counts.end());
+    if (call.total_count() > static_cast<uint64_t>(INT_MAX)) {
+      return absl::InvalidArgumentError(to_absl(
+          cat("reduce_scatter of ", call.total_count(),
+              " elements is above Gloo's limit of 2^31-1 per call: split it into smaller calls")));
+    }
+    return issue(std::move(call), options, [this, send, recv, type, op](const CollectiveCall& c) {
+      const size_t element = element_size(type);
+      const uint64_t offset =
+          std::accumulate(c.counts.begin(), c.counts.begin() + rank(), uint64_t{0});
+      const uint64_t mine = c.counts[rank()];
+      uint8_t* in_place_slot = static_cast<uint8_t*>(const_cast<void*>(send)) + offset * element;
+      // Gloo's algorithm reduces in the buffer it is given and leaves this rank's slice at its
+      // start. In place, that buffer is the caller's (the rest of `send` is scratch); out of
+      // place it is a copy, so `send` stays intact.
+      std::vector<uint8_t> scratch;
+      void* buffer = const_cast<void*>(send);
+      if (recv != in_place_slot) {
+        scratch.assign(static_cast<const uint8_t*>(send),
+                       static_cast<const uint8_t*>(send) + c.total_bytes());
+        buffer = scratch.data();
+      }
+      const std::vector<int> counts_int(c.counts.begin(), c.counts.end());
+      with_storage_type(type, [&](auto zero) {
+        using T = decltype(zero);
+        // This rank's reduced slice lands at the start of `buffer`.
+        gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, {static_cast<T*>(buffer)},
+                                                        static_cast<int>(c.total_count()),
+                                                        counts_int, gloo_reduction<T>(op));
+        algorithm.run();
+      });
+      if (buffer != recv && mine > 0) std::memmove(recv, buffer, mine * element);
+      if (op == ReduceOp::kAverage) divide_in_place(recv, mine, type, size());
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> all_reduce(
+      const void* send, void* recv, uint64_t count, DataType type, ReduceOp op,
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kAllReduce, type, op);
+    call.counts = {count};
+    return issue(std::move(call), options, [this, send, recv, type, op](const CollectiveCall& c) {
+      const size_t element = element_size(type);
+      if (send != recv) std::memcpy(recv, send, c.total_bytes());
+      const CombineFn combine = combine_function(type, op);
+      with_storage_type(type, [&](auto zero) {
+        using T = decltype(zero);
+        gloo::AllreduceOptions opts(context_);
+        opts.setOutput(static_cast<T*>(recv), c.total_count());
+        // x = a op b over n elements (x may be a).
+        opts.setReduceFunction([combine, element](void* x, const void* a, const void* b, size_t n) {
+          if (x != a) std::memcpy(x, a, n * element);
+          combine(x, b, n);
+        });
+        opts.setTag(tag(c));
+        gloo::allreduce(opts);
+      });
+      if (op == ReduceOp::kAverage) divide_in_place(recv, c.total_count(), type, size());
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> broadcast(
+      void* data, uint64_t count, DataType type, int root,
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kBroadcast, type);
+    call.root = root;
+    call.counts = {count};
+    return issue(std::move(call), options, [this, data, root](const CollectiveCall& c) {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(static_cast<uint8_t*>(data), c.total_bytes());
+      opts.setRoot(root);
+      opts.setTag(tag(c));
+      gloo::broadcast(opts);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> barrier(
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kBarrier, DataType::kUInt8);
+    return issue(std::move(call), options, [this](const CollectiveCall& c) {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(tag(c));
+      gloo::barrier(opts);
+    });
+  }
+
+ private:
+  using Body = std::function<void(const CollectiveCall&)>;
+  struct Task {
+    CollectiveCall call;
+    Body body;
+    std::shared_ptr<WorkState> state;
+    std::unique_ptr<Event> ready;  // recorded on CollectiveOptions::stream at issue
+  };
+
+  // Data and signature exchanges get distinct tags, so a late one never matches the other.
+  static uint32_t tag(const CollectiveCall& call) {
+    return static_cast<uint32_t>(call.sequence * 2);
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> issue(CollectiveCall call,
+                                                        const CollectiveOptions& options,
+                                                        Body body) {
+    Task task;
+    if (options.stream != nullptr) {
+      if (options_.device == nullptr) {
+        return absl::InvalidArgumentError(
+            "a collective was given a stream but the communicator has no device: pass "
+            "CommOptions::device (or the device to Communicator::from_environment)");
+      }
+      absl::StatusOr<std::unique_ptr<Event>> event = options_.device->create_event();
+      if (!event.ok()) return event.status();
+      if (absl::Status s = options_.device->record(**event, *options.stream); !s.ok()) return s;
+      task.ready = *std::move(event);
+    }
+    MutexLock lock(&mutex_);
+    if (!broken_.ok()) return broken_;
+    call.sequence = ++sequence_;
+    if (absl::Status s = check_counts(call, size()); !s.ok()) return s;
+    add_to_stats(stats_, call, size(), rank());
+    monitor_->issued(call);
+    task.call = std::move(call);
+    task.body = std::move(body);
+    task.state = std::make_shared<WorkState>();
+    auto work = std::make_unique<GlooWork>(task.state, task.call.sequence, task.call.describe(),
+                                           options_.settings.timeout);
+    queue_.push_back(std::move(task));
+    return work;
+  }
+
+  void work() {
+    while (true) {
+      Task task;
+      {
+        MutexLock lock(&mutex_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+          return stopping_ || !queue_.empty();
+        };
+        mutex_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;  // stopping, and everything issued has run
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const absl::Status status = run(task);
+      {
+        MutexLock lock(&task.state->mutex);
+        task.state->done = true;
+        task.state->status = status;
+        task.state->done_cv.SignalAll();
+      }
+    }
+  }
+
+  absl::Status run(Task& task) {
+    {
+      MutexLock lock(&mutex_);
+      if (!broken_.ok()) return broken_;
+    }
+    const CollectiveCall& call = task.call;
+    if (task.ready != nullptr) {
+      if (absl::Status s = options_.device->synchronize(*task.ready); !s.ok()) return fail(s);
+    }
+    try {
+      if (options_.settings.debug && size() > 1) {
+        if (absl::Status s = check_signatures(call); !s.ok()) return fail(s);
+      }
+      if (call.kind == CollectiveKind::kBarrier || call.total_count() > 0) task.body(call);
+    } catch (const std::exception& e) {
+      return fail(monitor_->post_mortem(call, e.what()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Every rank gathers every rank's signature of this call; all see the same table, so all
+  // reach the same verdict without a further exchange.
+  absl::Status check_signatures(const CollectiveCall& call) {
+    const CollectiveCall::Signature mine = call.signature();
+    std::vector<CollectiveCall::Signature> all(size());
+    gloo::AllgathervOptions opts(context_);
+    opts.setInput(const_cast<uint64_t*>(mine.data()), mine.size());
+    opts.setOutput(all.front().data(), std::vector<size_t>(size(), mine.size()));
+    opts.setTag(tag(call) + 1);
+    gloo::allgatherv(opts);
+    for (const auto& s : all) {
+      if (s != mine) {
+        return absl::FailedPreconditionError(to_absl(
+            cat(call.describe(), " on rank ", rank(), ": ", mismatch_message(all, rank()))));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Marks the communicator broken: every later call returns this error.
+  absl::Status fail(absl::Status status) {
+    MutexLock lock(&mutex_);
+    if (broken_.ok()) broken_ = status;
+    return status;
+  }
+
+  const CommOptions options_;
+  std::unique_ptr<JobMonitor> monitor_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  mutable absl::Mutex mutex_;
+  uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
+  CommStats stats_ ABSL_GUARDED_BY(mutex_);
+  absl::Status broken_ ABSL_GUARDED_BY(mutex_);
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mutex_);
+  std::thread worker_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const CommOptions& options) {
+  absl::StatusOr<std::unique_ptr<JobMonitor>> monitor =
+      JobMonitor::join(options.launch, options.settings);
+  if (!monitor.ok()) return monitor.status();
+  const LaunchInfo& launch = options.launch;
+  auto context = std::make_shared<gloo::rendezvous::Context>(launch.rank, launch.world_size);
+  context->setTimeout(options.settings.timeout);
+  StoreForGloo store((*monitor)->store());
+  try {
+    gloo::transport::tcp::attr attr;
+    // The interface that reaches rank 0 reaches the other ranks too.
+    attr.hostname = (*monitor)->store().local_address();
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::PrefixStore prefixed("strata/gloo", store);
+    context->connectFullMesh(prefixed, device);
+  } catch (const std::exception& e) {
+    const std::string cause = store.error().ok() ? e.what() : std::string(store.error().message());
+    return absl::UnavailableError(
+        to_absl(cat("rank ", launch.rank, " of ", launch.world_size,
+                    " could not connect Gloo's pairs "
+                    "(rendezvous at ",
+                    launch.master_addr, ":", launch.master_port, "): ", cause)));
+  }
+  return std::make_unique<GlooCommunicator>(options, *std::move(monitor), std::move(context));
+}
+
+}  // namespace strata::comm_internal

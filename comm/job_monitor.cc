@@ -1,0 +1,199 @@
+#include "job_monitor.h"
+
+#include <absl/strings/numbers.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "strata/base/log.h"
+#include "strata/base/text.h"
+
+namespace strata::comm_internal {
+namespace {
+
+using namespace text;  // NOLINT(build/namespaces): string_view helpers
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kAbortKey = "strata/abort";
+constexpr std::string_view kLeftKey = "strata/left";
+std::string state_key(int rank) { return cat("strata/state/", rank); }
+
+// How long a failing rank waits for the others to say what they had issued: long enough for a
+// watcher's next poll, short against any timeout.
+constexpr milliseconds kPostMortemWait{1500};
+constexpr milliseconds kWatchPoll{200};
+
+}  // namespace
+
+JobMonitor::JobMonitor(LaunchInfo launch, CommSettings settings)
+    : launch_(std::move(launch)), settings_(settings) {}
+
+absl::StatusOr<std::unique_ptr<JobMonitor>> JobMonitor::join(const LaunchInfo& launch,
+                                                             const CommSettings& settings) {
+  std::unique_ptr<JobMonitor> monitor(new JobMonitor(launch, settings));
+  if (launch.rank == 0) {
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
+        TcpStoreServer::start(launch.master_addr, launch.master_port, launch.world_size);
+    if (!server.ok()) return server.status();
+    monitor->server_ = *std::move(server);
+  }
+  TcpStore::Options options;
+  options.host = launch.master_addr;
+  options.port = monitor->server_ ? monitor->server_->port() : launch.master_port;
+  options.rank = launch.rank;
+  options.world_size = launch.world_size;
+  options.timeout = settings.timeout;
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::connect(options);
+  if (!store.ok()) return store.status();
+  monitor->store_ = *std::move(store);
+  absl::StatusOr<std::unique_ptr<TcpStore>> watcher_store = TcpStore::connect(options);
+  if (!watcher_store.ok()) return watcher_store.status();
+  monitor->watcher_store_ = *std::move(watcher_store);
+  monitor->watcher_ = std::thread([m = monitor.get()] { m->watch(); });
+  return monitor;
+}
+
+JobMonitor::~JobMonitor() {
+  stopping_ = true;
+  if (watcher_.joinable()) watcher_.join();
+  watcher_store_.reset();
+  if (store_ != nullptr && launch_.world_size > 1) {
+    const absl::StatusOr<int64_t> left = store_->add(kLeftKey, 1);
+    if (left.ok() && launch_.rank == 0) {
+      // Serve until every rank has left (a lost rank ends the wait early: it will not).
+      const auto deadline = Clock::now() + settings_.timeout;
+      while (Clock::now() < deadline) {
+        absl::StatusOr<int64_t> count = store_->add(kLeftKey, 0);
+        if (!count.ok() || *count >= launch_.world_size) break;
+        absl::StatusOr<std::vector<int>> lost = store_->lost_ranks();
+        if (!lost.ok() || !lost->empty()) break;
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+    }
+  }
+  store_.reset();
+  server_.reset();
+}
+
+void JobMonitor::issued(const CollectiveCall& call) {
+  std::string text = cat(call.sequence, "\t", call.describe());
+  MutexLock lock(&mutex_);
+  last_issued_ = std::move(text);
+}
+
+void JobMonitor::post_state() {
+  std::string state;
+  {
+    MutexLock lock(&mutex_);
+    if (state_posted_) return;
+    state_posted_ = true;
+    state = last_issued_.empty() ? std::string("0\t(no collective yet)") : last_issued_;
+  }
+  (void)watcher_store_->set(state_key(launch_.rank), state);
+}
+
+// Polls for another rank's failure (the abort key or a lost rank) and then says what this rank
+// had issued, so the failing rank can name the ranks at fault.
+void JobMonitor::watch() {
+  while (!stopping_) {
+    absl::StatusOr<std::string> abort = watcher_store_->get(kAbortKey, kWatchPoll);
+    if (abort.ok()) {
+      post_state();
+      return;
+    }
+    if (abort.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+    // A lost rank (or the server gone): say what this rank had issued, if the store still works.
+    if (!stopping_) post_state();
+    return;
+  }
+}
+
+absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_view local) {
+  const int world = launch_.world_size;
+  std::string message =
+      cat(call.describe(), " failed on rank ", launch_.rank, " of ", world, ": ", local);
+  if (world == 1) return absl::InternalError(to_absl(message));
+  // The post-mortem has its own connection use: the watcher may be in a get on the other one.
+  {
+    MutexLock lock(&mutex_);
+    state_posted_ = true;  // this rank's state is the failing call
+  }
+  TcpStore& store = *store_;
+  (void)store.set(state_key(launch_.rank), cat(call.sequence, "\t", call.describe()));
+  (void)store.set(kAbortKey, cat(launch_.rank));
+
+  std::map<int, std::string> states;  // rank → "<sequence>\t<describe>"
+  std::vector<int> lost;
+  bool server_gone = false;
+  const auto deadline = Clock::now() + kPostMortemWait;
+  while (true) {
+    absl::StatusOr<std::vector<int>> now_lost = store.lost_ranks();
+    if (!now_lost.ok()) {  // the server itself is gone: rank 0 died
+      server_gone = true;
+      lost = {0};
+      break;
+    }
+    lost = *now_lost;
+    for (int r = 0; r < world; ++r) {
+      if (r == launch_.rank || states.count(r) != 0) continue;
+      if (std::find(lost.begin(), lost.end(), r) != lost.end()) continue;
+      absl::StatusOr<bool> present = store.check({state_key(r)});
+      if (present.ok() && *present) {
+        absl::StatusOr<std::string> value = store.get(state_key(r), milliseconds(100));
+        if (value.ok()) states[r] = *value;
+      }
+    }
+    if (static_cast<int>(states.size() + lost.size()) >= world - 1) break;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+
+  std::vector<int> at_fault = lost;
+  std::string findings;
+  for (int r : lost) {
+    findings += cat(" Rank ", r,
+                    server_gone ? " (which serves the rendezvous) exited or was killed."
+                                : " exited or was killed (its connection closed).");
+  }
+  const std::string mine = cat(call.sequence, "\t", call.describe());
+  std::vector<int> silent;
+  for (int r = 0; r < world; ++r) {
+    if (r == launch_.rank || std::find(lost.begin(), lost.end(), r) != lost.end()) continue;
+    const auto it = states.find(r);
+    if (it == states.end()) {
+      silent.push_back(r);
+      continue;
+    }
+    if (it->second == mine) continue;
+    const size_t tab = it->second.find('\t');
+    uint64_t their_sequence = 0;
+    (void)absl::SimpleAtoi(to_absl(std::string_view(it->second).substr(0, tab)), &their_sequence);
+    const std::string theirs = it->second.substr(tab + 1);
+    at_fault.push_back(r);
+    if (their_sequence == call.sequence) {
+      findings += cat(" Rank ", r, " issued ", theirs, " instead.");
+    } else if (their_sequence < call.sequence) {
+      findings += cat(" Rank ", r, " had issued only up to ", theirs, " (it never issued #",
+                      call.sequence, ").");
+    } else {
+      findings += cat(" Rank ", r, " had gone on to ", theirs, ".");
+    }
+  }
+  if (!silent.empty()) {
+    findings += cat(" Rank(s) ", text::join(silent, ", "),
+                    " did not answer (stuck outside strata, or their rendezvous connection "
+                    "is down).");
+  }
+  std::sort(at_fault.begin(), at_fault.end());
+  if (!at_fault.empty()) {
+    findings += cat(" Rank(s) at fault: ", text::join(at_fault, ", "), ".");
+  } else if (silent.empty()) {
+    findings += " Every other rank had issued the same collective: see their output.";
+  }
+  return absl::UnavailableError(to_absl(cat(message, ".", findings)));
+}
+
+}  // namespace strata::comm_internal
