@@ -44,6 +44,8 @@ function(strata_pkg_config_dependencies layers out_requires out_libs)
         list(APPEND requires tbb)
       elseif(dep MATCHES "^PkgConfig::(.+)$")
         list(APPEND requires "${CMAKE_MATCH_1}")
+      elseif(dep STREQUAL "gloo")
+        list(APPEND libs -lgloo)  # Debian's libgloo-dev ships no .pc file
       elseif(dep STREQUAL "Threads::Threads")
         list(APPEND libs -pthread)
       elseif(dep MATCHES "^CUDA::(.+)$")

@@ -365,8 +365,9 @@ class GlooCommunicator final : public Communicator {
     }
     MutexLock lock(&mutex_);
     if (!broken_.ok()) return broken_;
-    call.sequence = ++sequence_;
+    call.sequence = sequence_ + 1;  // taken only by a call that is issued
     if (absl::Status s = check_counts(call, size()); !s.ok()) return s;
+    ++sequence_;
     add_to_stats(stats_, call, size(), rank());
     monitor_->issued(call);
     task.call = std::move(call);

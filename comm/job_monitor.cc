@@ -158,28 +158,52 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
                     server_gone ? " (which serves the rendezvous) exited or was killed."
                                 : " exited or was killed (its connection closed).");
   }
-  const std::string mine = cat(call.sequence, "\t", call.describe());
+  // What most ranks had issued is taken as the job's step; a rank that differs from it is at
+  // fault (on a tie every differing rank is named, this one included).
+  states[launch_.rank] = cat(call.sequence, "\t", call.describe());
+  std::map<std::string, int> votes;
+  for (const auto& [r, state] : states) ++votes[state];
+  auto majority = votes.begin();
+  bool tie = false;
+  for (auto it = votes.begin(); it != votes.end(); ++it) {
+    if (it->second > majority->second) {
+      majority = it;
+      tie = false;
+    } else if (it != majority && it->second == majority->second) {
+      tie = true;
+    }
+  }
+  const auto sequence_of = [](const std::string& state) {
+    uint64_t sequence = 0;
+    (void)absl::SimpleAtoi(to_absl(std::string_view(state).substr(0, state.find('\t'))),
+                           &sequence);
+    return sequence;
+  };
+  const std::string& agreed = majority->first;
+  const uint64_t agreed_sequence = sequence_of(agreed);
+  if (votes.size() > 1) {
+    findings += cat(" ", majority->second, " of ", world, " ranks were at ",
+                    agreed.substr(agreed.find('\t') + 1), ".");
+  }
+  for (const auto& [r, state] : states) {
+    if (votes.size() == 1 || (!tie && state == agreed)) continue;
+    const std::string theirs = state.substr(state.find('\t') + 1);
+    const uint64_t their_sequence = sequence_of(state);
+    const std::string who = cat(" Rank ", r, r == launch_.rank ? " (this rank)" : "");
+    at_fault.push_back(r);
+    if (their_sequence == agreed_sequence) {
+      findings += cat(who, " issued ", theirs, ".");
+    } else if (their_sequence < agreed_sequence) {
+      findings += cat(who, " had issued only up to ", theirs, " (it never issued #",
+                      agreed_sequence, ").");
+    } else {
+      findings += cat(who, " had gone on to ", theirs, ".");
+    }
+  }
   std::vector<int> silent;
   for (int r = 0; r < world; ++r) {
-    if (r == launch_.rank || std::find(lost.begin(), lost.end(), r) != lost.end()) continue;
-    const auto it = states.find(r);
-    if (it == states.end()) {
+    if (states.count(r) == 0 && std::find(lost.begin(), lost.end(), r) == lost.end()) {
       silent.push_back(r);
-      continue;
-    }
-    if (it->second == mine) continue;
-    const size_t tab = it->second.find('\t');
-    uint64_t their_sequence = 0;
-    (void)absl::SimpleAtoi(to_absl(std::string_view(it->second).substr(0, tab)), &their_sequence);
-    const std::string theirs = it->second.substr(tab + 1);
-    at_fault.push_back(r);
-    if (their_sequence == call.sequence) {
-      findings += cat(" Rank ", r, " issued ", theirs, " instead.");
-    } else if (their_sequence < call.sequence) {
-      findings += cat(" Rank ", r, " had issued only up to ", theirs, " (it never issued #",
-                      call.sequence, ").");
-    } else {
-      findings += cat(" Rank ", r, " had gone on to ", theirs, ".");
     }
   }
   if (!silent.empty()) {
@@ -191,7 +215,7 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
   if (!at_fault.empty()) {
     findings += cat(" Rank(s) at fault: ", text::join(at_fault, ", "), ".");
   } else if (silent.empty()) {
-    findings += " Every other rank had issued the same collective: see their output.";
+    findings += " Every rank had issued the same collective: see the other ranks' output.";
   }
   return absl::UnavailableError(to_absl(cat(message, ".", findings)));
 }

@@ -274,3 +274,45 @@ TEST_CASE("from_environment reads STRATA_ variables from the process environment
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST_CASE("STRATA_COMM_BACKEND, STRATA_COMM_TIMEOUT, STRATA_COMM_DEBUG", "[config][comm]") {
+  const Config defaults = config_of({});
+  CHECK(defaults.comm.backend == CommBackendKind::kAuto);
+  CHECK(defaults.comm.timeout == std::chrono::minutes(5));
+  CHECK_FALSE(defaults.comm.debug);
+
+  const Config set = config_of({{"STRATA_COMM_BACKEND", "Gloo"},
+                                {"STRATA_COMM_TIMEOUT", "2.5s"},
+                                {"STRATA_COMM_DEBUG", "on"}});
+  CHECK(set.comm.backend == CommBackendKind::kGloo);
+  CHECK(set.comm.timeout == std::chrono::milliseconds(2500));
+  CHECK(set.comm.debug);
+  CHECK(config_of({{"STRATA_COMM_BACKEND", "nccl"}}).comm.backend == CommBackendKind::kNccl);
+
+  const std::pair<const char*, int64_t> durations[] = {
+      {"90", 90000}, {"500ms", 500}, {"5min", 300000}, {"2m", 120000}, {"1h", 3600000},
+      {" 30s ", 30000}};
+  for (const auto& [text, ms] : durations) {
+    INFO(text);
+    CHECK(config_of({{"STRATA_COMM_TIMEOUT", text}}).comm.timeout.count() == ms);
+  }
+
+  CHECK(error_of({{"STRATA_COMM_BACKEND", "mpi"}}).find("auto, nccl or gloo") !=
+        std::string::npos);
+  for (const char* bad : {"soon", "10 parsecs", "-5s", "0", "50ms", "25h", "nan", "s"}) {
+    INFO(bad);
+    const std::string message = error_of({{"STRATA_COMM_TIMEOUT", bad}});
+    CHECK(message.find("30s, 500ms, 5min or 2h") != std::string::npos);
+  }
+  CHECK(error_of({{"STRATA_COMM_DEBUG", "maybe"}}).find("on or off") != std::string::npos);
+  // A near miss of a comm variable is caught like any other.
+  absl::StatusOr<Config> typo = Config::from_variables({{"STRATA_COMM_TIMOUT", "5s"}});
+  REQUIRE_FALSE(typo.ok());
+  CHECK(std::string(typo.status().message()).find("STRATA_COMM_TIMEOUT") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata

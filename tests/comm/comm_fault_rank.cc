@@ -1,0 +1,68 @@
+// One rank of a job that goes wrong on purpose, for comm_failure_test. Usage:
+//   comm_fault_rank SCENARIO FAULTY_RANK
+// Scenarios: ok (no fault), die (FAULTY_RANK is killed while its all_reduce is in flight),
+// other-op (it issues a broadcast where the others all_reduce), other-size (its all_reduce
+// has another size), fewer (it stops issuing collectives and sleeps, as if stuck).
+// Prints "rank R: ok" or "rank R: error: <message>" on stderr and exits 0 or 1.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "strata/comm/communicator.h"
+
+namespace {
+
+int report(int rank, const absl::Status& status) {
+  if (status.ok()) {
+    std::fprintf(stderr, "rank %d: ok\n", rank);
+    return 0;
+  }
+  std::fprintf(stderr, "rank %d: error: %s\n", rank, std::string(status.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: comm_fault_rank ok|die|other-op|other-size|fewer FAULTY_RANK\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  const int faulty = std::atoi(argv[2]);
+  absl::StatusOr<std::unique_ptr<strata::Communicator>> created =
+      strata::Communicator::from_environment();
+  if (!created.ok()) return report(-1, created.status());
+  strata::Communicator& comm = **created;
+  const int rank = comm.rank();
+  const bool me = rank == faulty;
+  constexpr uint64_t kCount = 4 << 20;  // 16 MiB of float32: long enough to be killed inside
+  std::vector<float> data(kCount, 1.0f);
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3 && me && scenario == "fewer") {
+      sleep(600);  // stuck outside strata; the test kills it
+      return 3;
+    }
+    absl::StatusOr<std::unique_ptr<strata::CollectiveWork>> work;
+    if (step == 3 && me && scenario == "other-op") {
+      work = comm.broadcast(data.data(), kCount, strata::DataType::kFloat32, 0);
+    } else if (step == 3 && me && scenario == "other-size") {
+      work = comm.all_reduce(data.data(), data.data(), kCount / 2, strata::DataType::kFloat32,
+                             strata::ReduceOp::kSum);
+    } else {
+      work = comm.all_reduce(data.data(), data.data(), kCount, strata::DataType::kFloat32,
+                             strata::ReduceOp::kAverage);
+    }
+    if (!work.ok()) return report(rank, work.status());
+    if (step == 3 && me && scenario == "die") {
+      usleep(20000);  // let the engine start moving bytes
+      raise(SIGKILL);
+    }
+    if (absl::Status s = (*work)->wait(); !s.ok()) return report(rank, s);
+  }
+  return report(rank, absl::OkStatus());
+}
