@@ -96,7 +96,7 @@ void finish(absl::StatusOr<std::unique_ptr<CollectiveWork>> work) {
   REQUIRE((*work)->synchronize().ok());
 }
 
-TEST_CASE("NCCL communicator: one rank, its description", "[cuda][comm]") {
+TEST_CASE("NCCL communicator of one rank and its description", "[cuda][comm]") {
   auto device = testing::cuda_device_or_skip();
   if (device == nullptr) return;
   auto comm = nccl_or_skip(*device);
@@ -108,7 +108,7 @@ TEST_CASE("NCCL communicator: one rank, its description", "[cuda][comm]") {
   CHECK(comm->description().find("rank 0 of 1") != std::string::npos);
 }
 
-TEST_CASE("NCCL all_gather: odd and empty sizes, out of place and in place", "[cuda][comm]") {
+TEST_CASE("NCCL all_gather with odd and empty sizes out of place and in place", "[cuda][comm]") {
   auto device = testing::cuda_device_or_skip();
   if (device == nullptr) return;
   auto comm = nccl_or_skip(*device);
@@ -144,7 +144,7 @@ TEST_CASE("NCCL all_gather: odd and empty sizes, out of place and in place", "[c
   CHECK(recv.download<float>(kCount) == other);
 }
 
-TEST_CASE("NCCL reduce_scatter: sum, average, max, in place", "[cuda][comm]") {
+TEST_CASE("NCCL reduce_scatter with sum average max min and in place", "[cuda][comm]") {
   auto device = testing::cuda_device_or_skip();
   if (device == nullptr) return;
   auto comm = nccl_or_skip(*device);
@@ -302,10 +302,8 @@ TEST_CASE("NCCL sequence numbers and statistics count every call", "[cuda][comm]
   CHECK(stats.total_wire_bytes() == 0);  // one rank sends nothing
 }
 
-TEST_CASE(
-    "NCCL: a bad root is an error and the communicator goes on; debug mode checks "
-    "signatures",
-    "[cuda][comm]") {
+TEST_CASE("NCCL in debug mode checks signatures and a bad root is an error it survives",
+          "[cuda][comm]") {
   auto device = testing::cuda_device_or_skip();
   if (device == nullptr) return;
   auto comm = nccl_or_skip(*device, /*debug=*/true);
