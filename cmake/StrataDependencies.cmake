@@ -31,8 +31,8 @@ if(STRATA_WITH_CUDA)
   if(STRATA_NCCL_LIBRARY AND STRATA_NCCL_INCLUDE_DIR)
     message(STATUS "strata: NCCL found at ${STRATA_NCCL_LIBRARY}; building the NCCL backend")
   else()
-    message(STATUS "strata: NCCL not found (no libnccl and nccl.h next to CUDA or on the system "
-                   "paths): the NCCL communicator is left out, collectives use Gloo")
+    message(STATUS "strata: NCCL not found (libnccl or nccl.h missing under the CUDA toolkit and "
+                   "the system paths): the NCCL communicator is left out, collectives use Gloo")
   endif()
 else()
   message(STATUS "strata: CUDA toolkit not found: the CUDA backend is left out "
