@@ -50,6 +50,8 @@ function(strata_pkg_config_dependencies layers out_requires out_libs)
         list(APPEND libs -pthread)
       elseif(dep MATCHES "^CUDA::(.+)$")
         list(APPEND libs "-L${CUDAToolkit_LIBRARY_DIR}" "-l${CMAKE_MATCH_1}")
+      elseif(IS_ABSOLUTE "${dep}")
+        list(APPEND libs "${dep}")  # a library found by path (libnccl)
       else()
         message(WARNING "strata.pc: no pkg-config name for ${layer}'s dependency '${dep}'; "
                         "add it to strata_pkg_config_dependencies in cmake/StrataInstall.cmake")

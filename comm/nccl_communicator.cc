@@ -1,0 +1,594 @@
+#include "nccl_communicator.h"
+
+#include <absl/time/time.h>
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <vector>
+
+#include "collective_call.h"
+#include "job_monitor.h"
+#include "nccl_support.h"
+#include "strata/base/log.h"
+#include "strata/base/mutex.h"
+#include "strata/base/text.h"
+#include "strata/device/device.h"
+
+namespace strata::comm_internal {
+namespace {
+
+using text::cat;
+using text::to_absl;
+
+// Device scratch: the barrier's int at 0, this rank's signature at kSignatureOffset, every rank's
+// from kGatherOffset (STRATA_COMM_DEBUG).
+constexpr uint64_t kSignatureBytes = sizeof(CollectiveCall::Signature);
+constexpr uint64_t kSignatureOffset = 64;
+constexpr uint64_t kGatherOffset = 128;
+
+CollectiveCall make_call(CollectiveKind kind, DataType type, ReduceOp op = ReduceOp::kSum) {
+  CollectiveCall call;
+  call.kind = kind;
+  call.type = type;
+  call.op = op;
+  return call;
+}
+
+const char* at(const void* base, uint64_t elements, DataType type) {
+  return static_cast<const char*>(base) + elements * element_size(type);
+}
+char* at(void* base, uint64_t elements, DataType type) {
+  return static_cast<char*>(base) + elements * element_size(type);
+}
+
+struct NcclParts {
+  ncclComm_t comm = nullptr;
+  int ordinal = 0;
+  int version = 0;
+  std::unique_ptr<Stream> stream;
+  cudaStream_t stream_handle = nullptr;
+  std::unique_ptr<DeviceMemory> scratch;
+  std::unique_ptr<PinnedHostMemory> signatures;  // STRATA_COMM_DEBUG only
+  std::unique_ptr<JobMonitor> monitor;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const CommOptions& options, NcclParts parts)
+      : options_(options),
+        monitor_(std::move(parts.monitor)),
+        ordinal_(parts.ordinal),
+        version_(parts.version),
+        stream_(std::move(parts.stream)),
+        stream_handle_(parts.stream_handle),
+        scratch_(std::move(parts.scratch)),
+        signatures_(std::move(parts.signatures)),
+        comm_(parts.comm) {
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~NcclCommunicator() override;
+
+  int rank() const override { return options_.launch.rank; }
+  int size() const override { return options_.launch.world_size; }
+  CommBackendKind backend() const override { return CommBackendKind::kNccl; }
+  CommStats stats() const override {
+    MutexLock lock(&mutex_);
+    return stats_;
+  }
+  std::string description() const override {
+    return cat("nccl ", version_ / 10000, ".", version_ / 100 % 100, ".", version_ % 100, ", rank ",
+               rank(), " of ", size(), " on cuda:", ordinal_, ", rendezvous at ",
+               options_.launch.master_addr, ":", options_.launch.master_port, ", timeout ",
+               format_duration(options_.settings.timeout),
+               options_.settings.debug ? ", signatures checked" : "");
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> all_gather(
+      const void* send, void* recv, std::span<const uint64_t> counts, DataType type,
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kAllGather, type);
+    call.counts.assign(counts.begin(), counts.end());
+    return issue(std::move(call), options,
+                 [this, send, recv](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
+                   const bool equal = std::all_of(c.counts.begin(), c.counts.end(),
+                                                  [&](uint64_t n) { return n == c.counts[0]; });
+                   if (equal) {
+                     return ncclAllGather(send, recv, c.counts[0], nccl_type(c.type), comm, s);
+                   }
+                   // Uneven shards: one broadcast per rank into its slice (PyTorch's
+                   // all_gather_v), fused into one group.
+                   return group(c, [&](int peer, uint64_t offset) {
+                     char* slice = at(recv, offset, c.type);
+                     return ncclBroadcast(peer == rank() ? send : slice, slice, c.counts[peer],
+                                          nccl_type(c.type), peer, comm, s);
+                   });
+                 });
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> reduce_scatter(
+      const void* send, void* recv, std::span<const uint64_t> counts, DataType type, ReduceOp op,
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kReduceScatter, type, op);
+    call.counts.assign(counts.begin(), counts.end());
+    return issue(std::move(call), options,
+                 [this, send, recv](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
+                   const bool equal = std::all_of(c.counts.begin(), c.counts.end(),
+                                                  [&](uint64_t n) { return n == c.counts[0]; });
+                   if (equal) {
+                     return ncclReduceScatter(send, recv, c.counts[0], nccl_type(c.type),
+                                              nccl_op(c.op), comm, s);
+                   }
+                   // Uneven shards: one reduce per rank, rooted there (NCCL reads recvbuff on
+                   // the root only, so the other ranks need no scratch).
+                   return group(c, [&](int peer, uint64_t offset) {
+                     return ncclReduce(at(send, offset, c.type), peer == rank() ? recv : nullptr,
+                                       c.counts[peer], nccl_type(c.type), nccl_op(c.op), peer, comm,
+                                       s);
+                   });
+                 });
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> all_reduce(
+      const void* send, void* recv, uint64_t count, DataType type, ReduceOp op,
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kAllReduce, type, op);
+    call.counts = {count};
+    return issue(std::move(call), options,
+                 [send, recv](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
+                   return ncclAllReduce(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op),
+                                        comm, s);
+                 });
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> broadcast(
+      void* data, uint64_t count, DataType type, int root,
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kBroadcast, type);
+    call.root = root;
+    call.counts = {count};
+    return issue(
+        std::move(call), options, [data](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
+          return ncclBroadcast(data, data, c.counts[0], nccl_type(c.type), c.root, comm, s);
+        });
+  }
+
+  // An all-reduce of one int on the scratch: later work on the stream waits for every rank.
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> barrier(
+      const CollectiveOptions& options) override {
+    CollectiveCall call = make_call(CollectiveKind::kBarrier, DataType::kUInt8);
+    void* flag = scratch_->data();
+    return issue(std::move(call), options,
+                 [flag](const CollectiveCall&, ncclComm_t comm, cudaStream_t s) {
+                   return ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm, s);
+                 });
+  }
+
+ private:
+  using Enqueue = std::function<ncclResult_t(const CollectiveCall&, ncclComm_t, cudaStream_t)>;
+  struct Pending {
+    CollectiveCall call;
+    EventPtr start;  // the operation's turn on its stream: the timeout counts from here
+    EventPtr end;
+    std::optional<Clock::time_point> started;
+    std::shared_ptr<OpState> state;
+  };
+  struct Failure {
+    CollectiveCall call;
+    std::string local;  // in the engine's words
+  };
+
+  // ncclGroupStart, one call per rank with elements (every rank skips the same empty ones),
+  // ncclGroupEnd.
+  ncclResult_t group(const CollectiveCall& c,
+                     const std::function<ncclResult_t(int peer, uint64_t offset)>& each) const {
+    ncclResult_t result = ncclGroupStart();
+    if (result != ncclSuccess) return result;
+    uint64_t offset = 0;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (c.counts[peer] > 0) {
+        result = each(peer, offset);
+        if (result != ncclSuccess && result != ncclInProgress) {
+          (void)ncclGroupEnd();
+          return result;
+        }
+      }
+      offset += c.counts[peer];
+    }
+    return ncclGroupEnd();
+  }
+
+  absl::StatusOr<cudaStream_t> stream_for(const CollectiveOptions& options) {
+    if (options.stream == nullptr) return stream_handle_;
+    absl::StatusOr<uintptr_t> native = options_.device->native_handle(*options.stream);
+    if (!native.ok()) return native.status();
+    return reinterpret_cast<cudaStream_t>(*native);
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> issue(CollectiveCall call,
+                                                        const CollectiveOptions& options,
+                                                        const Enqueue& enqueue);
+  absl::Status check_signatures_locked(const CollectiveCall& call, cudaStream_t stream,
+                                       std::optional<Failure>& failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  std::string settle_locked(ncclResult_t result, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  std::string wait_event_locked(cudaEvent_t event, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  void watch();
+  std::optional<Failure> poll(bool& exit);
+
+  absl::Status fail(const CollectiveCall& call, std::string_view local);
+  absl::Status fail_with(absl::Status error);
+  bool begin_failure();
+  absl::Status finish_failure(absl::Status error);
+  absl::Status broken_error();
+
+  const CommOptions options_;
+  std::unique_ptr<JobMonitor> monitor_;  // destroyed after the members below
+  const int ordinal_;
+  const int version_;
+  std::unique_ptr<Stream> stream_;
+  const cudaStream_t stream_handle_;
+  std::unique_ptr<DeviceMemory> scratch_;
+  std::unique_ptr<PinnedHostMemory> signatures_;
+  const std::shared_ptr<Health> health_ = std::make_shared<Health>();
+
+  mutable absl::Mutex mutex_;
+  absl::CondVar cv_;  // pending_ changed, or stopping_
+  // Null once aborted or destroyed. NCCL calls on it are made under mutex_, so an abort never
+  // frees it under another call.
+  ncclComm_t comm_ ABSL_GUARDED_BY(mutex_);
+  uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
+  CommStats stats_ ABSL_GUARDED_BY(mutex_);
+  bool failing_ ABSL_GUARDED_BY(mutex_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mutex_);
+  std::thread watchdog_;
+};
+
+absl::StatusOr<std::unique_ptr<CollectiveWork>> NcclCommunicator::issue(
+    CollectiveCall call, const CollectiveOptions& options, const Enqueue& enqueue) {
+  absl::StatusOr<cudaStream_t> stream = stream_for(options);
+  if (!stream.ok()) return stream.status();
+  // Every rank knows every count, so all skip the same empty operations.
+  const bool run = call.kind == CollectiveKind::kBarrier || call.total_count() > 0;
+  EventPtr start, end;
+  if (run) {
+    absl::StatusOr<EventPtr> s = create_event();
+    if (!s.ok()) return s.status();
+    absl::StatusOr<EventPtr> e = create_event();
+    if (!e.ok()) return e.status();
+    start = *std::move(s);
+    end = *std::move(e);
+  }
+  auto state = std::make_shared<OpState>();
+  std::optional<Failure> failure;
+  absl::Status verdict;  // a signature mismatch: every rank reaches it, no post-mortem needed
+  std::unique_ptr<CollectiveWork> work;
+  bool broken = false;
+  {
+    MutexLock lock(&mutex_);
+    broken = failing_;
+    if (!broken) {
+      call.sequence = ++sequence_;
+      if (absl::Status s = check_counts(call, size()); !s.ok()) return s;
+      add_to_stats(stats_, call, size(), rank());
+      monitor_->issued(call);
+      work = std::make_unique<NcclWork>(call.sequence, call.describe(), options_.settings.timeout,
+                                        health_, state, end);
+      if (cudaError_t e = cudaSetDevice(ordinal_); e != cudaSuccess) {
+        failure = Failure{call, cuda_error(e, cat("cudaSetDevice(", ordinal_, ")"))};
+      }
+      if (!failure && options_.settings.debug) {
+        verdict = check_signatures_locked(call, *stream, failure);
+      }
+      if (!failure && verdict.ok() && run) {
+        std::string local;
+        if (cudaError_t e = cudaEventRecord(start.get(), *stream); e != cudaSuccess) {
+          local = cuda_error(e, "cudaEventRecord");
+        }
+        if (local.empty()) local = settle_locked(enqueue(call, comm_, *stream), call.describe());
+        if (cudaError_t e = cudaEventRecord(end.get(), *stream);
+            local.empty() && e != cudaSuccess) {
+          local = cuda_error(e, "cudaEventRecord");
+        }
+        if (local.empty()) {
+          pending_.push_back(Pending{call, std::move(start), std::move(end), std::nullopt, state});
+          cv_.SignalAll();
+        } else {
+          failure = Failure{call, std::move(local)};
+        }
+      } else if (!failure && verdict.ok()) {
+        state->finish(absl::OkStatus());  // nothing to move
+      }
+    }
+  }
+  if (broken) return broken_error();
+  if (failure) return fail(failure->call, failure->local);
+  if (!verdict.ok()) return fail_with(verdict);
+  return work;
+}
+
+// Every rank all-gathers every rank's signature of this call through NCCL; all see the same
+// table, so all reach the same verdict. The host waits (bounded): debug mode only.
+absl::Status NcclCommunicator::check_signatures_locked(const CollectiveCall& call,
+                                                       cudaStream_t stream,
+                                                       std::optional<Failure>& failure) {
+  const CollectiveCall::Signature mine = call.signature();
+  auto* host = static_cast<uint8_t*>(signatures_->data());
+  std::memcpy(host, mine.data(), kSignatureBytes);
+  auto* device = static_cast<uint8_t*>(scratch_->data());
+  const uint64_t table_bytes = kSignatureBytes * static_cast<uint64_t>(size());
+  std::string local;
+  absl::StatusOr<EventPtr> done = create_event();
+  if (!done.ok()) {
+    local = std::string(done.status().message());
+  } else if (cudaError_t e = cudaMemcpyAsync(device + kSignatureOffset, host, kSignatureBytes,
+                                             cudaMemcpyHostToDevice, stream);
+             e != cudaSuccess) {
+    local = cuda_error(e, "cudaMemcpyAsync (signature)");
+  } else {
+    local = settle_locked(ncclAllGather(device + kSignatureOffset, device + kGatherOffset,
+                                        kSignatureBytes, ncclUint8, comm_, stream),
+                          cat("the signature check of ", call.describe()));
+  }
+  if (local.empty()) {
+    const cudaError_t e = cudaMemcpyAsync(host + kSignatureBytes, device + kGatherOffset,
+                                          table_bytes, cudaMemcpyDeviceToHost, stream);
+    if (e != cudaSuccess) local = cuda_error(e, "cudaMemcpyAsync (signatures)");
+  }
+  if (local.empty()) {
+    const cudaError_t e = cudaEventRecord(done->get(), stream);
+    if (e != cudaSuccess) local = cuda_error(e, "cudaEventRecord");
+  }
+  if (local.empty()) {
+    local = wait_event_locked(done->get(), cat("the signature check of ", call.describe()));
+  }
+  if (!local.empty()) {
+    failure = Failure{call, std::move(local)};
+    return absl::OkStatus();
+  }
+  std::vector<CollectiveCall::Signature> all(size());
+  std::memcpy(all.data(), host + kSignatureBytes, table_bytes);
+  for (const auto& s : all) {
+    if (s != mine) {
+      return absl::FailedPreconditionError(
+          to_absl(cat(call.describe(), " on rank ", rank(), ": ", mismatch_message(all, rank()))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A non-blocking communicator may still be enqueuing when a call returns (ncclInProgress): poll
+// until it is done, bounded by the timeout. Returns the failure in words, or "".
+std::string NcclCommunicator::settle_locked(ncclResult_t result, std::string_view what) {
+  const auto deadline = Clock::now() + options_.settings.timeout;
+  Backoff backoff;
+  while (result == ncclInProgress) {
+    if (Clock::now() >= deadline) {
+      return cat(what, " was still being enqueued by NCCL after STRATA_COMM_TIMEOUT (",
+                 format_duration(options_.settings.timeout), ")");
+    }
+    backoff.pause();
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    result = r != ncclSuccess ? r : async;
+  }
+  return result == ncclSuccess ? std::string() : nccl_error(result, what);
+}
+
+// Waits on the host for `event`, bounded by the timeout and ended early by an NCCL error.
+std::string NcclCommunicator::wait_event_locked(cudaEvent_t event, std::string_view what) {
+  const auto deadline = Clock::now() + options_.settings.timeout;
+  Backoff backoff;
+  while (true) {
+    const cudaError_t q = cudaEventQuery(event);
+    if (q == cudaSuccess) return {};
+    if (q != cudaErrorNotReady) return cuda_error(q, cat("cudaEventQuery (", what, ")"));
+    ncclResult_t async = ncclSuccess;
+    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) async = r;
+    if (async != ncclSuccess && async != ncclInProgress) return nccl_error(async, what);
+    if (Clock::now() >= deadline) {
+      return cat(what, " did not finish within STRATA_COMM_TIMEOUT (",
+                 format_duration(options_.settings.timeout), ")");
+    }
+    backoff.pause();
+  }
+}
+
+// The watchdog: records each operation's completion, and turns an operation that runs past the
+// timeout, or an asynchronous NCCL error, into an abort and the job's error.
+void NcclCommunicator::watch() {
+  (void)cudaSetDevice(ordinal_);
+  bool exit = false;
+  while (!exit) {
+    if (std::optional<Failure> failure = poll(exit)) (void)fail(failure->call, failure->local);
+  }
+}
+
+std::optional<NcclCommunicator::Failure> NcclCommunicator::poll(bool& exit) {
+  constexpr absl::Duration kPollPeriod = absl::Milliseconds(1);
+  MutexLock lock(&mutex_);
+  if (pending_.empty() || failing_) {
+    if (stopping_) {
+      exit = true;
+      return std::nullopt;
+    }
+    (void)wait_with_timeout(&cv_, &mutex_, absl::Milliseconds(100));
+    return std::nullopt;
+  }
+  ncclResult_t async = ncclSuccess;
+  if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) async = r;
+  if (async != ncclSuccess && async != ncclInProgress) {
+    return Failure{pending_.front().call, nccl_error(async, "NCCL (an asynchronous error)")};
+  }
+  const auto now = Clock::now();
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const cudaError_t q = cudaEventQuery(it->end.get());
+    if (q == cudaSuccess) {
+      it->state->finish(absl::OkStatus());
+      it = pending_.erase(it);
+      continue;
+    }
+    if (q != cudaErrorNotReady) return Failure{it->call, cuda_error(q, "cudaEventQuery")};
+    if (!it->started && cudaEventQuery(it->start.get()) == cudaSuccess) it->started = now;
+    if (it->started && now - *it->started > options_.settings.timeout) {
+      return Failure{it->call, cat("the operation did not finish within STRATA_COMM_TIMEOUT (",
+                                   format_duration(options_.settings.timeout),
+                                   ") after its turn on the stream came")};
+    }
+    ++it;
+  }
+  if (pending_.empty()) {
+    cv_.SignalAll();  // the destructor waits for this
+  } else {
+    (void)wait_with_timeout(&cv_, &mutex_, kPollPeriod);
+  }
+  return std::nullopt;
+}
+
+absl::Status NcclCommunicator::fail(const CollectiveCall& call, std::string_view local) {
+  if (!begin_failure()) return broken_error();
+  return finish_failure(monitor_->post_mortem(call, local));
+}
+
+absl::Status NcclCommunicator::fail_with(absl::Status error) {
+  if (!begin_failure()) return broken_error();
+  return finish_failure(std::move(error));
+}
+
+// The first failure aborts the communicator (ending any NCCL kernel that waits on a peer);
+// returns false when another thread got there first.
+bool NcclCommunicator::begin_failure() {
+  MutexLock lock(&mutex_);
+  if (failing_) return false;
+  failing_ = true;
+  if (comm_ != nullptr) {
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  cv_.SignalAll();
+  return true;
+}
+
+absl::Status NcclCommunicator::finish_failure(absl::Status error) {
+  STRATA_LOG(kError, "%s", error.message());
+  health_->set(error);
+  std::deque<Pending> pending;
+  {
+    MutexLock lock(&mutex_);
+    pending.swap(pending_);
+    cv_.SignalAll();
+  }
+  const absl::Status broken = health_->get();
+  for (Pending& p : pending) p.state->finish(broken);
+  return broken;
+}
+
+// Another thread is writing the post-mortem (a bounded exchange): its verdict, once known.
+absl::Status NcclCommunicator::broken_error() {
+  const auto deadline = Clock::now() + options_.settings.timeout + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    if (absl::Status broken = health_->get(); !broken.ok()) return broken;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return absl::InternalError("the NCCL communicator was aborted after a failure: create a new one");
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  {
+    // Enqueued work finishes, or the watchdog fails it, within the timeout.
+    MutexLock lock(&mutex_);
+    const absl::Time deadline =
+        absl::Now() + absl::FromChrono(options_.settings.timeout) + absl::Seconds(5);
+    while (!pending_.empty() && !failing_ && absl::Now() < deadline) {
+      (void)wait_with_timeout(&cv_, &mutex_, deadline - absl::Now());
+    }
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  if (watchdog_.joinable()) watchdog_.join();
+  {
+    MutexLock lock(&mutex_);
+    if (comm_ != nullptr) {
+      // ncclCommFinalize flushes and is non-blocking here: polled, bounded, else aborted.
+      (void)cudaSetDevice(ordinal_);
+      std::string local;
+      if (pending_.empty()) local = settle_locked(ncclCommFinalize(comm_), "ncclCommFinalize");
+      if (pending_.empty() && local.empty()) {
+        (void)ncclCommDestroy(comm_);
+      } else {
+        if (!local.empty()) STRATA_LOG(kWarn, "%s: aborting the NCCL communicator", local);
+        (void)ncclCommAbort(comm_);
+      }
+      comm_ = nullptr;
+    }
+    const absl::Status gone =
+        absl::CancelledError("the NCCL communicator was destroyed before this collective finished");
+    for (Pending& p : pending_) p.state->finish(gone);
+    pending_.clear();
+  }
+  stream_.reset();
+  scratch_.reset();
+  signatures_.reset();
+  monitor_.reset();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const CommOptions& options) {
+  const LaunchInfo& launch = options.launch;
+  Device* device = options.device;
+  if (device == nullptr || device->backend() != Backend::kCuda) {
+    return absl::FailedPreconditionError(
+        "the NCCL communicator needs a CUDA device: pass the runtime's CUDA device in "
+        "CommOptions::device, or use STRATA_COMM_BACKEND=gloo for host buffers");
+  }
+  NcclParts parts;
+  const uint64_t scratch_bytes =
+      kGatherOffset + kSignatureBytes * static_cast<uint64_t>(launch.world_size);
+  absl::StatusOr<std::unique_ptr<DeviceMemory>> scratch =
+      device->allocate_device_memory(scratch_bytes);
+  if (!scratch.ok()) return scratch.status();
+  parts.scratch = *std::move(scratch);
+  // The device's GPU, learnt from memory it allocated (the Device seam does not name ordinals).
+  cudaPointerAttributes attributes{};
+  if (cudaError_t e = cudaPointerGetAttributes(&attributes, parts.scratch->data());
+      e != cudaSuccess) {
+    return absl::InternalError(to_absl(cuda_error(e, "cudaPointerGetAttributes")));
+  }
+  parts.ordinal = attributes.device;
+  if (cudaError_t e = cudaSetDevice(parts.ordinal); e != cudaSuccess) {
+    return absl::InternalError(to_absl(cuda_error(e, cat("cudaSetDevice(", parts.ordinal, ")"))));
+  }
+  absl::StatusOr<std::unique_ptr<Stream>> stream = device->create_stream();
+  if (!stream.ok()) return stream.status();
+  absl::StatusOr<uintptr_t> handle = device->native_handle(**stream);
+  if (!handle.ok()) return handle.status();
+  parts.stream = *std::move(stream);
+  parts.stream_handle = reinterpret_cast<cudaStream_t>(*handle);
+  if (options.settings.debug) {
+    absl::StatusOr<std::unique_ptr<PinnedHostMemory>> pinned =
+        device->allocate_pinned(kSignatureBytes * (launch.world_size + 1u), "NCCL signatures");
+    if (!pinned.ok()) return pinned.status();
+    parts.signatures = *std::move(pinned);
+  }
+
+  absl::StatusOr<std::unique_ptr<JobMonitor>> monitor = JobMonitor::join(launch, options.settings);
+  if (!monitor.ok()) return monitor.status();
+  parts.monitor = *std::move(monitor);
+  TcpStore& store = parts.monitor->store();
+
+  absl::StatusOr<ncclComm_t> comm = nccl_rendezvous(launch, options.settings, store);
+  if (!comm.ok()) return comm.status();
+  parts.comm = *comm;
+  (void)ncclGetVersion(&parts.version);
+  auto communicator = std::make_unique<NcclCommunicator>(options, std::move(parts));
+  STRATA_LOG(kInfo, "%s", communicator->description());
+  return communicator;
+}
+
+}  // namespace strata::comm_internal

@@ -1,0 +1,119 @@
+// The pieces of the NCCL backend around the communicator: NCCL's words for types and errors,
+// CUDA events, the work handle, and the set-up of the NCCL communicator through the rendezvous.
+// Private to comm/ (with nccl_communicator.cc, the only files that include nccl.h).
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/synchronization/mutex.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+
+#include "strata/base/mutex.h"
+#include "strata/comm/communicator.h"
+#include "strata/comm/tcp_store.h"
+
+namespace strata::comm_internal {
+
+using Clock = std::chrono::steady_clock;
+
+// "what failed: NCCL's words (its last error)" and the same for CUDA.
+std::string nccl_error(ncclResult_t result, std::string_view what);
+std::string cuda_error(cudaError_t error, std::string_view what);
+
+ncclDataType_t nccl_type(DataType type);
+ncclRedOp_t nccl_op(ReduceOp op);
+
+// Sleeps between polls: short at first (operations often finish within microseconds), then 1 ms.
+class Backoff {
+ public:
+  void pause() {
+    std::this_thread::sleep_for(delay_);
+    delay_ = std::min(delay_ * 2, std::chrono::microseconds(1000));
+  }
+
+ private:
+  std::chrono::microseconds delay_{10};
+};
+
+using EventPtr = std::shared_ptr<std::remove_pointer_t<cudaEvent_t>>;
+absl::StatusOr<EventPtr> create_event();  // without timing
+
+// Whether the communicator has failed; shared with the work handles, which may outlive it.
+struct Health {
+  absl::Mutex mutex;
+  absl::Status broken ABSL_GUARDED_BY(mutex);
+
+  absl::Status get() {
+    MutexLock lock(&mutex);
+    return broken;
+  }
+  void set(absl::Status status) {
+    MutexLock lock(&mutex);
+    if (broken.ok()) broken = std::move(status);
+  }
+};
+
+// One operation's outcome as the watchdog saw it (the first finish() wins).
+struct OpState {
+  absl::Mutex mutex;
+  bool done ABSL_GUARDED_BY(mutex) = false;
+  absl::Status status ABSL_GUARDED_BY(mutex);
+
+  void finish(absl::Status s) {
+    MutexLock lock(&mutex);
+    if (done) return;
+    done = true;
+    status = std::move(s);
+  }
+  std::optional<absl::Status> result() {
+    MutexLock lock(&mutex);
+    if (!done) return std::nullopt;
+    return status;
+  }
+};
+
+class NcclWork final : public CollectiveWork {
+ public:
+  // `end`: recorded after the operation on its stream; null when it was skipped (no elements).
+  NcclWork(uint64_t sequence, std::string what, std::chrono::milliseconds timeout,
+           std::shared_ptr<Health> health, std::shared_ptr<OpState> state, EventPtr end)
+      : sequence_(sequence),
+        what_(std::move(what)),
+        timeout_(timeout),
+        health_(std::move(health)),
+        state_(std::move(state)),
+        end_(std::move(end)) {}
+
+  // The operation is on its stream already: only an error known so far is reported.
+  absl::Status wait() override;
+  // Polls the end event; the watchdog ends the operation within the timeout, and the deadline
+  // here (twice that) is a backstop only.
+  absl::Status synchronize() override;
+  uint64_t sequence() const override { return sequence_; }
+
+ private:
+  uint64_t sequence_;
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<Health> health_;
+  std::shared_ptr<OpState> state_;
+  EventPtr end_;
+};
+
+// Rank 0 makes NCCL's unique id and sets it in the store, the others read it; then every rank
+// creates its non-blocking communicator on the current CUDA device, polled until ready within
+// the timeout (else aborted, with an error naming the ranks that never arrived or died).
+absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommSettings& settings,
+                                           TcpStore& store);
+
+}  // namespace strata::comm_internal
