@@ -371,7 +371,12 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::connect(const Options& optio
           "0's machine",
           options.host, rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc)));
     }
-    if (rc == EAI_AGAIN) last_error = gai_strerror(rc);
+    if (rc == EAI_AGAIN && Clock::now() >= deadline) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "MASTER_ADDR='%s' did not resolve within %s (%s): set it to the host name or IP address "
+          "of rank 0's machine",
+          options.host, format_duration(timeout), gai_strerror(rc)));
+    }
     for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
       UniqueFd fd = connect_once(ai, deadline);
       if (!fd) {

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -76,6 +77,7 @@ class Server final : public TcpStoreServer {
   }
 
   uint16_t port() const override { return port_; }
+  int parked_waits() const override { return parked_count_.load(std::memory_order_acquire); }
 
   void launch() {
     thread_ = std::thread([this] { run(); });
@@ -108,6 +110,7 @@ class Server final : public TcpStoreServer {
   const int world_size_;
   const std::string where_;  // "host:port", for messages
   std::thread thread_;
+  std::atomic<int> parked_count_{0};  // written by the server thread after each round
 
   // Everything below belongs to the server thread alone (started by start(), joined by the
   // destructor; nothing else reads it), so it needs no lock.
@@ -151,7 +154,11 @@ void Server::run() {
     do {
       settle();
     } while (reap());
+    int parked = 0;
+    for (const auto& c : connections_) parked += c->parked ? 1 : 0;
+    parked_count_.store(parked, std::memory_order_release);
   }
+  parked_count_.store(0, std::memory_order_release);
   // Closing every socket tells each client that the rendezvous is gone.
   connections_.clear();
 }
