@@ -28,6 +28,9 @@ class TcpStoreServer {
                                                                uint16_t port, int world_size);
   virtual ~TcpStoreServer() = default;  // stops serving and closes every connection
   virtual uint16_t port() const = 0;
+  // Waits (get, wait) parked now, answered neither by their keys, their deadline nor a lost
+  // rank yet: lets a test see that a get is blocked before it sets the key. Thread-safe.
+  virtual int parked_waits() const = 0;
 };
 
 class TcpStore {

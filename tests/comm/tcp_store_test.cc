@@ -1,0 +1,609 @@
+// The rendezvous store: a server and several clients on threads of one process (port 0), their
+// contents checked; waits that time out, ranks that vanish, a server that goes away, a port in
+// use, nobody listening, a peer that never answers, bad greetings and malformed bytes. No timed
+// assertions: every test counts or compares, and each wait is bounded by its own timeout.
+#include "strata/comm/tcp_store.h"
+
+#include <absl/strings/str_format.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/tcp_store_protocol.h"
+#include "config/log_capture.h"
+#include "strata/base/unique_fd.h"
+#include "strata/testing/tcp_store_testing.h"
+
+namespace strata {
+namespace {
+
+using Catch::Matchers::Contains;
+using namespace std::chrono_literals;
+
+std::string text(const absl::Status& s) { return std::string(s.message()); }
+
+std::unique_ptr<TcpStoreServer> start_server(int world_size) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, world_size);
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  REQUIRE((*server)->port() != 0);
+  return std::move(*server);
+}
+
+TcpStore::Options options_for(uint16_t port, int rank, int world_size,
+                              std::chrono::milliseconds timeout = 60s) {
+  TcpStore::Options o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.timeout = timeout;
+  return o;
+}
+
+std::unique_ptr<TcpStore> connect(uint16_t port, int rank, int world_size,
+                                  std::chrono::milliseconds timeout = 60s) {
+  auto store = TcpStore::connect(options_for(port, rank, world_size, timeout));
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  return std::move(*store);
+}
+
+// Waits (a bounded number of short sleeps: a condition, not a timing) until the server has
+// `n` waits parked.
+void await_parked(const TcpStoreServer& server, int n) {
+  for (int i = 0; i < 60000 && server.parked_waits() != n; ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(server.parked_waits() == n);
+}
+
+// Rank `rank`'s value for round `round`: random bytes (NULs included), 0 to 4 KiB.
+std::string value_for(int rank, int round) {
+  std::mt19937 rng(static_cast<uint32_t>(rank * 7919 + round));
+  std::string v(rng() % 4097, '\0');
+  for (char& c : v) c = static_cast<char>(rng() & 0xff);
+  return v;
+}
+
+std::string key_for(int rank, int round) { return absl::StrFormat("value/%d/%d", rank, round); }
+
+TEST_CASE("rendezvous: ranks exchange random values through set, get, wait, check and add",
+          "[tcp_store]") {
+  constexpr int kRanks = 4;
+  constexpr int kRounds = 25;
+  auto server = start_server(kRanks);
+  const uint16_t port = server->port();
+  std::vector<std::vector<std::string>> errors(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto& err = errors[static_cast<size_t>(rank)];
+      auto connected = TcpStore::connect(options_for(port, rank, kRanks));
+      if (!connected.ok()) {
+        err.push_back(connected.status().ToString());
+        return;
+      }
+      TcpStore& store = **connected;
+      std::mt19937 rng(static_cast<uint32_t>(100 + rank));
+      for (int round = 0; round < kRounds; ++round) {
+        if (auto s = store.set(key_for(rank, round), value_for(rank, round)); !s.ok()) {
+          err.push_back(s.ToString());
+        }
+        // Another rank's value of this round: blocks until that rank has set it.
+        const int other = static_cast<int>(rng() % kRanks);
+        auto got = store.get(key_for(other, round));
+        if (!got.ok()) {
+          err.push_back(got.status().ToString());
+        } else if (*got != value_for(other, round)) {
+          err.push_back(
+              absl::StrFormat("rank %d round %d: wrong value from rank %d", rank, round, other));
+        }
+        if (auto sum = store.add(absl::StrFormat("count/%d", round), rank + 1); !sum.ok()) {
+          err.push_back(sum.status().ToString());
+        }
+        std::vector<std::string> keys;
+        for (int r = 0; r < kRanks; ++r) keys.push_back(key_for(r, round));
+        if (auto s = store.wait(keys, 60s); !s.ok()) err.push_back(s.ToString());
+        auto all = store.check(keys);
+        if (!all.ok() || !*all) err.push_back("check after wait did not see every key");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kRanks; ++rank) {
+    INFO("rank " << rank);
+    CHECK(errors[static_cast<size_t>(rank)].empty());
+    for (const auto& e : errors[static_cast<size_t>(rank)]) UNSCOPED_INFO(e);
+  }
+  // Every add arrived once: each round's counter is 1 + 2 + 3 + 4.
+  auto store = connect(port, 0, kRanks);
+  for (int round = 0; round < kRounds; ++round) {
+    auto sum = store->add(absl::StrFormat("count/%d", round), 0);
+    REQUIRE(sum.ok());
+    CHECK(*sum == 10);
+    auto v = store->get(key_for(3, round));
+    REQUIRE(v.ok());
+    CHECK(*v == value_for(3, round));
+  }
+  auto absent = store->check({key_for(0, 0), "never-set"});
+  REQUIRE(absent.ok());
+  CHECK_FALSE(*absent);
+  auto empty = store->check({});
+  REQUIRE(empty.ok());
+  CHECK(*empty);
+  // Values are bytes: an empty one, and one of 1 MiB.
+  REQUIRE(store->set("empty", "").ok());
+  CHECK(*store->get("empty") == "");
+  std::string big(1 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 2654435761u >> 24);
+  REQUIRE(store->set("big", big).ok());
+  CHECK(*store->get("big") == big);
+  // set overwrites.
+  REQUIRE(store->set("big", "small").ok());
+  CHECK(*store->get("big") == "small");
+  CHECK(store->local_address() == "127.0.0.1");
+  CHECK(store->options().rank == 0);
+}
+
+TEST_CASE("rendezvous: concurrent adds from 4 threads (two sharing one store) sum correctly",
+          "[tcp_store]") {
+  constexpr int kThreads = 4;
+  constexpr int kAdds = 400;
+  auto server = start_server(3);
+  const uint16_t port = server->port();
+  auto shared = connect(port, 0, 3);
+  auto own1 = connect(port, 1, 3);
+  auto own2 = connect(port, 2, 3);
+  TcpStore* stores[kThreads] = {shared.get(), shared.get(), own1.get(), own2.get()};
+  std::vector<std::vector<int64_t>> tickets(kThreads);
+  std::vector<int64_t> deltas(kThreads, 0);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<uint32_t>(t));
+      for (int i = 0; i < kAdds; ++i) {
+        auto ticket = stores[t]->add("ticket", 1);
+        const int64_t delta = static_cast<int64_t>(rng() % 2001) - 1000;
+        auto sum = stores[t]->add("sum", delta);
+        if (!ticket.ok() || !sum.ok()) {
+          ++failures;
+          continue;
+        }
+        tickets[static_cast<size_t>(t)].push_back(*ticket);
+        deltas[static_cast<size_t>(t)] += delta;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failures.load() == 0);
+  // Every ticket 1..N handed out exactly once.
+  std::set<int64_t> all;
+  for (const auto& list : tickets) all.insert(list.begin(), list.end());
+  CHECK(all.size() == static_cast<size_t>(kThreads * kAdds));
+  CHECK(*all.begin() == 1);
+  CHECK(*all.rbegin() == kThreads * kAdds);
+  int64_t expected = 0;
+  for (int64_t d : deltas) expected += d;
+  auto sum = own1->add("sum", 0);
+  REQUIRE(sum.ok());
+  CHECK(*sum == expected);
+  // add on a key holding text is an error naming the key; the store keeps serving.
+  REQUIRE(own2->set("words", "not a number").ok());
+  auto bad = own2->add("words", 1);
+  CHECK(bad.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(text(bad.status()), Contains("'words'"));
+  REQUIRE(own2->set("big", "9223372036854775807").ok());
+  CHECK(own2->add("big", 1).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(*own2->add("sum", 0) == expected);
+}
+
+TEST_CASE("rendezvous: get and wait block until another thread sets the keys", "[tcp_store]") {
+  auto server = start_server(2);
+  auto waiter = connect(server->port(), 0, 2);
+  auto setter = connect(server->port(), 1, 2);
+  for (int round = 0; round < 5; ++round) {
+    const std::string key = absl::StrFormat("late/%d", round);
+    absl::StatusOr<std::string> got = absl::UnknownError("not run");
+    std::thread t([&] { got = waiter->get(key, 60s); });
+    await_parked(*server, 1);  // the get is parked on the server, its key absent
+    CHECK_FALSE(*setter->check({key}));
+    REQUIRE(setter->set(key, value_for(1, round)).ok());
+    t.join();
+    INFO(got.status().ToString());
+    REQUIRE(got.ok());
+    CHECK(*got == value_for(1, round));
+    await_parked(*server, 0);
+  }
+  // A wait for three keys stays parked while two are set, and ends with the third.
+  absl::Status waited = absl::UnknownError("not run");
+  std::thread t([&] { waited = waiter->wait({"a", "b", "c"}, 60s); });
+  await_parked(*server, 1);
+  REQUIRE(setter->set("a", "1").ok());
+  REQUIRE(setter->set("b", "2").ok());
+  REQUIRE(setter->check({"a", "b"}).value());
+  CHECK(server->parked_waits() == 1);
+  REQUIRE(setter->set("c", "3").ok());
+  t.join();
+  CHECK(waited.ok());
+  // Keys already present: no waiting at all, even with a zero timeout.
+  CHECK(waiter->wait({"a", "b", "c"}, 0ms).ok());
+  CHECK(*waiter->get("c", 0ms) == "3");
+}
+
+TEST_CASE("rendezvous: a wait that times out names its keys and the ranks that never connected",
+          "[tcp_store]") {
+  auto server = start_server(4);
+  const uint16_t port = server->port();
+  const std::string where = absl::StrFormat("127.0.0.1:%u", port);
+  auto a = connect(port, 0, 4, 1s);
+  auto b = connect(port, 1, 4);
+
+  absl::Status s = a->wait({"x"}, 200ms);
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(text(s), Contains("timed out after 200 ms waiting for key 'x' at " + where));
+  CHECK_THAT(text(s), Contains("; ranks 2, 3 never connected to the rendezvous: did they start, "
+                               "with the same MASTER_ADDR/MASTER_PORT?"));
+  // Only the missing keys are named; a get without its own timeout uses the store's.
+  REQUIRE(b->set("y", "1").ok());
+  s = a->wait({"y", "x", "z"}, 100ms);
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(text(s), Contains("waiting for keys 'x', 'z' at"));
+  auto got = a->get("x");
+  CHECK(got.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(text(got.status()), Contains("timed out after 1 s waiting for key 'x'"));
+  got = a->get("x", 0ms);
+  CHECK(got.status().code() == absl::StatusCode::kDeadlineExceeded);
+  // The connection survives a timeout.
+  CHECK(*a->get("y") == "1");
+
+  auto c = connect(port, 2, 4);
+  s = a->wait({"x"}, 10ms);
+  CHECK_THAT(text(s), Contains("rank 3 never connected"));
+  CHECK_THAT(text(s), Contains("did it start"));
+  auto d = connect(port, 3, 4);
+  s = a->wait({"x"}, 10ms);
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(text(s), !Contains("never connected"));
+}
+
+TEST_CASE("rendezvous: a rank whose connection drops without a goodbye is lost", "[tcp_store]") {
+  auto server = start_server(4);
+  const uint16_t port = server->port();
+  auto rank0 = connect(port, 0, 4);
+  auto rank1 = connect(port, 1, 4);
+  auto rank2 = connect(port, 2, 4);
+  auto rank2_watcher = connect(port, 2, 4);  // a rank may hold several connections
+  auto rank3 = connect(port, 3, 4);
+  REQUIRE(rank1->set("before", "ok").ok());
+  // A clean exit (the destructor's goodbye) is not a loss.
+  rank3.reset();
+
+  absl::Status waited = absl::UnknownError("not run");
+  std::thread t([&] { waited = rank0->wait({"never"}, 60s); });
+  await_parked(*server, 1);
+  testing::drop_without_goodbye(std::move(rank2));
+  t.join();
+  CHECK(waited.code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(text(waited), Contains("rank 2 lost its connection to the rendezvous (its process "
+                                    "exited or was killed)"));
+  CHECK_THAT(text(waited), Contains("key 'never'"));
+  auto lost = rank1->lost_ranks();
+  REQUIRE(lost.ok());
+  CHECK(*lost == std::vector<int>{2});
+  // Later waits fail at once; keys already set can still be read.
+  auto got = rank1->get("never-either", 60s);
+  CHECK(got.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(*rank1->get("before") == "ok");
+  // The rank's other connection still works (its own calls are not refused).
+  CHECK(*rank2_watcher->get("before") == "ok");
+  // A second rank lost: both named, in rank order.
+  testing::drop_without_goodbye(std::move(rank1));
+  for (int i = 0; i < 60000; ++i) {
+    lost = rank0->lost_ranks();
+    if (!lost.ok() || lost->size() == 2) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(lost.ok());
+  CHECK(*lost == std::vector<int>{1, 2});
+  const absl::Status s = rank0->wait({"never"}, 60s);
+  CHECK_THAT(text(s), Contains("ranks 1, 2 lost their connection to the rendezvous (their "
+                               "processes exited or were killed)"));
+}
+
+TEST_CASE("rendezvous: when the server goes away, every call fails naming rank 0", "[tcp_store]") {
+  auto server = start_server(2);
+  const uint16_t port = server->port();
+  const std::string message = absl::StrFormat(
+      "lost the connection to the rendezvous at 127.0.0.1:%u served by rank 0: rank 0 exited or "
+      "was killed",
+      port);
+  auto idle = connect(port, 0, 2);
+  auto waiting = connect(port, 1, 2);
+  REQUIRE(idle->set("k", "v").ok());
+  absl::Status waited = absl::UnknownError("not run");
+  std::thread t([&] { waited = waiting->wait({"never"}, 60s); });
+  await_parked(*server, 1);
+  server.reset();
+  t.join();
+  CHECK(waited.code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(text(waited), Contains(message));
+  // A store that was idle finds out on its next call, and every call after.
+  for (int i = 0; i < 3; ++i) {
+    const absl::Status s = idle->set("k", "v2");
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(text(s), Contains(message));
+  }
+  CHECK(idle->get("k").status().code() == absl::StatusCode::kUnavailable);
+  CHECK(waiting->add("n", 1).status().code() == absl::StatusCode::kUnavailable);
+  CHECK(waiting->lost_ranks().status().code() == absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("rendezvous: a port in use is refused; a freed port can be served again", "[tcp_store]") {
+  auto first = start_server(1);
+  const uint16_t port = first->port();
+  auto second = TcpStoreServer::start("127.0.0.1", port, 1);
+  CHECK(second.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(text(second.status()),
+             Contains(absl::StrFormat("MASTER_PORT=%u is in use on 127.0.0.1: choose a free port "
+                                      "(strata-run picks one) or stop the process holding it",
+                                      port)));
+  {
+    auto store = connect(port, 0, 1);
+    REQUIRE(store->set("k", "v").ok());
+  }
+  first.reset();  // its connections close (TIME_WAIT): SO_REUSEADDR lets the port serve again
+  auto again = TcpStoreServer::start("127.0.0.1", port, 1);
+  INFO(again.status().ToString());
+  REQUIRE(again.ok());
+  auto store = connect(port, 0, 1);
+  CHECK_FALSE(*store->check({"k"}));  // a fresh store
+  CHECK(TcpStoreServer::start("127.0.0.1", 0, 0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("rendezvous: connect gives up with DeadlineExceeded when nobody listens", "[tcp_store]") {
+  uint16_t port = 0;
+  {
+    auto server = start_server(1);
+    port = server->port();
+  }
+  auto store = TcpStore::connect(options_for(port, 1, 2, 300ms));
+  CHECK(store.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(text(store.status()),
+             Contains(absl::StrFormat("could not reach the rendezvous at 127.0.0.1:%u (rank 0) "
+                                      "within 300 ms: is rank 0 running, and are "
+                                      "MASTER_ADDR/MASTER_PORT right?",
+                                      port)));
+  // A host name that does not resolve names MASTER_ADDR.
+  TcpStore::Options o = options_for(port, 1, 2, 300ms);
+  o.host = "no-such-host.invalid";
+  store = TcpStore::connect(o);
+  CHECK(store.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(text(store.status()), Contains("MASTER_ADDR='no-such-host.invalid'"));
+  CHECK(TcpStoreServer::start("no-such-host.invalid", 0, 1).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("rendezvous: connect waits for a server that starts late", "[tcp_store]") {
+  uint16_t port = 0;
+  {
+    auto probe = start_server(1);
+    port = probe->port();
+  }
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = absl::UnknownError("not run");
+  std::atomic<bool> started{false};
+  std::thread t([&] {
+    started = true;
+    store = TcpStore::connect(options_for(port, 1, 2, 60s));
+  });
+  while (!started) std::this_thread::yield();
+  auto server = TcpStoreServer::start("127.0.0.1", port, 2);
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  t.join();
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  REQUIRE((*store)->set("k", "v").ok());
+}
+
+TEST_CASE("rendezvous: a peer that accepts but never answers cannot hang connect", "[tcp_store]") {
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(listener);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener.get(), 8) == 0);  // the kernel completes connections; nobody reads
+  socklen_t length = sizeof addr;
+  REQUIRE(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  auto store = TcpStore::connect(options_for(ntohs(addr.sin_port), 0, 1, 200ms));
+  CHECK(store.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(text(store.status()), Contains("did not answer the rendezvous greeting"));
+}
+
+TEST_CASE("rendezvous: a world size or rank that does not fit is refused by name", "[tcp_store]") {
+  auto server = start_server(2);
+  auto mismatch = TcpStore::connect(options_for(server->port(), 1, 3));
+  CHECK(mismatch.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(text(mismatch.status()), Contains("WORLD_SIZE=3"));
+  CHECK_THAT(text(mismatch.status()), Contains("WORLD_SIZE=2"));
+  auto out_of_range = TcpStore::connect(options_for(server->port(), 2, 2));
+  CHECK(out_of_range.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(text(out_of_range.status()), Contains("RANK=2 is out of range for WORLD_SIZE=2"));
+  // Neither counts as a rank connecting (or lost).
+  auto store = connect(server->port(), 0, 2);
+  const absl::Status s = store->wait({"x"}, 10ms);
+  CHECK_THAT(text(s), Contains("rank 1 never connected"));
+  CHECK(store->lost_ranks()->empty());
+}
+
+TEST_CASE("rendezvous: IPv6 and host names", "[tcp_store]") {
+  {
+    auto server = start_server(1);
+    TcpStore::Options o = options_for(server->port(), 0, 1);
+    o.host = "localhost";  // may resolve to ::1 first, where nobody listens: the next address
+    auto store = TcpStore::connect(o);
+    INFO(store.status().ToString());
+    REQUIRE(store.ok());
+    CHECK((*store)->local_address() == "127.0.0.1");
+  }
+  auto server = TcpStoreServer::start("::1", 0, 1);
+  if (!server.ok()) {
+    WARN("no IPv6 loopback here: " << server.status().ToString());
+    return;
+  }
+  TcpStore::Options o = options_for((*server)->port(), 0, 1);
+  o.host = "::1";
+  auto store = TcpStore::connect(o);
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  CHECK((*store)->local_address() == "::1");
+  REQUIRE((*store)->set("k6", "v6").ok());
+  CHECK(*(*store)->get("k6") == "v6");
+  // An error message puts an IPv6 address in brackets.
+  CHECK_THAT(text((*store)->wait({"x"}, 0ms)),
+             Contains(absl::StrFormat("[::1]:%u", (*server)->port())));
+}
+
+// ---- malformed bytes --------------------------------------------------------------------------
+
+UniqueFd raw_connect(uint16_t port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(fd);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  REQUIRE(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  return fd;
+}
+
+void send_raw(int fd, const std::string& bytes) {
+  REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(bytes.size()));
+}
+
+// Reads until the server closes the connection; false if it is still open after 60 s.
+bool closed_by_server(int fd, std::string* received = nullptr) {
+  char buffer[4096];
+  for (int i = 0; i < 600; ++i) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) return true;
+    if (received != nullptr) received->append(buffer, static_cast<size_t>(n));
+  }
+  return false;
+}
+
+std::string hello(int rank, int world_size, uint32_t magic = tcp_store::kMagic) {
+  return tcp_store::FrameWriter()
+      .u8(static_cast<uint8_t>(tcp_store::Request::kHello))
+      .u32(magic)
+      .u32(tcp_store::kVersion)
+      .i32(rank)
+      .i32(world_size)
+      .finish();
+}
+
+TEST_CASE("rendezvous: malformed bytes close that connection and the server keeps serving",
+          "[tcp_store]") {
+  using tcp_store::FrameWriter;
+  using tcp_store::Request;
+  testing::LogCapture log;
+  auto server = start_server(2);
+  const uint16_t port = server->port();
+  auto good = connect(port, 0, 2);
+  REQUIRE(good->set("k", "v").ok());
+  int closed_by_protocol_error = 0;
+
+  const std::vector<std::string> before_hello = {
+      "GET / HTTP/1.0\r\n\r\n",         // a 542 MB length
+      std::string("\0\0\0\0", 4),       // an empty message
+      FrameWriter().u8(0x7f).finish(),  // unknown type
+      FrameWriter().u8(static_cast<uint8_t>(Request::kSet)).str("k").str("x").finish(),  // no hello
+      hello(1, 2, 0x12345678),  // not strata's greeting
+  };
+  for (const std::string& bytes : before_hello) {
+    UniqueFd fd = raw_connect(port);
+    send_raw(fd.get(), bytes);
+    CHECK(closed_by_server(fd.get()));
+    ++closed_by_protocol_error;
+  }
+  // A greeting cut short, then end of stream: closed, without a complaint (nothing malformed
+  // arrived).
+  {
+    UniqueFd fd = raw_connect(port);
+    send_raw(fd.get(), hello(1, 2).substr(0, 9));
+    ::shutdown(fd.get(), SHUT_WR);
+    CHECK(closed_by_server(fd.get()));
+  }
+  // Random garbage, then end of stream. The server complains when a whole message arrived or
+  // its length is out of range (1 byte to 64 MiB); a partial one just ends with the stream.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 40; ++i) {
+    std::string bytes(1 + rng() % 300, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng() & 0xff);
+    if (i % 2 == 0 && bytes.size() > 4) {  // a plausible length for half of them
+      const uint32_t length = static_cast<uint32_t>(rng() % (2 * (bytes.size() - 4)) + 1);
+      for (int b = 0; b < 4; ++b)
+        bytes[static_cast<size_t>(b)] = static_cast<char>(length >> (8 * b));
+    }
+    UniqueFd fd = raw_connect(port);
+    send_raw(fd.get(), bytes);
+    ::shutdown(fd.get(), SHUT_WR);
+    CHECK(closed_by_server(fd.get()));
+    if (bytes.size() >= 4) {
+      const uint32_t length = tcp_store::frame_length(bytes);
+      if (length == 0 || length > tcp_store::kMaxFrameBytes || bytes.size() >= 4 + length) {
+        ++closed_by_protocol_error;
+      }
+    }
+  }
+  CHECK(*good->get("k") == "v");
+  CHECK(good->lost_ranks()->empty());  // none of them had greeted
+
+  // A greeted rank 1 that then sends a malformed request: closed, and its rank lost.
+  {
+    UniqueFd fd = raw_connect(port);
+    send_raw(fd.get(), hello(1, 2));
+    std::string reply;
+    // A string claiming 100 bytes that are not there, then a list claiming 4 billion keys.
+    send_raw(fd.get(), FrameWriter().u8(static_cast<uint8_t>(Request::kSet)).u32(100).finish());
+    CHECK(closed_by_server(fd.get(), &reply));
+    CHECK(reply.size() == 5);  // the greeting's kOk, nothing more
+    ++closed_by_protocol_error;
+  }
+  {
+    UniqueFd fd = raw_connect(port);
+    send_raw(fd.get(), hello(1, 2));
+    send_raw(
+        fd.get(),
+        FrameWriter().u8(static_cast<uint8_t>(Request::kWait)).u32(0xffffffffu).i64(1000).finish());
+    CHECK(closed_by_server(fd.get()));
+    ++closed_by_protocol_error;
+  }
+  CHECK(*good->lost_ranks() == std::vector<int>{1});
+  CHECK(*good->get("k") == "v");
+  REQUIRE(good->set("k2", "v2").ok());
+  CHECK(*good->get("k2") == "v2");
+
+  server.reset();  // joins the server thread: its log lines are all written
+  CHECK(static_cast<int>(log.matching("closing the connection from").size()) ==
+        closed_by_protocol_error);
+  CHECK(log.matching("rank 1 lost its connection").size() == 1);
+}
+
+}  // namespace
+}  // namespace strata
