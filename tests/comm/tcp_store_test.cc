@@ -77,7 +77,7 @@ std::string value_for(int rank, int round) {
 
 std::string key_for(int rank, int round) { return absl::StrFormat("value/%d/%d", rank, round); }
 
-TEST_CASE("rendezvous: ranks exchange random values through set, get, wait, check and add",
+TEST_CASE("rendezvous: ranks exchange random values through set get wait check and add",
           "[tcp_store]") {
   constexpr int kRanks = 4;
   constexpr int kRounds = 25;
@@ -321,7 +321,7 @@ TEST_CASE("rendezvous: a rank whose connection drops without a goodbye is lost",
                                "processes exited or were killed)"));
 }
 
-TEST_CASE("rendezvous: when the server goes away, every call fails naming rank 0", "[tcp_store]") {
+TEST_CASE("rendezvous: when the server goes away every call fails naming rank 0", "[tcp_store]") {
   auto server = start_server(2);
   const uint16_t port = server->port();
   const std::string message = absl::StrFormat(
@@ -349,7 +349,8 @@ TEST_CASE("rendezvous: when the server goes away, every call fails naming rank 0
   CHECK(waiting->lost_ranks().status().code() == absl::StatusCode::kUnavailable);
 }
 
-TEST_CASE("rendezvous: a port in use is refused; a freed port can be served again", "[tcp_store]") {
+TEST_CASE("rendezvous: a port in use is refused and a freed port can be served again",
+          "[tcp_store]") {
   auto first = start_server(1);
   const uint16_t port = first->port();
   auto second = TcpStoreServer::start("127.0.0.1", port, 1);
