@@ -77,14 +77,14 @@ std::string value_for(int rank, int round) {
 
 std::string key_for(int rank, int round) { return absl::StrFormat("value/%d/%d", rank, round); }
 
-TEST_CASE("rendezvous: ranks exchange random values through set, get, wait, check and add",
+TEST_CASE("rendezvous: ranks exchange random values through set get wait check and add",
           "[tcp_store]") {
   constexpr int kRanks = 4;
   constexpr int kRounds = 25;
   auto server = start_server(kRanks);
   const uint16_t port = server->port();
   std::vector<std::vector<std::string>> errors(kRanks);
-  std::vector<std::thread> threads;
+  std::vector<std::jthread> threads;
   for (int rank = 0; rank < kRanks; ++rank) {
     threads.emplace_back([&, rank] {
       auto& err = errors[static_cast<size_t>(rank)];
@@ -168,7 +168,7 @@ TEST_CASE("rendezvous: concurrent adds from 4 threads (two sharing one store) su
   std::vector<std::vector<int64_t>> tickets(kThreads);
   std::vector<int64_t> deltas(kThreads, 0);
   std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
+  std::vector<std::jthread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937 rng(static_cast<uint32_t>(t));
@@ -215,7 +215,7 @@ TEST_CASE("rendezvous: get and wait block until another thread sets the keys", "
   for (int round = 0; round < 5; ++round) {
     const std::string key = absl::StrFormat("late/%d", round);
     absl::StatusOr<std::string> got = absl::UnknownError("not run");
-    std::thread t([&] { got = waiter->get(key, 60s); });
+    std::jthread t([&] { got = waiter->get(key, 60s); });
     await_parked(*server, 1);  // the get is parked on the server, its key absent
     CHECK_FALSE(*setter->check({key}));
     REQUIRE(setter->set(key, value_for(1, round)).ok());
@@ -227,7 +227,7 @@ TEST_CASE("rendezvous: get and wait block until another thread sets the keys", "
   }
   // A wait for three keys stays parked while two are set, and ends with the third.
   absl::Status waited = absl::UnknownError("not run");
-  std::thread t([&] { waited = waiter->wait({"a", "b", "c"}, 60s); });
+  std::jthread t([&] { waited = waiter->wait({"a", "b", "c"}, 60s); });
   await_parked(*server, 1);
   REQUIRE(setter->set("a", "1").ok());
   REQUIRE(setter->set("b", "2").ok());
@@ -290,7 +290,7 @@ TEST_CASE("rendezvous: a rank whose connection drops without a goodbye is lost",
   rank3.reset();
 
   absl::Status waited = absl::UnknownError("not run");
-  std::thread t([&] { waited = rank0->wait({"never"}, 60s); });
+  std::jthread t([&] { waited = rank0->wait({"never"}, 60s); });
   await_parked(*server, 1);
   testing::drop_without_goodbye(std::move(rank2));
   t.join();
@@ -321,7 +321,7 @@ TEST_CASE("rendezvous: a rank whose connection drops without a goodbye is lost",
                                "processes exited or were killed)"));
 }
 
-TEST_CASE("rendezvous: when the server goes away, every call fails naming rank 0", "[tcp_store]") {
+TEST_CASE("rendezvous: when the server goes away every call fails naming rank 0", "[tcp_store]") {
   auto server = start_server(2);
   const uint16_t port = server->port();
   const std::string message = absl::StrFormat(
@@ -332,7 +332,7 @@ TEST_CASE("rendezvous: when the server goes away, every call fails naming rank 0
   auto waiting = connect(port, 1, 2);
   REQUIRE(idle->set("k", "v").ok());
   absl::Status waited = absl::UnknownError("not run");
-  std::thread t([&] { waited = waiting->wait({"never"}, 60s); });
+  std::jthread t([&] { waited = waiting->wait({"never"}, 60s); });
   await_parked(*server, 1);
   server.reset();
   t.join();
@@ -349,7 +349,8 @@ TEST_CASE("rendezvous: when the server goes away, every call fails naming rank 0
   CHECK(waiting->lost_ranks().status().code() == absl::StatusCode::kUnavailable);
 }
 
-TEST_CASE("rendezvous: a port in use is refused; a freed port can be served again", "[tcp_store]") {
+TEST_CASE("rendezvous: a port in use is refused and a freed port can be served again",
+          "[tcp_store]") {
   auto first = start_server(1);
   const uint16_t port = first->port();
   auto second = TcpStoreServer::start("127.0.0.1", port, 1);
@@ -403,7 +404,7 @@ TEST_CASE("rendezvous: connect waits for a server that starts late", "[tcp_store
   }
   absl::StatusOr<std::unique_ptr<TcpStore>> store = absl::UnknownError("not run");
   std::atomic<bool> started{false};
-  std::thread t([&] {
+  std::jthread t([&] {
     started = true;
     store = TcpStore::connect(options_for(port, 1, 2, 60s));
   });

@@ -33,6 +33,9 @@ class TcpStoreServer {
   virtual int parked_waits() const = 0;
 };
 
+// One connection to the rendezvous. Thread-safe: calls from several threads take turns (one
+// request in flight per TcpStore); a rank that needs a second, independent waiter (a watcher for
+// failures) connects a second TcpStore with the same rank.
 class TcpStore {
  public:
   struct Options {
