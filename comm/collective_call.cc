@@ -1,7 +1,5 @@
 #include "collective_call.h"
 
-#include <absl/hash/hash.h>
-
 #include <map>
 #include <numeric>
 
@@ -66,8 +64,14 @@ std::string CollectiveCall::describe() const {
 }
 
 CollectiveCall::Signature CollectiveCall::signature() const {
-  // Per-rank counts are summarized by their total and a hash, enough to tell calls apart.
-  const uint64_t counts_hash = absl::HashOf(counts);
+  // Per-rank counts are summarized by their total and a hash, enough to tell calls apart. The
+  // hash must be the same in every process (absl::Hash is salted per process): FNV-1a.
+  uint64_t counts_hash = 0xcbf29ce484222325;
+  for (uint64_t count : counts) {
+    for (int byte = 0; byte < 8; ++byte) {
+      counts_hash = (counts_hash ^ ((count >> (8 * byte)) & 0xff)) * 0x100000001b3;
+    }
+  }
   const uint64_t first = counts.empty() ? 0 : counts.front();
   const bool equal =
       std::all_of(counts.begin(), counts.end(), [&](uint64_t c) { return c == first; });
