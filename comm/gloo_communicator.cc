@@ -24,6 +24,7 @@
 #include "collective_call.h"
 #include "host_reduce.h"
 #include "job_monitor.h"
+#include "ordered_executor.h"
 #include "strata/base/log.h"
 #include "strata/base/mutex.h"
 #include "strata/base/text.h"
@@ -64,42 +65,36 @@ class StoreForGloo final : public gloo::rendezvous::Store {
   absl::Status error_;
 };
 
-struct WorkState {
-  absl::Mutex mutex;
-  absl::CondVar done_cv;
-  bool done ABSL_GUARDED_BY(mutex) = false;
-  absl::Status status ABSL_GUARDED_BY(mutex);
-};
-
 class GlooWork final : public CollectiveWork {
  public:
-  GlooWork(std::shared_ptr<WorkState> state, uint64_t sequence, std::string what,
+  GlooWork(std::shared_ptr<OrderedExecutor> executor,
+           std::shared_ptr<OrderedExecutor::Ticket> ticket, uint64_t sequence,
            std::chrono::milliseconds timeout)
-      : state_(std::move(state)), sequence_(sequence), what_(std::move(what)), timeout_(timeout) {}
+      : executor_(std::move(executor)),
+        ticket_(std::move(ticket)),
+        sequence_(sequence),
+        timeout_(timeout) {}
 
   absl::Status wait() override {
     // Gloo bounds every operation by the timeout; this backstop (twice that, plus the
     // post-mortem) only guards against an engine that never returns.
-    const absl::Time deadline = absl::Now() + absl::FromChrono(timeout_) * 2 + absl::Seconds(5);
-    MutexLock lock(&state_->mutex);
-    while (!state_->done) {
-      if (wait_with_timeout(&state_->done_cv, &state_->mutex, deadline - absl::Now()) &&
-          absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            to_absl(cat(what_,
-                        " did not finish within twice STRATA_COMM_TIMEOUT: the engine "
-                        "is stuck; stop the job")));
-      }
+    const absl::Status status =
+        executor_->wait(ticket_, absl::FromChrono(timeout_) * 2 + absl::Seconds(5));
+    if (status.code() == absl::StatusCode::kDeadlineExceeded && status.message() == "timed out") {
+      return absl::DeadlineExceededError(to_absl(
+          cat("collective #", sequence_,
+              " did not finish within twice STRATA_COMM_TIMEOUT: the engine is stuck; stop the "
+              "job")));
     }
-    return state_->status;
+    return status;
   }
   absl::Status synchronize() override { return wait(); }
   uint64_t sequence() const override { return sequence_; }
 
  private:
-  std::shared_ptr<WorkState> state_;
+  std::shared_ptr<OrderedExecutor> executor_;
+  std::shared_ptr<OrderedExecutor::Ticket> ticket_;
   uint64_t sequence_;
-  std::string what_;
   std::chrono::milliseconds timeout_;
 };
 
@@ -193,16 +188,15 @@ class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(const CommOptions& options, std::unique_ptr<JobMonitor> monitor,
                    std::shared_ptr<gloo::rendezvous::Context> context)
-      : options_(options), monitor_(std::move(monitor)), context_(std::move(context)) {
-    worker_ = std::thread([this] { work(); });
-  }
+      : options_(options),
+        monitor_(std::move(monitor)),
+        context_(std::move(context)),
+        executor_(std::make_shared<OrderedExecutor>()) {}
 
   ~GlooCommunicator() override {
-    {
-      MutexLock lock(&mutex_);
-      stopping_ = true;
-    }
-    if (worker_.joinable()) worker_.join();
+    // Runs what was issued (each bounded by the timeout): the tasks use this communicator, and
+    // work handles may keep the executor itself alive past it.
+    executor_->drain();
     context_.reset();  // close Gloo's pairs before the job's rendezvous goes
     monitor_.reset();
   }
@@ -339,7 +333,6 @@ class GlooCommunicator final : public Communicator {
   struct Task {
     CollectiveCall call;
     Body body;
-    std::shared_ptr<WorkState> state;
     std::unique_ptr<Event> ready;  // recorded on CollectiveOptions::stream at issue
   };
 
@@ -372,34 +365,12 @@ class GlooCommunicator final : public Communicator {
     monitor_->issued(call);
     task.call = std::move(call);
     task.body = std::move(body);
-    task.state = std::make_shared<WorkState>();
-    auto work = std::make_unique<GlooWork>(task.state, task.call.sequence, task.call.describe(),
-                                           options_.settings.timeout);
-    queue_.push_back(std::move(task));
-    return work;
-  }
-
-  void work() {
-    while (true) {
-      Task task;
-      {
-        MutexLock lock(&mutex_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-          return stopping_ || !queue_.empty();
-        };
-        mutex_.Await(absl::Condition(&ready));
-        if (queue_.empty()) return;  // stopping, and everything issued has run
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      const absl::Status status = run(task);
-      {
-        MutexLock lock(&task.state->mutex);
-        task.state->done = true;
-        task.state->status = status;
-        task.state->done_cv.SignalAll();
-      }
-    }
+    const uint64_t sequence = task.call.sequence;
+    auto shared_task = std::make_shared<Task>(std::move(task));
+    std::shared_ptr<OrderedExecutor::Ticket> ticket =
+        executor_->submit([this, shared_task] { return run(*shared_task); });
+    return std::make_unique<GlooWork>(executor_, std::move(ticket), sequence,
+                                      options_.settings.timeout);
   }
 
   absl::Status run(Task& task) {
@@ -455,9 +426,7 @@ class GlooCommunicator final : public Communicator {
   uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
   CommStats stats_ ABSL_GUARDED_BY(mutex_);
   absl::Status broken_ ABSL_GUARDED_BY(mutex_);
-  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  std::deque<Task> queue_ ABSL_GUARDED_BY(mutex_);
-  std::thread worker_;
+  std::shared_ptr<OrderedExecutor> executor_;  // shared with the works it hands out
 };
 
 }  // namespace

@@ -175,8 +175,7 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
   }
   const auto sequence_of = [](const std::string& state) {
     uint64_t sequence = 0;
-    (void)absl::SimpleAtoi(to_absl(std::string_view(state).substr(0, state.find('\t'))),
-                           &sequence);
+    (void)absl::SimpleAtoi(to_absl(std::string_view(state).substr(0, state.find('\t'))), &sequence);
     return sequence;
   };
   const std::string& agreed = majority->first;
@@ -194,8 +193,8 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
     if (their_sequence == agreed_sequence) {
       findings += cat(who, " issued ", theirs, ".");
     } else if (their_sequence < agreed_sequence) {
-      findings += cat(who, " had issued only up to ", theirs, " (it never issued #",
-                      agreed_sequence, ").");
+      findings +=
+          cat(who, " had issued only up to ", theirs, " (it never issued #", agreed_sequence, ").");
     } else {
       findings += cat(who, " had gone on to ", theirs, ".");
     }
