@@ -65,6 +65,7 @@ See docs/strata-run.md.
 
 struct Parsed {
   std::optional<std::string> nproc;
+  std::string nproc_flag = "-n";  // as the user wrote it: -n or --nproc
   std::string master_addr = "127.0.0.1";
   std::optional<std::string> port;
   std::optional<std::string> grace;
@@ -110,6 +111,7 @@ std::optional<UsageError> parse_args(int argc, char** argv, Parsed& p) {
     std::optional<std::string> addr;
     if (name == "-n" || name == "--nproc") {
       target = &p.nproc;
+      p.nproc_flag = name;
     } else if (name == "--port") {
       target = &p.port;
     } else if (name == "--grace") {
@@ -144,7 +146,8 @@ std::optional<UsageError> parse_args(int argc, char** argv, Parsed& p) {
   return std::nullopt;
 }
 
-std::optional<UsageError> check_nproc(const std::optional<std::string>& text, int* out) {
+std::optional<UsageError> check_nproc(const std::optional<std::string>& text,
+                                      const std::string& flag, int* out) {
   if (!text) {
     return UsageError{
         "missing -n N: give the number of ranks to start, e.g. strata-run -n 2 "
@@ -154,14 +157,14 @@ std::optional<UsageError> check_nproc(const std::optional<std::string>& text, in
   const bool digits = !text->empty() && text->find_first_not_of("0123456789") == std::string::npos;
   if (!digits || !absl::SimpleAtoi(*text, &n) || n == 0) {
     return UsageError{
-        absl::StrFormat("-n '%s' is not a number of ranks: give a whole number from 1 to %d", *text,
-                        run::kMaxRanks)};
+        absl::StrFormat("%s '%s' is not a number of ranks: give a whole number from 1 to %d", flag,
+                        *text, run::kMaxRanks)};
   }
   if (n > static_cast<uint64_t>(run::kMaxRanks)) {
     return UsageError{absl::StrFormat(
-        "-n %s is more than the %d local ranks strata-run starts: lower -n (start ranks on "
+        "%s %s is more than the %d local ranks strata-run starts: lower it (start ranks on "
         "several machines for more)",
-        *text, run::kMaxRanks)};
+        flag, *text, run::kMaxRanks)};
   }
   *out = static_cast<int>(n);
   return std::nullopt;
@@ -306,7 +309,7 @@ int run_main(int argc, char** argv) {
   run::LaunchOptions o;
   o.master_addr = p.master_addr;
   o.tag_output = p.tag_output;
-  if (auto e = check_nproc(p.nproc, &o.nproc)) return usage_error(*e);
+  if (auto e = check_nproc(p.nproc, p.nproc_flag, &o.nproc)) return usage_error(*e);
   if (p.grace) {
     if (auto e = check_grace(*p.grace, &o.grace_seconds)) return usage_error(*e);
   }
