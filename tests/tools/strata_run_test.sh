@@ -66,7 +66,7 @@ start_in_background() {
     wait "$nap" && kill -KILL "$launcher"
   ) >/dev/null 2>&1 &
   watchdog=$!
-  for i in $(seq 600); do
+  for _ in $(seq 600); do
     [ "$(ls "$dir"/pid.* 2>/dev/null | wc -l)" -ge "$N" ] && break
     sleep 0.1
   done
@@ -187,7 +187,7 @@ case $case_name in
     kill -KILL "$launcher"
     wait_for_launcher
     expect_rc 137
-    for i in $(seq 300); do
+    for _ in $(seq 300); do
       left=0
       for pid in $(pids); do alive "$pid" && left=1; done
       [ "$left" = 0 ] && break
