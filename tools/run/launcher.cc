@@ -222,7 +222,9 @@ class Job {
   void forward(int sig);
   void check_exits();
   bool all_exited() const {
-    return std::all_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.exited; });
+    // A rank that never started (pid -1) counts as gone.
+    return std::all_of(ranks_.begin(), ranks_.end(),
+                       [](const Rank& r) { return r.pid < 0 || r.exited; });
   }
   std::vector<int> ranks_where(bool Rank::*field) const {
     std::vector<int> out;
@@ -261,7 +263,14 @@ bool Job::start_ranks() {
     devnull = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   }
   std::optional<struct rlimit> nofile;
-  if (o_.tag_output) nofile = output_.raise_fd_limit(o_.nproc);
+  if (o_.tag_output) {
+    absl::StatusOr<std::optional<struct rlimit>> reserved = output_.reserve_fds(o_.nproc);
+    if (!reserved.ok()) {
+      start_error_ = absl::StrFormat("cannot start the ranks: %s", reserved.status().message());
+      return false;
+    }
+    nofile = *reserved;
+  }
 
   std::vector<std::string> argv_storage = o_.argv;
   const std::string exec_error =

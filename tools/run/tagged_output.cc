@@ -16,15 +16,25 @@ constexpr size_t kMaxPending = 64 * 1024;
 
 }  // namespace
 
-std::optional<struct rlimit> TaggedOutput::raise_fd_limit(int nproc) {
+absl::StatusOr<std::optional<struct rlimit>> TaggedOutput::reserve_fds(int nproc) {
   struct rlimit limit {};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return std::nullopt;
   const rlim_t wanted = 2 * static_cast<rlim_t>(nproc) + 64;
   if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= wanted) return std::nullopt;
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < wanted) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "--tag-output with -n %d needs %d open files (two pipes per rank), and the limit is %d: "
+        "raise it (ulimit -n %d) or drop --tag-output",
+        nproc, static_cast<uint64_t>(wanted), static_cast<uint64_t>(limit.rlim_max),
+        static_cast<uint64_t>(wanted)));
+  }
   struct rlimit raised = limit;
-  raised.rlim_cur =
-      (limit.rlim_max == RLIM_INFINITY || limit.rlim_max > wanted) ? wanted : limit.rlim_max;
-  if (setrlimit(RLIMIT_NOFILE, &raised) != 0) return std::nullopt;
+  raised.rlim_cur = wanted;
+  if (setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "--tag-output with -n %d needs %d open files, and raising the limit failed: %s", nproc,
+        static_cast<uint64_t>(wanted), sys::errno_text(errno)));
+  }
   return limit;
 }
 

@@ -27,9 +27,10 @@ class TaggedOutput {
     UniqueFd err;
   };
 
-  // Two descriptors per rank: raises the soft RLIMIT_NOFILE towards the hard limit when needed.
-  // Returns the limit as it was when it raised it (the ranks get that one back), else nullopt.
-  std::optional<struct rlimit> raise_fd_limit(int nproc);
+  // Two descriptors per rank, and room left for the ranks to exec: raises the soft RLIMIT_NOFILE
+  // when needed. Returns the limit as it was when it raised it (the ranks get that one back),
+  // nullopt when it was high enough; an error naming the fix when the hard limit is too low.
+  absl::StatusOr<std::optional<struct rlimit>> reserve_fds(int nproc);
 
   // The pipes of one more rank.
   absl::StatusOr<ChildEnds> add_rank(int rank);
