@@ -252,7 +252,8 @@ absl::StatusOr<CollectiveRow> measure_row(Communicator& comm, GlooBaseline& gloo
   CollectiveRow row;
   row.op = op;
   row.bytes = bytes;
-  row.calls_per_sample = std::max<uint64_t>(1, (options.bytes + bytes - 1) / bytes);
+  // Whole collectives in --bytes (a size rounded down to whole shards still gets as many).
+  row.calls_per_sample = std::max<uint64_t>(1, options.bytes / bytes);
   const Call strata_barrier = [&] { return finish(comm.barrier()); };
   const Call strata = [&] { return strata_call(comm, op, strata_buffer.data(), count); };
   const Call baseline_barrier = [&] { return gloo.barrier(); };

@@ -4,7 +4,7 @@
 // For each operation (all_gather, reduce_scatter, all_reduce, broadcast) and each size of the
 // sweep (nccl-tests' "size": all_gather the gathered output, reduce_scatter the full input,
 // all_reduce and broadcast the buffer; float32, equal shards, in place), a timed sample is
-// ceil(--bytes / size) collectives back to back, each issued and waited; the time of one
+// max(1, floor(--bytes / size)) collectives back to back, each issued and waited; the time of one
 // collective is the sample's time over that count. Ranks meet at a barrier through the engine
 // being timed before each sample; each sample's time is the slowest rank's (an all-reduce max
 // after the measurement, as nccl-tests does). Reported: the median over --repeat samples, after
