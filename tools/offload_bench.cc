@@ -14,6 +14,9 @@
 // --workload=optimizer times OffloadOptimizer::step() for --params parameters against the
 // memory-bandwidth floor, a naive scalar loop and, with STRATA_NVME_PATHS, the NVMe bound
 // (bench/optimizer_workload.cc, docs/bench.md).
+// --workload=collective, under strata-run -n N (or alone), times strata's collectives
+// (all_gather, reduce_scatter, all_reduce, broadcast) per --tensor-bytes size against Gloo called
+// directly in the same run (bench/collective_workload.cc, docs/bench.md).
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <absl/strings/strip.h>
@@ -30,6 +33,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench/collective_workload.h"
 #include "bench/common.h"
 #include "bench/gpu_paths.h"
 #include "bench/nvme_dirs.h"
@@ -208,7 +212,11 @@ int run(int argc, const char* const* argv) {
       "max(compute, bytes / measured link bandwidth).\n"
       "--workload=optimizer times the CPU optimizer step (OffloadOptimizer::step()) for --params "
       "parameters against the memory-bandwidth floor measured in the same run, a naive scalar "
-      "loop and, when STRATA_NVME_PATHS is set, states on NVMe against the raw NVMe bound.");
+      "loop and, when STRATA_NVME_PATHS is set, states on NVMe against the raw NVMe bound.\n"
+      "--workload=collective, run under strata-run -n N (or alone), times strata's all_gather, "
+      "reduce_scatter, all_reduce and broadcast for each --tensor-bytes size (default 64KiB to "
+      "64MiB; --bytes per sample, default 64MiB) against Gloo called directly, alternated in "
+      "the same run.");
   cli::Flag& bytes_flag = flags.add_size(
       "bytes", &options.bytes, "bytes moved per path, tensor size and repetition (--tune: 64MiB)");
   std::string tensor_text = "64MiB";
@@ -235,11 +243,12 @@ int run(int argc, const char* const* argv) {
       "STRATA_IO_ENGINE (io_uring,psync) on cpu-nvme and nvme-cpu and print the export line "
       "for the least pinned memory within 3% of the best");
   std::string workload = "swap";
-  flags.add_enum("workload", &workload, {"swap", "paths", "train-step", "optimizer"},
+  flags.add_enum("workload", &workload, {"swap", "paths", "train-step", "optimizer", "collective"},
                  "swap: tier-to-tier bandwidth per path (paths: the same, its old name); "
                  "train-step: a synthetic training step against its overlap bound "
                  "(docs/train-step.md); optimizer: the CPU optimizer step against the "
-                 "memory-bandwidth floor (docs/bench.md)");
+                 "memory-bandwidth floor (docs/bench.md); collective: strata's collectives "
+                 "against Gloo called directly, under strata-run -n N (docs/bench.md)");
   TrainStepOptions train;
   std::string policies_text = absl::StrJoin(train.policies, ",");
   // Only meaningful with --workload=train-step; checked below.
@@ -301,6 +310,33 @@ int run(int argc, const char* const* argv) {
         return flags.usage_error("--" + flag->name() + " applies to --workload=optimizer only");
       }
     }
+  }
+  if (workload == "collective") {
+    const std::vector<cli::Flag*> other_flags = {&baseline_flag, &paths_flag, &csv_flag, &svg_flag,
+                                                 &tune_flag};
+    for (const cli::Flag* flag : other_flags) {
+      if (flag->was_set()) {
+        return flags.usage_error("--" + flag->name() +
+                                 " applies to --workload=swap, not collective");
+      }
+    }
+    for (const cli::Flag* flag : train_flags) {
+      if (flag->was_set()) {
+        return flags.usage_error("--" + flag->name() + " applies to --workload=train-step only");
+      }
+    }
+    CollectiveBenchOptions collective;
+    if (bytes_flag.was_set()) collective.bytes = options.bytes;
+    if (repeat_flag.was_set()) collective.repeat = options.repeat;
+    collective.sizes = default_collective_sizes();
+    if (tensor_flag.was_set()) {
+      if (auto error = parse_tensor_sizes(tensor_text, &collective.sizes)) {
+        return flags.usage_error(*error);
+      }
+    }
+    collective.json = options.json;
+    if (auto error = validate(collective)) return flags.usage_error(*error);
+    return run_collective_workload(collective, flags);
   }
   if (workload == "optimizer") {
     const std::vector<cli::Flag*> other_flags = {

@@ -1,0 +1,76 @@
+// offload-bench --workload=collective's output: the table and the "collective" JSON object.
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+
+#include "bench/collective_workload.h"
+#include "strata/base/size.h"
+
+namespace strata::bench {
+namespace {
+
+std::string json_number(double v) { return absl::StrFormat("%.6g", v); }
+
+std::string json_numbers(const std::vector<double>& values) {
+  std::vector<std::string> texts;
+  for (double v : values) texts.push_back(json_number(v));
+  return "[" + absl::StrJoin(texts, ", ") + "]";
+}
+
+std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+void print_collective_header(const CollectiveReport& report, std::ostream& out) {
+  out << absl::StrFormat("\n%d rank(s), %s; time: median of %d samples, slowest rank\n",
+                         report.ranks, report.backend, report.repeat);
+  out << absl::StrFormat("%-15s %10s %6s %11s %8s %8s %11s %11s %6s\n", "op", "size", "calls",
+                         "time us", "algbw", "busbw", "base time", "base busbw", "ratio");
+}
+
+void print_collective_row(const CollectiveRow& r, std::ostream& out) {
+  out << absl::StrFormat("%-15s %10s %6d %11.1f %8.3f %8.3f %11.1f %11.3f %6.3f\n", r.op,
+                         format_bytes(r.bytes), r.calls_per_sample, r.time_s * 1e6, r.algbw_gbps,
+                         r.busbw_gbps, r.baseline_time_s * 1e6, r.baseline_busbw_gbps, r.ratio);
+}
+
+void print_collective_footer(const CollectiveReport& report, std::ostream& out) {
+  out << "\nbaseline: " << report.baseline << "\n"
+      << "size: all_gather the gathered output, reduce_scatter the full input, all_reduce and "
+         "broadcast the buffer (float32, equal shards, in place); GB/s = 1e9 bytes/s; busbw = "
+         "algbw x (n-1)/n (all_gather, reduce_scatter), 2(n-1)/n (all_reduce), 1 (broadcast); "
+         "ratio = baseline time / strata time.\n";
+}
+
+std::string collective_json(const CollectiveReport& report) {
+  std::vector<std::string> rows;
+  for (const CollectiveRow& r : report.rows) {
+    rows.push_back(absl::StrFormat(
+        R"({"op": %s, "bytes": %d, "calls_per_sample": %d, "time_s": %s, "algbw_gbps": %s, )"
+        R"("busbw_gbps": %s, "baseline_time_s": %s, "baseline_algbw_gbps": %s, )"
+        R"("baseline_busbw_gbps": %s, "ratio": %s, "samples_s": %s, "baseline_samples_s": %s})",
+        json_string(r.op), r.bytes, r.calls_per_sample, json_number(r.time_s),
+        json_number(r.algbw_gbps), json_number(r.busbw_gbps), json_number(r.baseline_time_s),
+        json_number(r.baseline_algbw_gbps), json_number(r.baseline_busbw_gbps),
+        json_number(r.ratio), json_numbers(r.samples_s), json_numbers(r.baseline_samples_s)));
+  }
+  return absl::StrFormat(
+      R"({"backend": %s, "ranks": %d, "description": %s, "baseline": %s, "repeat": %d, )"
+      R"("warmups": %d, "time": "median over samples of the slowest rank's time", "rows": [%s]})",
+      json_string(report.backend), report.ranks, json_string(report.description),
+      json_string(report.baseline), report.repeat, report.warmups, absl::StrJoin(rows, ", "));
+}
+
+}  // namespace strata::bench
