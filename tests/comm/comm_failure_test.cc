@@ -58,7 +58,9 @@ TEST_CASE("A rank killed mid-collective: every other rank fails naming it", "[co
     }
     CHECK(r.exited);
     CHECK(r.status == 1);
-    CHECK(contains(r.output, "all_reduce #4"));
+    // Killed while its #4 was in flight: the others fail in #4, or in #5 when rank 1's part of
+    // #4 was done before the kill landed.
+    CHECK((contains(r.output, "all_reduce #4") || contains(r.output, "all_reduce #5")));
     CHECK(contains(r.output, "Rank 1 exited or was killed"));
     CHECK(contains(r.output, "Rank(s) at fault: 1."));
   }
