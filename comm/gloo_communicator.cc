@@ -176,6 +176,9 @@ void with_storage_type(DataType type, F&& f) {
   }
 }
 
+// 4 MiB: below where Gloo's halving-doubling reduce-scatter collapsed on loopback.
+constexpr uint64_t kReduceScatterPieceBytes = uint64_t{4} << 20;
+
 CollectiveCall make_call(CollectiveKind kind, DataType type, ReduceOp op = ReduceOp::kSum) {
   CollectiveCall call;
   call.kind = kind;
@@ -243,38 +246,10 @@ class GlooCommunicator final : public Communicator {
       const CollectiveOptions& options) override {
     CollectiveCall call = make_call(CollectiveKind::kReduceScatter, type, op);
     call.counts.assign(counts.begin(), counts.end());
-    if (call.total_count() > static_cast<uint64_t>(INT_MAX)) {
-      return absl::InvalidArgumentError(to_absl(
-          cat("reduce_scatter of ", call.total_count(),
-              " elements is above Gloo's limit of 2^31-1 per call: split it into smaller calls")));
-    }
     return issue(std::move(call), options, [this, send, recv, type, op](const CollectiveCall& c) {
-      const size_t element = element_size(type);
-      const uint64_t offset =
-          std::accumulate(c.counts.begin(), c.counts.begin() + rank(), uint64_t{0});
-      const uint64_t mine = c.counts[rank()];
-      uint8_t* in_place_slot = static_cast<uint8_t*>(const_cast<void*>(send)) + offset * element;
-      // Gloo's algorithm reduces in the buffer it is given and leaves this rank's slice at its
-      // start. In place, that buffer is the caller's (the rest of `send` is scratch); out of
-      // place it is a copy, so `send` stays intact.
-      std::vector<uint8_t> scratch;
-      void* buffer = const_cast<void*>(send);
-      if (recv != in_place_slot) {
-        scratch.assign(static_cast<const uint8_t*>(send),
-                       static_cast<const uint8_t*>(send) + c.total_bytes());
-        buffer = scratch.data();
-      }
-      const std::vector<int> counts_int(c.counts.begin(), c.counts.end());
-      with_storage_type(type, [&](auto zero) {
-        using T = decltype(zero);
-        // This rank's reduced slice lands at the start of `buffer`.
-        gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, {static_cast<T*>(buffer)},
-                                                        static_cast<int>(c.total_count()),
-                                                        counts_int, gloo_reduction<T>(op));
-        algorithm.run();
-      });
-      if (buffer != recv && mine > 0) std::memmove(recv, buffer, mine * element);
-      if (op == ReduceOp::kAverage) divide_in_place(recv, mine, type, size());
+      reduce_scatter_in_pieces(c, static_cast<const uint8_t*>(send), static_cast<uint8_t*>(recv),
+                               type, op);
+      if (op == ReduceOp::kAverage) divide_in_place(recv, c.counts[rank()], type, size());
     });
   }
 
@@ -373,6 +348,76 @@ class GlooCommunicator final : public Communicator {
                                       options_.settings.timeout);
   }
 
+  // Gloo's halving-doubling reduce-scatter reduces in the buffer it is given and leaves this
+  // rank's slice at its start. Above a few MiB per call it collapses here (12 MiB: 40× slower
+  // than 10 MiB, for Gloo called directly too — docs/comm.md), so a large call runs as pieces
+  // of at most kReduceScatterPieceBytes: piece j takes the j-th part of every rank's slice,
+  // packed into a scratch buffer (which also keeps `send` intact out of place). A small call
+  // made in place runs on the caller's buffer directly.
+  void reduce_scatter_in_pieces(const CollectiveCall& c, const uint8_t* send, uint8_t* recv,
+                                DataType type, ReduceOp op) {
+    const uint64_t element = element_size(type);
+    const int world = size();
+    std::vector<uint64_t> offsets(world + 1, 0);
+    for (int r = 0; r < world; ++r) offsets[r + 1] = offsets[r] + c.counts[r];
+    const uint64_t total = offsets[world];
+    const uint64_t mine = c.counts[rank()];
+    const uint64_t pieces = std::max<uint64_t>(
+        1, (total * element + kReduceScatterPieceBytes - 1) / kReduceScatterPieceBytes);
+    const bool in_place = recv == send + offsets[rank()] * element;
+    const auto run_piece = [&](void* buffer, const std::vector<int>& counts) {
+      with_storage_type(type, [&](auto zero) {
+        using T = decltype(zero);
+        const int count = std::accumulate(counts.begin(), counts.end(), 0);
+        gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, {static_cast<T*>(buffer)}, count,
+                                                        counts, gloo_reduction<T>(op));
+        algorithm.run();
+      });
+    };
+    const bool any_empty =
+        std::any_of(c.counts.begin(), c.counts.end(), [](uint64_t n) { return n == 0; });
+    if (pieces == 1 && in_place && !any_empty) {
+      uint8_t* buffer = const_cast<uint8_t*>(send);
+      run_piece(buffer, std::vector<int>(c.counts.begin(), c.counts.end()));
+      if (mine > 0 && buffer != recv) std::memmove(recv, buffer, mine * element);
+      return;
+    }
+    std::vector<uint64_t> per_piece(world);
+    uint64_t piece_total = 0;
+    for (int r = 0; r < world; ++r) {
+      per_piece[r] = (c.counts[r] + pieces - 1) / pieces;
+      piece_total += std::max<uint64_t>(per_piece[r], 1);
+    }
+    scratch_.resize(piece_total * element);
+    std::vector<int> part(world);
+    for (uint64_t j = 0; j < pieces; ++j) {
+      uint8_t* packed = scratch_.data();
+      bool any_data = false;
+      for (int r = 0; r < world; ++r) {
+        const uint64_t start = std::min(c.counts[r], j * per_piece[r]);
+        const uint64_t n = std::min(c.counts[r] - start, per_piece[r]);
+        any_data |= n > 0;
+        if (n > 0) {
+          std::memcpy(packed, send + (offsets[r] + start) * element, n * element);
+        } else {
+          // Gloo's algorithm can hang when a rank's part is empty (seen with 3 ranks): such a
+          // rank gets one zero element whose reduction nobody reads.
+          std::memset(packed, 0, element);
+        }
+        part[r] = static_cast<int>(std::max<uint64_t>(n, 1));
+        packed += part[r] * element;
+      }
+      // Every rank computes the same parts, so an empty piece is skipped everywhere.
+      if (!any_data) continue;
+      run_piece(scratch_.data(), part);
+      // In place this writes only the part of this rank's slice already packed above.
+      const uint64_t own_start = std::min(mine, j * per_piece[rank()]);
+      const uint64_t own = std::min(mine - own_start, per_piece[rank()]);
+      if (own > 0)
+        std::memcpy(recv + j * per_piece[rank()] * element, scratch_.data(), own * element);
+    }
+  }
+
   absl::Status run(Task& task) {
     {
       MutexLock lock(&mutex_);
@@ -427,6 +472,7 @@ class GlooCommunicator final : public Communicator {
   CommStats stats_ ABSL_GUARDED_BY(mutex_);
   absl::Status broken_ ABSL_GUARDED_BY(mutex_);
   std::shared_ptr<OrderedExecutor> executor_;  // shared with the works it hands out
+  std::vector<uint8_t> scratch_;               // reduce-scatter pieces; used by one task at a time
 };
 
 }  // namespace

@@ -18,7 +18,7 @@ OrderedExecutor::~OrderedExecutor() {
 std::shared_ptr<OrderedExecutor::Ticket> OrderedExecutor::submit(Task task) {
   auto ticket = std::make_shared<Ticket>();
   MutexLock lock(&mutex_);
-  queue_.push_back({std::move(task), ticket});
+  queue_.push_back({std::move(task), ticket, absl::Now()});
   changed_.SignalAll();
   return ticket;
 }
@@ -68,7 +68,12 @@ void OrderedExecutor::work() {
   MutexLock lock(&mutex_);
   while (true) {
     if (!running_ && !queue_.empty()) {
-      run_front();
+      const absl::Duration waited = absl::Now() - queue_.front().queued;
+      if (stopping_ || waited >= kWaiterGrace) {
+        run_front();
+      } else {
+        wait_with_timeout(&changed_, &mutex_, kWaiterGrace - waited);
+      }
       continue;
     }
     if (stopping_ && queue_.empty() && !running_) return;

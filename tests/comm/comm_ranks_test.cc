@@ -239,6 +239,40 @@ TEST_CASE("Every collective over every type, uneven and empty shards, contents c
   }
 }
 
+TEST_CASE("Large reduce_scatter runs in pieces: uneven shards, in place and out of place",
+          "[comm][ranks]") {
+  Communicator& c = comm();
+  const int world = c.size(), rank = c.rank();
+  // Several 4 MiB pieces, shards that do not divide evenly into them, one shard empty.
+  std::vector<uint64_t> counts(world);
+  for (int r = 0; r < world; ++r) counts[r] = r == 1 ? 0 : 1500000 + 12345 * r;
+  const uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
+  const uint64_t offset = std::accumulate(counts.begin(), counts.begin() + rank, uint64_t{0});
+  for (const DataType type : {DataType::kFloat32, DataType::kBFloat16}) {
+    const size_t e = element_size(type);
+    for (const bool in_place : {false, true}) {
+      INFO(to_string(type) << " in place " << in_place);
+      std::vector<uint8_t> send = filled(type, rank, total, 7);
+      const std::vector<uint8_t> original = send;
+      std::vector<uint8_t> recv(counts[rank] * e);
+      uint8_t* out = in_place ? send.data() + offset * e : recv.data();
+      auto work = c.reduce_scatter(send.data(), out, std::span<const uint64_t>(counts), type,
+                                   ReduceOp::kSum);
+      REQUIRE(work.ok());
+      REQUIRE((*work)->wait().ok());
+      uint64_t wrong = 0;
+      for (uint64_t i = 0; i < counts[rank]; ++i) {
+        if (decode(type, out + i * e) !=
+            reduce_expected(ReduceOp::kSum, type, world, offset + i, 7)) {
+          ++wrong;
+        }
+      }
+      CHECK(wrong == 0);
+      if (!in_place) CHECK(send == original);
+    }
+  }
+}
+
 TEST_CASE("Several collectives in flight complete in order; waits in any order", "[comm][ranks]") {
   Communicator& c = comm();
   const int world = c.size(), rank = c.rank();
