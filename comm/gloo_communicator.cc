@@ -504,3 +504,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const Com
 }
 
 }  // namespace strata::comm_internal
+
+// ThreadSanitizer builds only: Gloo is not built with TSan, so TSan sees none of its locks. It
+// then reports Gloo's own threads as racing: its halving-doubling reduce-scatter sends from and
+// receives into one notification byte (recv and writev called from libgloo), and a pair's stored
+// exception (a peer that left first) is freed by the thread that closes the context. Reports
+// with a libgloo frame, or in Gloo's exception or context teardown, are suppressed; strata's
+// own accesses stay checked. TSan reads this hook at start (a program that
+// defines its own replaces it); it lives here so it is linked whenever the Gloo backend is.
+#if defined(STRATA_TSAN)
+extern "C" const char* __tsan_default_suppressions() {
+  return "called_from_lib:libgloo.so\nrace:libgloo.so\nrace:gloo::Exception\n"
+         "race:gloo::rendezvous::Context\n";
+}
+#endif

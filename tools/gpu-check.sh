@@ -316,6 +316,9 @@ if [[ -x "$BENCH" ]]; then
     --json="$OUT_DIR/bench-train-step.json"
   check bench "offload-bench optimizer" "$BENCH" --workload=optimizer \
     --json="$OUT_DIR/bench-optimizer.json"
+  # The NCCL communicator's [cuda] tests run in step 2 (comm_test); the collective workload
+  # has no NCCL baseline yet, so it is not a GPU figure.
+  skip bench "offload-bench collective (nccl)" "the collective workload measures Gloo only so far"
 else
   skip bench offload-bench "the build has no tools/offload-bench"
 fi
