@@ -9,6 +9,14 @@ namespace strata::comm_internal {
 
 using text::cat;
 
+CollectiveCall CollectiveCall::of(CollectiveKind kind, DataType type, ReduceOp op) {
+  CollectiveCall call;
+  call.kind = kind;
+  call.type = type;
+  call.op = op;
+  return call;
+}
+
 uint64_t CollectiveCall::total_count() const {
   return std::accumulate(counts.begin(), counts.end(), uint64_t{0});
 }

@@ -25,6 +25,9 @@ struct CollectiveCall {
   // Elements per rank (all_gather, reduce_scatter) or one entry (all_reduce, broadcast).
   std::vector<uint64_t> counts;
 
+  // A call of `kind` (sequence and counts set by the caller).
+  static CollectiveCall of(CollectiveKind kind, DataType type, ReduceOp op = ReduceOp::kSum);
+
   uint64_t total_count() const;
   uint64_t total_bytes() const { return total_count() * element_size(type); }
   // nccl-tests' size and this rank's share of the wire (see CommStats).

@@ -179,14 +179,6 @@ void with_storage_type(DataType type, F&& f) {
 // 4 MiB: below where Gloo's halving-doubling reduce-scatter collapsed on loopback.
 constexpr uint64_t kReduceScatterPieceBytes = uint64_t{4} << 20;
 
-CollectiveCall make_call(CollectiveKind kind, DataType type, ReduceOp op = ReduceOp::kSum) {
-  CollectiveCall call;
-  call.kind = kind;
-  call.type = type;
-  call.op = op;
-  return call;
-}
-
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(const CommOptions& options, std::unique_ptr<JobMonitor> monitor,
@@ -221,7 +213,7 @@ class GlooCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CollectiveWork>> all_gather(
       const void* send, void* recv, std::span<const uint64_t> counts, DataType type,
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kAllGather, type);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kAllGather, type);
     call.counts.assign(counts.begin(), counts.end());
     return issue(std::move(call), options, [this, send, recv, type](const CollectiveCall& c) {
       const size_t element = element_size(type);
@@ -244,7 +236,7 @@ class GlooCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CollectiveWork>> reduce_scatter(
       const void* send, void* recv, std::span<const uint64_t> counts, DataType type, ReduceOp op,
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kReduceScatter, type, op);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kReduceScatter, type, op);
     call.counts.assign(counts.begin(), counts.end());
     return issue(std::move(call), options, [this, send, recv, type, op](const CollectiveCall& c) {
       reduce_scatter_in_pieces(c, static_cast<const uint8_t*>(send), static_cast<uint8_t*>(recv),
@@ -256,7 +248,7 @@ class GlooCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CollectiveWork>> all_reduce(
       const void* send, void* recv, uint64_t count, DataType type, ReduceOp op,
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kAllReduce, type, op);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kAllReduce, type, op);
     call.counts = {count};
     return issue(std::move(call), options, [this, send, recv, type, op](const CollectiveCall& c) {
       const size_t element = element_size(type);
@@ -281,7 +273,7 @@ class GlooCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CollectiveWork>> broadcast(
       void* data, uint64_t count, DataType type, int root,
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kBroadcast, type);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kBroadcast, type);
     call.root = root;
     call.counts = {count};
     return issue(std::move(call), options, [this, data, root](const CollectiveCall& c) {
@@ -295,7 +287,7 @@ class GlooCommunicator final : public Communicator {
 
   absl::StatusOr<std::unique_ptr<CollectiveWork>> barrier(
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kBarrier, DataType::kUInt8);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kBarrier, DataType::kUInt8);
     return issue(std::move(call), options, [this](const CollectiveCall& c) {
       gloo::BarrierOptions opts(context_);
       opts.setTag(tag(c));

@@ -27,14 +27,6 @@ constexpr uint64_t kSignatureBytes = sizeof(CollectiveCall::Signature);
 constexpr uint64_t kSignatureOffset = 64;
 constexpr uint64_t kGatherOffset = 128;
 
-CollectiveCall make_call(CollectiveKind kind, DataType type, ReduceOp op = ReduceOp::kSum) {
-  CollectiveCall call;
-  call.kind = kind;
-  call.type = type;
-  call.op = op;
-  return call;
-}
-
 const char* at(const void* base, uint64_t elements, DataType type) {
   return static_cast<const char*>(base) + elements * element_size(type);
 }
@@ -88,7 +80,7 @@ class NcclCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CollectiveWork>> all_gather(
       const void* send, void* recv, std::span<const uint64_t> counts, DataType type,
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kAllGather, type);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kAllGather, type);
     call.counts.assign(counts.begin(), counts.end());
     return issue(std::move(call), options,
                  [this, send, recv](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
@@ -110,7 +102,7 @@ class NcclCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CollectiveWork>> reduce_scatter(
       const void* send, void* recv, std::span<const uint64_t> counts, DataType type, ReduceOp op,
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kReduceScatter, type, op);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kReduceScatter, type, op);
     call.counts.assign(counts.begin(), counts.end());
     return issue(std::move(call), options,
                  [this, send, recv](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
@@ -133,7 +125,7 @@ class NcclCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CollectiveWork>> all_reduce(
       const void* send, void* recv, uint64_t count, DataType type, ReduceOp op,
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kAllReduce, type, op);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kAllReduce, type, op);
     call.counts = {count};
     return issue(std::move(call), options,
                  [send, recv](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
@@ -145,7 +137,7 @@ class NcclCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CollectiveWork>> broadcast(
       void* data, uint64_t count, DataType type, int root,
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kBroadcast, type);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kBroadcast, type);
     call.root = root;
     call.counts = {count};
     return issue(
@@ -157,7 +149,7 @@ class NcclCommunicator final : public Communicator {
   // An all-reduce of one int on the scratch: later work on the stream waits for every rank.
   absl::StatusOr<std::unique_ptr<CollectiveWork>> barrier(
       const CollectiveOptions& options) override {
-    CollectiveCall call = make_call(CollectiveKind::kBarrier, DataType::kUInt8);
+    CollectiveCall call = CollectiveCall::of(CollectiveKind::kBarrier, DataType::kUInt8);
     void* flag = scratch_->data();
     return issue(std::move(call), options,
                  [flag](const CollectiveCall&, ncclComm_t comm, cudaStream_t s) {

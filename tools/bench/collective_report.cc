@@ -3,6 +3,7 @@
 #include <absl/strings/str_join.h>
 
 #include "bench/collective_workload.h"
+#include "bench/common.h"
 #include "strata/base/size.h"
 
 namespace strata::bench {
@@ -14,21 +15,6 @@ std::string json_numbers(const std::vector<double>& values) {
   std::vector<std::string> texts;
   for (double v : values) texts.push_back(json_number(v));
   return "[" + absl::StrJoin(texts, ", ") + "]";
-}
-
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace

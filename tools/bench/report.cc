@@ -12,21 +12,6 @@ namespace {
 
 std::string json_number(double v) { return absl::StrFormat("%.3f", v); }
 
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 void print_table(const Report& report, const Device& device, std::ostream& out) {
