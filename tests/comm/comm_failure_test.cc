@@ -23,6 +23,9 @@ using namespace std::chrono_literals;
 std::vector<RankOutcome> run_job(const std::string& scenario, int faulty, int world,
                                  std::vector<int> ranks, const std::string& timeout,
                                  bool debug = false, uint16_t port = 0) {
+  // A rank that stops issuing collectives sleeps until the test ends it, once the others are done.
+  const std::vector<int> stuck =
+      scenario == "fewer" ? std::vector<int>{faulty} : std::vector<int>{};
   if (ranks.empty()) {
     for (int r = 0; r < world; ++r) ranks.push_back(r);
   }
@@ -32,7 +35,7 @@ std::vector<RankOutcome> run_job(const std::string& scenario, int faulty, int wo
                      {"STRATA_COMM_DEBUG", debug ? "on" : "off"},
                      {"STRATA_COMM_BACKEND", "gloo"}});
   // Far above the communication timeout: ranks that keep to it end long before.
-  return job.wait(60s);
+  return job.wait(60s, stuck);
 }
 
 bool contains(const std::string& text, const std::string& part) {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -63,32 +64,43 @@ RankProcesses::RankProcesses(const std::vector<std::string>& argv, int world_siz
   }
 }
 
-std::vector<RankOutcome> RankProcesses::wait(std::chrono::milliseconds bound) {
+std::vector<RankOutcome> RankProcesses::wait(std::chrono::milliseconds bound,
+                                             std::vector<int> stuck) {
   const auto deadline = std::chrono::steady_clock::now() + bound;
-  std::vector<RankOutcome> outcomes;
-  for (Child& child : children_) {
-    RankOutcome outcome;
-    outcome.rank = child.rank;
-    int status = 0;
-    while (true) {
-      const pid_t done = waitpid(child.pid, &status, WNOHANG);
-      if (done == child.pid) break;
-      if (std::chrono::steady_clock::now() >= deadline) {
+  const auto is_stuck = [&](const Child& c) {
+    return std::find(stuck.begin(), stuck.end(), c.rank) != stuck.end();
+  };
+  std::vector<RankOutcome> outcomes(children_.size());
+  std::vector<bool> ended(children_.size(), false);
+  size_t others_running = 0;
+  for (const Child& c : children_) others_running += is_stuck(c) ? 0 : 1;
+  while (std::find(ended.begin(), ended.end(), false) != ended.end()) {
+    const bool past_bound = std::chrono::steady_clock::now() >= deadline;
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (ended[i]) continue;
+      Child& child = children_[i];
+      RankOutcome& outcome = outcomes[i];
+      outcome.rank = child.rank;
+      int status = 0;
+      pid_t done = waitpid(child.pid, &status, WNOHANG);
+      if (done != child.pid && (past_bound || (is_stuck(child) && others_running == 0))) {
         kill(child.pid, SIGKILL);
         waitpid(child.pid, &status, 0);
         outcome.killed_by_test = true;
-        break;
+        done = child.pid;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (done != child.pid) continue;
+      ended[i] = true;
+      if (!is_stuck(child)) --others_running;
+      child.pid = -1;
+      outcome.exited = WIFEXITED(status);
+      outcome.status = outcome.exited ? WEXITSTATUS(status) : WTERMSIG(status);
+      std::ifstream in(child.output_path);
+      std::stringstream text;
+      text << in.rdbuf();
+      outcome.output = text.str();
     }
-    child.pid = -1;
-    outcome.exited = WIFEXITED(status);
-    outcome.status = outcome.exited ? WEXITSTATUS(status) : WTERMSIG(status);
-    std::ifstream in(child.output_path);
-    std::stringstream text;
-    text << in.rdbuf();
-    outcome.output = text.str();
-    outcomes.push_back(std::move(outcome));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return outcomes;
 }

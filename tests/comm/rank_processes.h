@@ -34,8 +34,9 @@ class RankProcesses {
   RankProcesses(const RankProcesses&) = delete;
   RankProcesses& operator=(const RankProcesses&) = delete;
 
-  // Waits until every rank has ended or `bound` has passed (then kills the rest).
-  std::vector<RankOutcome> wait(std::chrono::milliseconds bound);
+  // Waits until every rank has ended or `bound` has passed (then kills the rest). A rank in
+  // `stuck` (one expected never to end by itself) is killed as soon as every other has ended.
+  std::vector<RankOutcome> wait(std::chrono::milliseconds bound, std::vector<int> stuck = {});
 
  private:
   struct Child {
