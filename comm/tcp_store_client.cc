@@ -34,6 +34,20 @@ constexpr milliseconds kMaxBackoff{100};
 
 enum class Io { kOk, kClosed, kTimeout };
 
+// Waits until `fd` is ready for `events` (a retry follows) or `deadline` passes: kOk, kTimeout,
+// or kClosed with errno.
+Io wait_until_ready(int fd, short events, Clock::time_point deadline, int& error) {
+  pollfd p{fd, events, 0};
+  const int timeout = poll_timeout_ms(deadline);
+  const int ready = ::poll(&p, 1, timeout);
+  if (ready == 0 && timeout == 0) return Io::kTimeout;
+  if (ready < 0 && errno != EINTR) {
+    error = errno;
+    return Io::kClosed;
+  }
+  return Io::kOk;
+}
+
 // Sends all of `data` before `deadline`. kClosed carries errno (0: the peer closed).
 Io send_all(int fd, std::string_view data, Clock::time_point deadline, int& error) {
   while (!data.empty()) {
@@ -47,14 +61,7 @@ Io send_all(int fd, std::string_view data, Clock::time_point deadline, int& erro
       error = errno;
       return Io::kClosed;
     }
-    pollfd p{fd, POLLOUT, 0};
-    const int timeout = poll_timeout_ms(deadline);
-    const int ready = ::poll(&p, 1, timeout);
-    if (ready == 0 && timeout == 0) return Io::kTimeout;
-    if (ready < 0 && errno != EINTR) {
-      error = errno;
-      return Io::kClosed;
-    }
+    if (const Io io = wait_until_ready(fd, POLLOUT, deadline, error); io != Io::kOk) return io;
   }
   return Io::kOk;
 }
@@ -77,14 +84,7 @@ Io recv_exact(int fd, char* out, size_t n, Clock::time_point deadline, int& erro
       error = errno;
       return Io::kClosed;
     }
-    pollfd p{fd, POLLIN, 0};
-    const int timeout = poll_timeout_ms(deadline);
-    const int ready = ::poll(&p, 1, timeout);
-    if (ready == 0 && timeout == 0) return Io::kTimeout;
-    if (ready < 0 && errno != EINTR) {
-      error = errno;
-      return Io::kClosed;
-    }
+    if (const Io io = wait_until_ready(fd, POLLIN, deadline, error); io != Io::kOk) return io;
   }
   return Io::kOk;
 }
