@@ -1,0 +1,82 @@
+// ZeroLayout: how ZeRO-DP packs parameters into flat groups and cuts the groups among ranks.
+//
+// Parameters are packed in the order given into flat groups of at most `max_group_elements`
+// elements; a group holds parameters of one hyper-parameter group only, and a parameter larger
+// than the room left is split across consecutive groups (its pieces are segments). Each group
+// is padded to a multiple of ranks × alignment elements, so that every rank owns an equal,
+// aligned, non-empty slice: rank r owns [r·shard, (r+1)·shard) of every group.
+//
+// The layout is a pure function of its inputs: every rank computes the same one, and a
+// checkpoint records it, so that a checkpoint outlives it (load() at another world size,
+// bucket size or alignment maps logical elements through both layouts).
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+struct ZeroLayoutParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t count = 0;       // product of shape
+  uint32_t adam_group = 0;  // hyper-parameter group
+};
+
+// A run of one parameter's elements inside one flat group.
+struct ZeroSegment {
+  uint32_t param = 0;
+  uint64_t param_offset = 0;  // first element in the parameter
+  uint32_t group = 0;         // flat group
+  uint64_t group_offset = 0;  // first element in the group
+  uint64_t count = 0;
+};
+
+struct ZeroFlatGroup {
+  uint32_t adam_group = 0;
+  uint64_t elements = 0;  // used (the segments')
+  uint64_t padded = 0;    // elements, a multiple of ranks × alignment
+  uint64_t shard = 0;     // padded / ranks: each rank's slice
+  uint32_t first_segment = 0;
+  uint32_t segment_count = 0;
+};
+
+class ZeroLayout {
+ public:
+  ZeroLayout() = default;
+  // InvalidArgument for an empty or duplicated name, a non-positive dimension, a zero count,
+  // ranks or alignment of 0, or a group size smaller than ranks × alignment.
+  static absl::StatusOr<ZeroLayout> plan(std::vector<ZeroLayoutParam> params, uint32_t ranks,
+                                         uint64_t max_group_elements, uint32_t alignment);
+
+  uint32_t ranks() const { return ranks_; }
+  uint32_t alignment() const { return alignment_; }
+  uint64_t max_group_elements() const { return max_group_elements_; }
+  const std::vector<ZeroLayoutParam>& params() const { return params_; }
+  const std::vector<ZeroFlatGroup>& groups() const { return groups_; }
+  const std::vector<ZeroSegment>& segments() const { return segments_; }
+  std::span<const ZeroSegment> group_segments(uint32_t group) const;
+  // The segments of one parameter, in element order.
+  std::vector<ZeroSegment> param_segments(uint32_t param) const;
+  // Rank `rank`'s slice of `group` as segments clipped to it (group_offset relative to the
+  // group, as in segments()); padding is not a segment.
+  std::vector<ZeroSegment> slice_segments(uint32_t group, uint32_t rank) const;
+
+  uint64_t elements() const;         // Σ parameter counts (Ψ)
+  uint64_t padded_elements() const;  // Σ group padded sizes
+  uint64_t shard_elements() const;   // Σ group shards: what one rank's optimizer holds
+
+ private:
+  uint32_t ranks_ = 1;
+  uint32_t alignment_ = 1;
+  uint64_t max_group_elements_ = 0;
+  std::vector<ZeroLayoutParam> params_;
+  std::vector<ZeroFlatGroup> groups_;
+  std::vector<ZeroSegment> segments_;
+};
+
+}  // namespace strata
