@@ -5,6 +5,7 @@
 // read from the store, and the bytes the Communicator moved.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <vector>
 
@@ -193,6 +194,12 @@ TEST_CASE("Model-state bytes and communication follow the ZeRO formulas", "[zero
                         << ", resident in cpu " << after.tiers[cpu].resident);
   INFO("store: gpu " << used_gpu << " cpu " << used_cpu << " buckets " << buckets
                      << "; model states " << model_states << ", formula " << formula);
+  // The figures docs/zero.md quotes.
+  if (my_rank() == 0) {
+    std::printf("zero memory: %u ranks, stage %u, psi %.0f, formula %.0f, store %.0f (gpu %.0f, "
+                "cpu %.0f, buckets %.0f)\n",
+                ranks(), stage, psi, formula, model_states, used_gpu, used_cpu, buckets);
+  }
   CHECK(std::fabs(model_states - formula) <= 0.05 * formula + 18 * padding);
   // The engine's own account agrees with the store's (the arena rounds blocks up a little).
   CHECK(std::fabs(static_cast<double>(memory.model_states()) - model_states) <=
