@@ -368,16 +368,8 @@ absl::Status ZeroEngine::load(const std::string& directory) {
   }
   if (auto st = s.gather_params(); !st.ok()) return s.fail(st);
   if (auto st = s.drop_host_copies(); !st.ok()) return s.fail(st);
-  {
-    MutexLock lock(&s.mu);
-    for (Impl::ParamState& ps : s.param_states) ps.ready = false;
-    for (Impl::Group& g : s.groups) {
-      g.ready = 0;
-      g.completed = 0;
-    }
-    s.counters.micro_steps = 0;
-  }
-  return s.optimizer->zero_grad();
+  // Gradients of micro-steps before the load belong to the old weights.
+  return s.clear_gradients("load()");
 }
 
 absl::Status ZeroEngine::read_state(ZeroParamId id, std::span<float> master,

@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -103,6 +104,8 @@ struct ZeroEngine::Impl {
   absl::Status issue_reduction(uint32_t group, int bucket);
   absl::StatusOr<int> take_bucket(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void wait_for_reductions() ABSL_LOCKS_EXCLUDED(mu);
+  // Drops every gradient since the last step (no reduction may be in flight).
+  absl::Status clear_gradients(std::string_view caller) ABSL_LOCKS_EXCLUDED(mu);
 };
 
 }  // namespace strata

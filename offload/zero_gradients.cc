@@ -212,35 +212,39 @@ absl::Status ZeroEngine::zero_grad() {
   Impl& s = *impl_;
   MutexLock step_lock(&s.step_mu);
   s.wait_for_reductions();
+  if (auto st = s.failure(); !st.ok()) return st;
+  return s.clear_gradients("zero_grad()");
+}
+
+absl::Status ZeroEngine::Impl::clear_gradients(std::string_view caller) {
   {
-    MutexLock lock(&s.mu);
-    if (!s.failed.ok()) return s.failed;
-    for (const Impl::ParamState& ps : s.param_states) {
+    MutexLock lock(&mu);
+    for (const ParamState& ps : param_states) {
       if (ps.acquired) {
         return absl::FailedPreconditionError(
-            "ZeroEngine::zero_grad(): a gradient buffer is still acquired; grad_ready() it first");
+            absl::StrCat("ZeroEngine::", std::string(caller),
+                         ": a gradient buffer is still acquired; grad_ready() it first"));
       }
     }
-    for (Impl::ParamState& ps : s.param_states) ps.ready = false;
-    for (Impl::Group& g : s.groups) {
+    for (ParamState& ps : param_states) ps.ready = false;
+    for (Group& g : groups) {
       g.ready = 0;
       g.completed = 0;
-      if (g.bucket >= 0) s.free_buckets.push_back(g.bucket);
+      if (g.bucket >= 0) free_buckets.push_back(g.bucket);
       g.bucket = -1;
     }
-    s.counters.micro_steps = 0;
+    counters.micro_steps = 0;
   }
-  // Buckets a group held without reducing them have gradients in them.
-  for (uint32_t g = 0; g < s.groups.size(); ++g) {
-    const uint64_t bytes = s.layout.groups()[g].padded * s.grad_bytes;
-    if (s.options.stage == 1) {
-      if (auto st = s.zero_tensor(s.groups[g].grads, bytes); !st.ok()) return st;
+  // Stage 1's gradients and buckets a group held without reducing them have gradients in them.
+  for (uint32_t g = 0; g < groups.size() && options.stage == 1; ++g) {
+    if (auto st = zero_tensor(groups[g].grads, layout.groups()[g].padded * grad_bytes); !st.ok()) {
+      return st;
     }
   }
-  for (TensorHandle b : s.buckets) {
-    if (auto st = s.zero_tensor(b, s.bucket_bytes); !st.ok()) return st;
+  for (TensorHandle b : buckets) {
+    if (auto st = zero_tensor(b, bucket_bytes); !st.ok()) return st;
   }
-  return s.optimizer->zero_grad();
+  return optimizer->zero_grad();
 }
 
 }  // namespace strata
