@@ -260,6 +260,51 @@ TEST_CASE("A damaged ZeRO checkpoint is refused before anything changes", "[zero
   CHECK((*engine)->step().ok());
 }
 
+TEST_CASE("load() drops the gradients of micro-steps taken before it", "[zero]") {
+  const uint32_t stage = GENERATE(1U, 2U);
+  INFO("stage " << stage);
+  TempDir dir("strata-zero-load");
+  const auto model = testing::zero_model();
+  ZeroOptions o = small_options(stage);
+  o.accumulation_steps = 2;
+  struct Run {
+    std::unique_ptr<Runtime> runtime;
+    std::unique_ptr<Stream> stream;
+    std::unique_ptr<ZeroEngine> engine;
+  };
+  auto start = [&] {
+    Run r;
+    r.runtime = *testing::zero_runtime("");
+    r.stream = *r.runtime->device().create_stream();
+    r.engine = *ZeroEngine::create(*r.runtime, lone(), model.params, o);
+    return r;
+  };
+  Run a = start();
+  for (uint32_t micro = 0; micro < 2; ++micro) {
+    REQUIRE(testing::zero_micro_step(*a.engine, *a.stream, model, o.grad_type, 0, micro, 0, false)
+                .ok());
+  }
+  REQUIRE(a.engine->step().ok());
+  REQUIRE(a.engine->save(dir.path() + "/c").ok());
+  // A micro-step whose gradients the load must drop, then a whole step.
+  REQUIRE(testing::zero_micro_step(*a.engine, *a.stream, model, o.grad_type, 7, 0, 0, false).ok());
+  REQUIRE(a.engine->load(dir.path() + "/c").ok());
+  Run b = start();
+  REQUIRE(b.engine->load(dir.path() + "/c").ok());
+  for (Run* r : {&a, &b}) {
+    for (uint32_t micro = 0; micro < 2; ++micro) {
+      REQUIRE(
+          testing::zero_micro_step(*r->engine, *r->stream, model, o.grad_type, 1, micro, 0, false)
+              .ok());
+    }
+    REQUIRE(r->engine->step().ok());
+  }
+  for (uint32_t p = 0; p < model.params.size(); ++p) {
+    CHECK(*testing::zero_param(*a.engine, *a.stream, p) ==
+          *testing::zero_param(*b.engine, *b.stream, p));
+  }
+}
+
 TEST_CASE(
     "A rank killed mid-step fails the others with the Communicator's error; the last "
     "checkpoint loads",
