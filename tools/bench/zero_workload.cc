@@ -459,12 +459,12 @@ int run_zero_workload(const ZeroBenchOptions& o, const cli::FlagSet& flags) {
   if (needed > usable) {
     const uint64_t per_param = std::max<uint64_t>(1, needed / o.optimizer.params);
     return flags.usage_error(absl::StrFormat(
-        "--params=%d: %d ranks on this machine and rank 0's single-rank baseline need about %s "
-        "of host memory together (%d bytes per parameter), more than 80%% of this machine's %s "
+        "--params=%d: %s on this machine and rank 0's single-rank baseline need about %s of "
+        "host memory together (%d bytes per parameter), more than 80%% of this machine's %s "
         "(%s); lower --params to about %dM or less",
-        o.optimizer.params, ranks, format_bytes(needed), per_param,
-        format_bytes(machine.physical_memory_bytes), machine.physical_memory_source,
-        usable / per_param / 1'000'000));
+        o.optimizer.params, ranks == 1 ? "1 rank" : absl::StrFormat("%d ranks", ranks),
+        format_bytes(needed), per_param, format_bytes(machine.physical_memory_bytes),
+        machine.physical_memory_source, usable / per_param / 1'000'000));
   }
   const bool lead = launch.rank == 0;
   std::unique_ptr<FILE, int (*)(FILE*)> json_file(nullptr, &std::fclose);
