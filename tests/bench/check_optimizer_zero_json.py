@@ -45,13 +45,14 @@ def close(a, b, rel=2e-3, abs_tol=4e-6):
     return math.isclose(a, b, rel_tol=rel, abs_tol=abs_tol)
 
 
-def check_sample(obj, where):
+def check_sample(obj, where, ranks):
     missing = SAMPLE_FIELDS - obj.keys()
     assert not missing, f"{where}: fields missing: {missing}"
     assert all(obj[key] >= 0 for key in SAMPLE_FIELDS), f"{where}: {obj}"
-    for key in ("engine_step_seconds", "optimizer_seconds", "adam_seconds", "grad_phase_seconds",
-                "stats_all_reduce_seconds"):
+    for key in ("engine_step_seconds", "optimizer_seconds", "adam_seconds", "grad_phase_seconds"):
         assert obj[key] > 0, f"{where}: {key}: {obj}"
+    # The statistics all-reduce is timed (alone it may round to 0 at 1e-6 s).
+    assert ranks == 1 or obj["stats_all_reduce_seconds"] > 0, f"{where}: {obj}"
     # The engine's step: waiting for reduce-scatters, the optimizer and the gathers are parts of
     # it; the Adam kernels and the statistics all-reduce are parts of the optimizer's time.
     parts = obj["reduce_scatter_wait_seconds"] + obj["optimizer_seconds"] + obj["gather_seconds"]
@@ -92,7 +93,7 @@ def check_zero(zero, ranks, stage, home, single_step):
     slowest = zero["slowest_rank"]
     assert 0 <= slowest < ranks, zero
     assert zero["step_seconds"] in per_rank[slowest]["all_step_seconds"], zero
-    check_sample(zero, "zero")
+    check_sample(zero, "zero", ranks)
     # Communication per step: a reduce-scatter and an all-gather of every padded group (2 bytes
     # an element each way), plus the statistics all-reduce (small); nothing on one rank.
     comm = zero["comm_bytes"]
@@ -110,7 +111,7 @@ def check_zero(zero, ranks, stage, home, single_step):
         assert not missing, f"{where}: fields missing: {missing}"
         assert len(r["all_step_seconds"]) == REPEAT, r
         assert r["step_seconds"] == sorted(r["all_step_seconds"])[(REPEAT - 1) // 2], r
-        check_sample(r, where)
+        check_sample(r, where, ranks)
         assert r["comm_bytes_per_step"] == zero["comm_bytes_per_step"], (r, zero)
         tiers = r["model_state_bytes_by_tier"]
         assert set(tiers) == {"gpu", "cpu", "nvme"}, tiers

@@ -80,6 +80,14 @@ absl::StatusOr<ZeroLayout> plan_layout(const OptimizerOptions& o, int ranks) {
                           defaults.bucket_bytes / dtype_bytes(o.dtype), defaults.alignment);
 }
 
+// Stage 2's buckets: each as large as the largest group (a parameter larger than
+// bucket_bytes gets a group of its own).
+uint64_t bucket_bytes_of(const ZeroLayout& layout, uint64_t d) {
+  uint64_t largest = 0;
+  for (const ZeroFlatGroup& g : layout.groups()) largest = std::max(largest, g.padded);
+  return ZeroOptions().gradient_buckets * largest * d;
+}
+
 // One rank's runtime, for both state homes in turn: the GPU arena holds every flat parameter
 // tensor and stage 1's full gradients (or stage 2's buckets), the CPU tier the slice's states
 // (home CPU), its reduced gradients and parameter copies, and the NVMe staging; the swap space
@@ -87,13 +95,12 @@ absl::StatusOr<ZeroLayout> plan_layout(const OptimizerOptions& o, int ranks) {
 Config ranked_config(const ZeroBenchOptions& o, const Config& base, const ZeroLayout& layout,
                      const std::vector<std::string>& nvme_paths) {
   Config c = base;
-  const ZeroOptions defaults;
   const uint64_t d = dtype_bytes(o.optimizer.dtype);
   const uint64_t padded = layout.padded_elements();
   const uint64_t shard = layout.shard_elements();
   const uint64_t groups = layout.groups().size();
-  const uint64_t payload = 2 * d * padded + defaults.gradient_buckets * defaults.bucket_bytes +
-                           (groups + layout.params().size()) * 2 * 256;
+  const uint64_t payload =
+      2 * d * padded + bucket_bytes_of(layout, d) + (groups + layout.params().size()) * 2 * 256;
   c.gpu_bytes = SizeSetting::of_bytes(
       round_up(payload + payload / 32 + (uint64_t{64} << 20), uint64_t{1} << 20));
   const uint64_t slack = groups * 8 * kPage + kTierSlack;
@@ -112,12 +119,10 @@ Config ranked_config(const ZeroBenchOptions& o, const Config& base, const ZeroLa
 // beside it.
 uint64_t host_bytes_needed(const ZeroBenchOptions& o, const ZeroLayout& layout, int ranks,
                            bool host_arena) {
-  const ZeroOptions defaults;
   const uint64_t d = dtype_bytes(o.optimizer.dtype);
   const uint64_t n = o.optimizer.params;
-  const uint64_t arena = host_arena ? 2 * d * layout.padded_elements() +
-                                          defaults.gradient_buckets * defaults.bucket_bytes
-                                    : 0;
+  const uint64_t arena =
+      host_arena ? 2 * d * layout.padded_elements() + bucket_bytes_of(layout, d) : 0;
   // The fp32 initial values of the largest tensor (16 Mi elements at most), during create().
   const uint64_t initial = 4 * std::min<uint64_t>(n, uint64_t{1} << 24);
   const uint64_t rank =
