@@ -13,7 +13,9 @@
 // (bench/train_step.cc, docs/train-step.md).
 // --workload=optimizer times OffloadOptimizer::step() for --params parameters against the
 // memory-bandwidth floor, a naive scalar loop and, with STRATA_NVME_PATHS, the NVMe bound
-// (bench/optimizer_workload.cc, docs/bench.md).
+// (bench/optimizer_workload.cc, docs/bench.md). Under strata-run -n N (or with --zero-stage) it
+// times the ZeRO-DP partitioned step (ZeroEngine) per rank against the single-rank step / N
+// instead (bench/zero_workload.cc).
 // --workload=collective, under strata-run -n N (or alone), times strata's collectives
 // (all_gather, reduce_scatter, all_reduce, broadcast) per --tensor-bytes size against Gloo called
 // directly in the same run (bench/collective_workload.cc, docs/bench.md).
@@ -43,6 +45,7 @@
 #include "bench/store_paths.h"
 #include "bench/train_step.h"
 #include "bench/tune.h"
+#include "bench/zero_workload.h"
 #include "cli.h"
 #include "strata/base/size.h"
 #include "strata/config/config.h"
@@ -212,7 +215,9 @@ int run(int argc, const char* const* argv) {
       "max(compute, bytes / measured link bandwidth).\n"
       "--workload=optimizer times the CPU optimizer step (OffloadOptimizer::step()) for --params "
       "parameters against the memory-bandwidth floor measured in the same run, a naive scalar "
-      "loop and, when STRATA_NVME_PATHS is set, states on NVMe against the raw NVMe bound.\n"
+      "loop and, when STRATA_NVME_PATHS is set, states on NVMe against the raw NVMe bound. Under "
+      "strata-run -n N (or with --zero-stage) it times the ZeRO-DP partitioned step per rank "
+      "against the single-rank step / N instead.\n"
       "--workload=collective, run under strata-run -n N (or alone), times strata's all_gather, "
       "reduce_scatter, all_reduce and broadcast for each --tensor-bytes size (default 64KiB to "
       "64MiB; --bytes per sample, default 64MiB) against Gloo called directly, alternated in "
@@ -292,6 +297,7 @@ int run(int argc, const char* const* argv) {
   };
   OptimizerOptions optimizer;
   std::string params_text = "32M";  // OptimizerOptions::params
+  uint64_t zero_stage = 0;          // not given
   // Only meaningful with --workload=optimizer; checked below.
   const std::vector<cli::Flag*> optimizer_flags = {
       &flags.add_string("params", &params_text,
@@ -300,6 +306,10 @@ int run(int argc, const char* const* argv) {
       &flags.add_enum("dtype", &optimizer.dtype, {"fp16", "bf16", "fp32"},
                       "optimizer: dtype of the gradients and the parameter copies (fp32 master "
                       "weights and moments either way)"),
+      &flags.add_uint64("zero-stage", &zero_stage,
+                        "optimizer: time the ZeRO-DP partitioned step (ZeroEngine) at this stage, "
+                        "1 (optimizer states) or 2 (gradients too), against the single-rank step "
+                        "/ ranks; the default under strata-run -n N with N > 1 is 2"),
   };
   std::vector<std::string> positional;
   if (auto exit_code = flags.parse_or_exit(argc, argv, &positional)) return *exit_code;
@@ -357,6 +367,16 @@ int run(int argc, const char* const* argv) {
     }
     optimizer.repeat = options.repeat;
     if (auto error = validate(optimizer)) return flags.usage_error(*error);
+    const bool zero_given = optimizer_flags.back()->was_set();
+    if (zero_workload_wanted(zero_given)) {
+      ZeroBenchOptions zero{.optimizer = optimizer, .json = options.json};
+      if (zero_given) {
+        if (auto error = parse_zero_stage(zero_stage, &zero.stage)) {
+          return flags.usage_error(*error);
+        }
+      }
+      return run_zero_workload(zero, flags);
+    }
     return run_optimizer_workload(optimizer, options.json, flags);
   }
   if (workload == "train-step") {

@@ -59,6 +59,11 @@ std::string count_text(double count) {
 
 }  // namespace
 
+std::string optimizer_stats_json(const OptimizerStepRun& run) { return stats_json(run); }
+std::string optimizer_all_seconds_json(const OptimizerStepRun& run) {
+  return all_seconds_json(run);
+}
+
 void print_optimizer(const OptimizerReport& r, std::ostream& out) {
   const OptimizerOptions& o = r.options;
   const auto n = static_cast<double>(o.params);

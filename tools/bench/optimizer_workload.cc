@@ -365,6 +365,19 @@ int fail(const absl::Status& status) {
 
 }  // namespace
 
+std::vector<uint64_t> optimizer_tensor_counts(uint64_t params) { return tensor_counts(params); }
+
+absl::StatusOr<OptimizerStepRun> run_single_rank_steps(const OptimizerOptions& o,
+                                                       const Config& base, TierKind home,
+                                                       const std::vector<std::string>& nvme_paths,
+                                                       OptimizerReport& report,
+                                                       std::ostream& human) {
+  report.tensors = tensor_counts(o.params).size();
+  if (home == TierKind::kNvme && !report.nvme.has_value()) report.nvme.emplace();
+  return run_steps(o, sized_config(o, base, home, nvme_paths, report.tensors), home, report, human,
+                   nullptr);
+}
+
 std::optional<std::string> parse_param_count(const std::string& text, uint64_t* out) {
   const std::string usage = "--params: '" + text +
                             "' is not a parameter count: use digits with an optional K, M or G "

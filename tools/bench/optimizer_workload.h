@@ -15,12 +15,16 @@
 //     (bench/raw_io.h) over the same directories.
 #pragma once
 
+#include <absl/status/statusor.h>
+
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "cli.h"
+#include "strata/config/config.h"
 #include "strata/offload/offload_optimizer.h"
 
 namespace strata::bench {
@@ -107,5 +111,22 @@ int run_optimizer_workload(const OptimizerOptions& options, const std::string& j
 void print_optimizer(const OptimizerReport& report, std::ostream& out);
 // The value of the "optimizer" key of offload-bench's JSON document.
 std::string optimizer_json(const OptimizerReport& report);
+
+// Shared with the ranked workload (bench/zero_workload.h).
+// Element counts of the tensors --params is split into (at most 16 Mi elements each, as equal as
+// possible).
+std::vector<uint64_t> optimizer_tensor_counts(uint64_t params);
+// The single-rank step as this workload times it (a Runtime sized to --params from `base`, an
+// OffloadOptimizer with states at `home`, one warm-up step, then --repeat timed ones), without
+// the floor's passes beside the steps. Fills report.notes, and report.config and report.device
+// for kCpu; `nvme_paths` is used for kNvme only.
+absl::StatusOr<OptimizerStepRun> run_single_rank_steps(const OptimizerOptions& options,
+                                                       const Config& base, TierKind home,
+                                                       const std::vector<std::string>& nvme_paths,
+                                                       OptimizerReport& report,
+                                                       std::ostream& human);
+// `run`'s "stats" object and its "all_step_seconds" array, as in optimizer_json().
+std::string optimizer_stats_json(const OptimizerStepRun& run);
+std::string optimizer_all_seconds_json(const OptimizerStepRun& run);
 
 }  // namespace strata::bench
