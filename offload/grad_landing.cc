@@ -208,6 +208,9 @@ absl::Status OffloadOptimizer::grad_written(ParamId param) {
   auto grad = store.acquire(p->grad_host, p->grad_tier, *s.d2h_stream, AccessMode::kRead);
   if (!grad.ok()) {
     stats = grad.status();
+  } else if (auto synced = s.runtime.device().synchronize(*s.d2h_stream); !synced.ok()) {
+    stats = synced;  // the host reads it: a copy into that tier must have landed
+    (void)store.release(p->grad_host, *s.d2h_stream);
   } else {
     stats = grad_stats_with(s.options.isa, static_cast<const std::byte*>(*grad) + p->grad_offset,
                             p->grad_type, p->count, 1.0F);

@@ -26,8 +26,17 @@ uint64_t since_ns(absl::Time start) {
 // in flat order, so each parameter is acquired once per step.
 class OpenParam {
  public:
-  OpenParam(TensorStore& store, Stream& stream, const std::vector<Param>& params, bool cpu_states)
-      : store_(store), stream_(stream), params_(params), cpu_states_(cpu_states) {}
+  // A gradient read in place from a tier other than the CPU's (GradSource::kView) is acquired on
+  // `view_stream`, which is synchronized before the host reads it: its copy into that tier may
+  // still be running (the CPU tier's acquire waits by itself).
+  OpenParam(Device& device, TensorStore& store, Stream& stream, Stream& view_stream,
+            const std::vector<Param>& params, bool cpu_states)
+      : device_(device),
+        store_(store),
+        stream_(stream),
+        view_stream_(view_stream),
+        params_(params),
+        cpu_states_(cpu_states) {}
   ~OpenParam() { (void)close(); }
 
   // Acquires `param`'s GPU copy (written by the H2D copies), its landed gradient and, with
@@ -43,19 +52,24 @@ class OpenParam {
       TierKind tier;
       AccessMode mode;
       void** out;
+      Stream* stream;
     };
-    std::vector<Want> wants = {{p.grad_host, p.grad_tier, AccessMode::kRead, &grad_},
-                               {p.param, TierKind::kGpu, AccessMode::kWrite, &gpu_}};
+    Stream* grad_stream = p.grad_tier == TierKind::kCpu ? &stream_ : &view_stream_;
+    std::vector<Want> wants = {{p.grad_host, p.grad_tier, AccessMode::kRead, &grad_, grad_stream},
+                               {p.param, TierKind::kGpu, AccessMode::kWrite, &gpu_, &stream_}};
     if (cpu_states_) {
-      wants.push_back({p.master, TierKind::kCpu, AccessMode::kWrite, &master_});
-      wants.push_back({p.exp_avg, TierKind::kCpu, AccessMode::kWrite, &exp_avg_});
-      wants.push_back({p.exp_avg_sq, TierKind::kCpu, AccessMode::kWrite, &exp_avg_sq_});
+      wants.push_back({p.master, TierKind::kCpu, AccessMode::kWrite, &master_, &stream_});
+      wants.push_back({p.exp_avg, TierKind::kCpu, AccessMode::kWrite, &exp_avg_, &stream_});
+      wants.push_back({p.exp_avg_sq, TierKind::kCpu, AccessMode::kWrite, &exp_avg_sq_, &stream_});
     }
     for (const Want& w : wants) {
-      auto data = store_.acquire(w.tensor, w.tier, stream_, w.mode);
+      auto data = store_.acquire(w.tensor, w.tier, *w.stream, w.mode);
       if (!data.ok()) return data.status();
       *w.out = *data;
-      held_.push_back(w.tensor);
+      held_.push_back({w.tensor, w.stream});
+    }
+    if (grad_stream != &stream_) {
+      if (auto st = device_.synchronize(*grad_stream); !st.ok()) return st;
     }
     grad_ = static_cast<std::byte*>(grad_) + p.grad_offset;
     gpu_ = static_cast<std::byte*>(gpu_) + p.param_offset;
@@ -66,7 +80,8 @@ class OpenParam {
   absl::Status close() {
     absl::Status status;
     while (!held_.empty()) {
-      if (auto st = store_.release(held_.back(), stream_); !st.ok() && status.ok()) status = st;
+      const auto [tensor, stream] = held_.back();
+      if (auto st = store_.release(tensor, *stream); !st.ok() && status.ok()) status = st;
       held_.pop_back();
     }
     open_ = false;
@@ -80,13 +95,15 @@ class OpenParam {
   float* exp_avg_sq() const { return static_cast<float*>(exp_avg_sq_); }
 
  private:
+  Device& device_;
   TensorStore& store_;
   Stream& stream_;
+  Stream& view_stream_;
   const std::vector<Param>& params_;
   const bool cpu_states_;
   bool open_ = false;
   uint32_t param_ = 0;
-  std::vector<TensorHandle> held_;
+  std::vector<std::pair<TensorHandle, Stream*>> held_;
   void* grad_ = nullptr;
   void* gpu_ = nullptr;
   void* master_ = nullptr;
@@ -160,7 +177,8 @@ static absl::Status step_cpu_states(OffloadOptimizer::Impl& s, const StepPlan& p
     MutexLock lock(&s.state_mu);
     s.counters.peak_staging_chunks = std::max<uint64_t>(s.counters.peak_staging_chunks, 2);
   }
-  OpenParam open(s.runtime.store(), *s.h2d_stream, plan.params, /*cpu_states=*/true);
+  OpenParam open(device, s.runtime.store(), *s.h2d_stream, *s.d2h_stream, plan.params,
+                 /*cpu_states=*/true);
   absl::Status status;
   for (uint64_t k = 0; k < chunks.size() && status.ok(); ++k) {
     const uint32_t slot = k % 2;
@@ -232,7 +250,8 @@ static absl::Status step_nvme_states(OffloadOptimizer::Impl& s, const StepPlan& 
     f->pieces = std::move(pieces);
     flights.push_back(std::move(f));
   }
-  OpenParam open(s.runtime.store(), *s.h2d_stream, plan.params, /*cpu_states=*/false);
+  OpenParam open(device, s.runtime.store(), *s.h2d_stream, *s.d2h_stream, plan.params,
+                 /*cpu_states=*/false);
   uint64_t leases_out = 0;
   uint64_t held = 0;
   auto issue_read = [&](Flight& f) -> absl::Status {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 
 #include "optimizer_impl.h"
 #include "strata/base/mutex.h"
@@ -79,6 +80,11 @@ absl::Status ZeroEngine::Impl::zero_tensor(TensorHandle tensor, uint64_t bytes) 
   TensorStore& store = runtime.store();
   auto data = store.acquire(tensor, host_tier, *gather_stream, AccessMode::kWrite);
   if (!data.ok()) return data.status();
+  // The host writes: a copy into this tier (a fetch) must not land on top of the zeros.
+  if (auto st = runtime.device().synchronize(*gather_stream); !st.ok()) {
+    (void)store.release(tensor, *gather_stream);
+    return st;
+  }
   std::memset(*data, 0, bytes);
   return store.release(tensor, *gather_stream);
 }
@@ -211,6 +217,7 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
     }
     auto data = store.acquire(group.params, host_tier, *gather_stream, AccessMode::kWrite);
     if (!data.ok()) return data.status();
+    if (auto st = runtime.device().synchronize(*gather_stream); !st.ok()) return st;
     round_master(initial.data(), options.param_type, *data, fg.padded);
     if (auto st = store.release(group.params, *gather_stream); !st.ok()) return st;
 
@@ -346,19 +353,37 @@ absl::StatusOr<GradStatistics> ZeroEngine::Impl::combine(const GradStatistics& l
 }
 
 absl::Status ZeroEngine::Impl::gather_params() {
+  // At most two groups held in comm_tier at once (one gathering while the next is issued): the
+  // model's parameters need not fit in the GPU arena together.
+  constexpr size_t kInFlight = 2;
   TensorStore& store = runtime.store();
   const DataType type = comm_type(options.param_type);
-  std::vector<std::unique_ptr<CollectiveWork>> works;
-  std::vector<TensorHandle> held;
+  struct Gather {
+    TensorHandle tensor;
+    std::unique_ptr<CollectiveWork> work;
+  };
+  std::deque<Gather> in_flight;
   absl::Status status;
+  // Waits for the oldest gather, then lets its tensor go.
+  const auto retire = [&] {
+    Gather& oldest = in_flight.front();
+    if (oldest.work != nullptr) {
+      if (auto st = oldest.work->wait(); !st.ok() && status.ok()) status = st;
+    }
+    if (auto st = store.release(oldest.tensor, *gather_stream); !st.ok() && status.ok()) {
+      status = st;
+    }
+    in_flight.pop_front();
+  };
   for (uint32_t g = 0; g < groups.size() && status.ok(); ++g) {
+    if (in_flight.size() == kInFlight) retire();
     const ZeroFlatGroup& fg = layout.groups()[g];
     auto data = store.acquire(groups[g].params, comm_tier, *gather_stream, AccessMode::kWrite);
     if (!data.ok()) {
       status = data.status();
       break;
     }
-    held.push_back(groups[g].params);
+    in_flight.push_back(Gather{groups[g].params, nullptr});
     auto* base = static_cast<std::byte*>(*data);
     auto co = collective_options(*gather_stream);
     if (!co.ok()) {
@@ -371,17 +396,12 @@ absl::Status ZeroEngine::Impl::gather_params() {
       status = work.status();
       break;
     }
-    works.push_back(*std::move(work));
+    in_flight.back().work = *std::move(work);
     MutexLock lock(&mu);
     ++counters.all_gathers;
   }
   // Every issued gather is waited for before its tensor is released.
-  for (auto& w : works) {
-    if (auto st = w->wait(); !st.ok() && status.ok()) status = st;
-  }
-  for (TensorHandle t : held) {
-    if (auto st = store.release(t, *gather_stream); !st.ok() && status.ok()) status = st;
-  }
+  while (!in_flight.empty()) retire();
   return status;
 }
 

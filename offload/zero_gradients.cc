@@ -196,6 +196,11 @@ absl::Status ZeroEngine::Impl::land(Reduction& r) {
   // next group (the rest of it holds what the reduce-scatter left).
   auto data = store.acquire(r.tensor, host_tier, *comm_stream, AccessMode::kWrite);
   if (!data.ok()) return data.status();
+  // The host reads and zeroes it: a copy into host_tier must have landed.
+  if (auto st = runtime.device().synchronize(*comm_stream); !st.ok()) {
+    (void)store.release(r.tensor, *comm_stream);
+    return st;
+  }
   auto* base = static_cast<std::byte*>(*data);
   status = optimizer->land_grad(shard, base + static_cast<uint64_t>(rank) * fg.shard * grad_bytes);
   std::memset(base, 0, fg.padded * grad_bytes);
