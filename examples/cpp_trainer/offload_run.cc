@@ -29,10 +29,12 @@ struct OwnedTensors {
 // The home bytes of the parameter and gradient tensors and of the optimizer's own tensors (its
 // gradient landing buffer "<name>.grad.host" and, with states in the CPU tier, "<name>.master",
 // ".exp_avg", ".exp_avg_sq"), from the store's record. States on NVMe are not store tensors:
-// they count as 12 bytes per parameter (master and two moments) in the NVMe tier.
+// they count as what the swap space holds, as ZeroEngine::memory() counts them: two slots of
+// master and moments (12 bytes an element) per chunk of the optimizer.
 absl::StatusOr<ModelStateBytes> model_state_bytes(strata::TensorStore& store,
                                                   const std::vector<strata::TensorHandle>& own,
                                                   const std::vector<std::string>& names,
+                                                  const strata::OffloadOptimizer& optimizer,
                                                   strata::TierKind states) {
   ModelStateBytes bytes;
   std::vector<strata::TensorHandle> tensors = own;
@@ -53,9 +55,9 @@ absl::StatusOr<ModelStateBytes> model_state_bytes(strata::TensorStore& store,
     bytes.by_tier[static_cast<size_t>(info->home)] += info->bytes;
   }
   if (states == strata::TierKind::kNvme) {
-    uint64_t elements = 0;
-    for (const Layer& l : kLayers) elements += layer_params(l);
-    bytes.by_tier[static_cast<size_t>(strata::TierKind::kNvme)] += 12 * elements;
+    const strata::OffloadOptimizerStats o = optimizer.stats();
+    bytes.by_tier[static_cast<size_t>(strata::TierKind::kNvme)] +=
+        2 * 12 * o.chunks * o.chunk_elements;
   }
   return bytes;
 }
@@ -185,7 +187,7 @@ absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, con
   }
   result.nvme_read = optimizer.stats().nvme_bytes_read;
   result.nvme_written = optimizer.stats().nvme_bytes_written;
-  auto bytes = model_state_bytes(store, owned.tensors, names, args.states);
+  auto bytes = model_state_bytes(store, owned.tensors, names, optimizer, args.states);
   if (!bytes.ok()) return bytes.status();
   result.model_states = *bytes;
   result.every_rank_moved = result.moved_bytes > 0;

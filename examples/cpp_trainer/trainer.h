@@ -40,7 +40,6 @@ struct ModelStateBytes {
 struct RunResult {
   int rank = 0;
   int ranks = 1;
-  std::string backend;  // "" at stage 0, else the communicator's description
   std::vector<float> losses;
   Weights weights;
   uint64_t moved_bytes = 0;                  // between tiers, this rank's store

@@ -133,7 +133,7 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
     std::fprintf(human,
                  "cpp_trainer: ZeRO stage %u on %d rank(s) (%s), %.1f KiB of parameters in %zu "
                  "groups (buckets of %.1f KiB), GPU arena %.1f KiB, states on %s\n",
-                 args.zero_stage, ranks, comm.description().c_str(),
+                 args.zero_stage, ranks, std::string(strata::to_string(comm.backend())).c_str(),
                  static_cast<double>(layout.elements() * 4) / 1024, layout.groups().size(),
                  static_cast<double>(args.bucket_bytes) / 1024,
                  static_cast<double>(rt.gpu().capacity()) / 1024,
@@ -212,7 +212,6 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   RunResult result;
   result.rank = rank;
   result.ranks = ranks;
-  result.backend = comm.description();
   const strata::ZeroStats stats = engine.stats();
   result.comm_bytes_per_step = stats.last_step_comm_bytes;
   const strata::ZeroMemory memory = engine.memory();
