@@ -3,6 +3,7 @@
 #include <absl/strings/str_format.h>
 
 #include <cmath>
+#include <cstdlib>
 
 namespace cpp_trainer {
 
@@ -41,6 +42,15 @@ std::string json_number(double v) {
   return absl::StrFormat("%.9g", v);
 }
 
+std::string json_number(float v) {
+  if (!std::isfinite(v)) return "null";
+  for (int digits = 6; digits < 9; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, v);
+    if (std::strtof(text.c_str(), nullptr) == v) return text;
+  }
+  return absl::StrFormat("%.9g", v);
+}
+
 std::string json_number(uint64_t v) { return absl::StrFormat("%d", v); }
 
 JsonObject& JsonObject::raw(std::string_view key, std::string value) {
@@ -48,7 +58,7 @@ JsonObject& JsonObject::raw(std::string_view key, std::string value) {
   return *this;
 }
 
-JsonObject& JsonObject::add(std::string_view key, const std::vector<double>& values) {
+JsonObject& JsonObject::add(std::string_view key, const std::vector<float>& values) {
   std::string array = "[";
   for (size_t i = 0; i < values.size(); ++i) {
     if (i > 0) array += ", ";

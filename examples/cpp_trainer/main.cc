@@ -74,7 +74,6 @@ struct FileCloser {
 };
 
 JsonObject report_json(const Args& args, const RunResult& r, double worst) {
-  std::vector<double> losses(r.losses.begin(), r.losses.end());
   JsonObject bytes;
   bytes.add("gpu", r.model_states.by_tier[static_cast<size_t>(strata::TierKind::kGpu)])
       .add("cpu", r.model_states.by_tier[static_cast<size_t>(strata::TierKind::kCpu)])
@@ -85,9 +84,9 @@ JsonObject report_json(const Args& args, const RunResult& r, double worst) {
       .add("stage", static_cast<uint64_t>(args.zero_stage))
       .add("steps", static_cast<uint64_t>(args.steps))
       .add("accumulation", static_cast<uint64_t>(args.accumulation))
-      .add("losses", losses)
-      .add("final_loss", losses.empty() ? 0.0 : losses.back())
-      .add("max_loss", static_cast<double>(args.max_loss))
+      .add("losses", r.losses)
+      .add("final_loss", r.losses.empty() ? 0.0F : r.losses.back())
+      .add("max_loss", args.max_loss)
       .add("max_weight_difference", worst)
       .add("tolerance", args.tolerance)
       .add("max_replica_difference", r.replica_difference)

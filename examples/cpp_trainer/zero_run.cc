@@ -130,14 +130,15 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   }
   const strata::ZeroLayout& layout = engine.layout();
   if (human != nullptr) {
-    std::fprintf(human,
-                 "cpp_trainer: ZeRO stage %u on %d rank(s) (%s), %.1f KiB of parameters in %zu "
-                 "groups (buckets of %.1f KiB), GPU arena %.1f KiB, states on %s\n",
-                 args.zero_stage, ranks, std::string(strata::to_string(comm.backend())).c_str(),
-                 static_cast<double>(layout.elements() * 4) / 1024, layout.groups().size(),
-                 static_cast<double>(args.bucket_bytes) / 1024,
-                 static_cast<double>(rt.gpu().capacity()) / 1024,
-                 std::string(strata::to_string(args.states)).c_str());
+    std::fprintf(
+        human,
+        "cpp_trainer: ZeRO stage %u on %d rank(s) (%s), %.1f KiB of parameters in %zu "
+        "groups (of at most %.1f KiB, or one larger parameter), GPU arena %.1f KiB, states on %s\n",
+        args.zero_stage, ranks, std::string(strata::to_string(comm.backend())).c_str(),
+        static_cast<double>(layout.elements() * 4) / 1024, layout.groups().size(),
+        static_cast<double>(args.bucket_bytes) / 1024,
+        static_cast<double>(rt.gpu().capacity()) / 1024,
+        std::string(strata::to_string(args.states)).c_str());
     std::fflush(human);  // the header shows once training starts, also through a pipe
   }
 
