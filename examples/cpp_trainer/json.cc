@@ -1,0 +1,82 @@
+#include "json.h"
+
+#include <absl/strings/str_format.h>
+
+#include <cmath>
+#include <cstdlib>
+
+namespace cpp_trainer {
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+        } else {
+          out += c;  // UTF-8 passes through
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.9g", v);
+}
+
+std::string json_number(float v) {
+  if (!std::isfinite(v)) return "null";
+  for (int digits = 6; digits < 9; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, v);
+    if (std::strtof(text.c_str(), nullptr) == v) return text;
+  }
+  return absl::StrFormat("%.9g", v);
+}
+
+std::string json_number(uint64_t v) { return absl::StrFormat("%d", v); }
+
+JsonObject& JsonObject::raw(std::string_view key, std::string value) {
+  fields_.emplace_back(json_string(key), std::move(value));
+  return *this;
+}
+
+JsonObject& JsonObject::add(std::string_view key, const std::vector<float>& values) {
+  std::string array = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) array += ", ";
+    array += json_number(values[i]);
+  }
+  return raw(key, array + "]");
+}
+
+std::string JsonObject::str(int indent) const {
+  if (fields_.empty()) return "{}";
+  const std::string pad(static_cast<size_t>(indent), ' ');
+  const char* sep = indent > 0 ? ",\n" : ", ";
+  std::string out = indent > 0 ? "{\n" : "{";
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    if (i > 0) out += sep;
+    out += pad + fields_[i].first + ": " + fields_[i].second;
+  }
+  return out + (indent > 0 ? "\n}" : "}");
+}
+
+}  // namespace cpp_trainer

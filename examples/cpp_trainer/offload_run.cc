@@ -1,0 +1,197 @@
+// --zero-stage=0: one rank. Each layer's parameters and gradient are a store tensor homed in the
+// CPU tier, computed on through the GPU arena (smaller than the model), and stepped by an
+// OffloadOptimizer whose AdamW states live on NVMe or in the CPU tier.
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+#include <algorithm>
+#include <string>
+
+#include "strata/offload/offload_optimizer.h"
+#include "trainer.h"
+
+namespace cpp_trainer {
+namespace {
+
+absl::Status annotate(const absl::Status& st, const std::string& what) {
+  return st.ok() ? st : absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
+}
+
+// Destroys the tensors when the run ends (after the optimizer, declared later, is gone).
+struct OwnedTensors {
+  strata::TensorStore& store;
+  std::vector<strata::TensorHandle> tensors;
+  ~OwnedTensors() {
+    for (auto t : tensors) (void)store.destroy(t);
+  }
+};
+
+// The home bytes of the parameter and gradient tensors and of the optimizer's own tensors (its
+// gradient landing buffer "<name>.grad.host" and, with states in the CPU tier, "<name>.master",
+// ".exp_avg", ".exp_avg_sq"), from the store's record. States on NVMe are not store tensors:
+// they count as what the swap space holds, as ZeroEngine::memory() counts them: two slots of
+// master and moments (12 bytes an element) per chunk of the optimizer.
+absl::StatusOr<ModelStateBytes> model_state_bytes(strata::TensorStore& store,
+                                                  const std::vector<strata::TensorHandle>& own,
+                                                  const std::vector<std::string>& names,
+                                                  const strata::OffloadOptimizer& optimizer,
+                                                  strata::TierKind states) {
+  ModelStateBytes bytes;
+  std::vector<strata::TensorHandle> tensors = own;
+  std::vector<const char*> suffixes = {".grad.host"};
+  if (states == strata::TierKind::kCpu) {
+    suffixes.insert(suffixes.end(), {".master", ".exp_avg", ".exp_avg_sq"});
+  }
+  for (const std::string& name : names) {
+    for (const char* suffix : suffixes) {
+      auto t = store.find(absl::StrCat(name, suffix));
+      if (!t.ok()) return annotate(t.status(), "the optimizer's tensors");
+      tensors.push_back(*t);
+    }
+  }
+  for (auto t : tensors) {
+    auto info = store.info(t);
+    if (!info.ok()) return info.status();
+    bytes.by_tier[static_cast<size_t>(info->home)] += info->bytes;
+  }
+  if (states == strata::TierKind::kNvme) {
+    const strata::OffloadOptimizerStats o = optimizer.stats();
+    bytes.by_tier[static_cast<size_t>(strata::TierKind::kNvme)] +=
+        2 * 12 * o.chunks * o.chunk_elements;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, const Weights& init,
+                                      const Weights& teacher, std::FILE* human) {
+  strata::TensorStore& store = rt.store();
+  strata::Device& device = rt.device();
+  // The maths runs on the host: on the host backend the GPU tier is host memory.
+  const strata::TierKind compute_tier = rt.config().backend == strata::Backend::kHost
+                                            ? strata::TierKind::kGpu
+                                            : strata::TierKind::kCpu;
+  auto stream_or = device.create_stream();
+  if (!stream_or.ok()) return annotate(stream_or.status(), "creating a stream");
+  strata::Stream& stream = **stream_or;
+
+  OwnedTensors owned{store, {}};
+  strata::OffloadOptimizerOptions options;
+  options.state_home = args.states;
+  options.defaults.lr = kLr;
+  options.defaults.weight_decay = kWeightDecay;
+  auto optimizer_or = strata::OffloadOptimizer::create(rt, options);
+  if (!optimizer_or.ok()) return optimizer_or.status();
+  strata::OffloadOptimizer& optimizer = **optimizer_or;
+
+  std::vector<strata::TensorHandle> params, grads;
+  std::vector<strata::ParamId> ids;
+  std::vector<std::string> names;
+  uint64_t model_bytes = 0;
+  for (int k = 0; k < kDepth; ++k) {
+    const uint64_t n = layer_params(kLayers[k]);
+    const std::string name = absl::StrFormat("layer%d", k);
+    auto p = store.create(name, n * 4, strata::TierKind::kCpu);
+    if (p.ok()) owned.tensors.push_back(*p);
+    auto g = store.create(name + ".grad", n * 4, strata::TierKind::kCpu);
+    if (g.ok()) owned.tensors.push_back(*g);
+    if (!p.ok() || !g.ok()) {
+      return annotate(p.ok() ? g.status() : p.status(), absl::StrCat("creating layer ", k));
+    }
+    strata::ParamSpec spec;
+    spec.name = name;
+    spec.param = *p;
+    spec.grad = *g;
+    spec.param_type = strata::ParamType::kF32;
+    spec.grad_type = strata::GradType::kF32;
+    spec.count = n;
+    spec.initial_master = init[k];
+    auto id = optimizer.add_param(spec);
+    if (!id.ok()) return id.status();
+    params.push_back(*p);
+    grads.push_back(*g);
+    ids.push_back(*id);
+    names.push_back(name);
+    model_bytes += 2 * n * 4;
+  }
+  if (human != nullptr) {
+    std::fprintf(
+        human,
+        "cpp_trainer: %.1f KiB of parameters and gradients, GPU arena %.1f KiB, states on %s\n",
+        static_cast<double>(model_bytes) / 1024, static_cast<double>(rt.gpu().capacity()) / 1024,
+        std::string(strata::to_string(args.states)).c_str());
+    std::fflush(human);  // the header shows once training starts, also through a pipe
+  }
+
+  auto acquire = [&](strata::TensorHandle t, strata::AccessMode mode) -> absl::StatusOr<float*> {
+    auto data = store.acquire(t, compute_tier, stream, mode);
+    if (!data.ok()) return annotate(data.status(), "acquire");
+    if (auto st = device.synchronize(stream); !st.ok()) return annotate(st, "synchronize");
+    return static_cast<float*>(*data);
+  };
+
+  RunResult result;
+  const float denominator = static_cast<float>(kBatch * kLayers[kDepth - 1].out);
+  std::mt19937 data_rng(3);
+  for (int step = 1; step <= args.steps; ++step) {
+    const std::string at = absl::StrFormat("step %d", step);
+    const Batch batch = make_batch(data_rng, teacher);
+    store.step_begin();
+    double squared_error = 0;
+    for (uint32_t micro = 0; micro < args.accumulation; ++micro) {
+      const SampleRange r = samples(0, 1, micro, args.accumulation);
+      const Batch mb = args.accumulation == 1 ? batch : slice(batch, r.first, r.count);
+      std::vector<std::vector<float>> acts = {mb.x};
+      for (int k = 0; k < kDepth; ++k) {  // forward
+        auto w = acquire(params[k], strata::AccessMode::kRead);
+        if (!w.ok()) return annotate(w.status(), at);
+        std::vector<float> y;
+        forward_layer(kLayers[k], *w, *w + weight_count(kLayers[k]), k == kDepth - 1, r.count,
+                      acts.back(), y);
+        acts.push_back(std::move(y));
+        if (auto st = store.release(params[k], stream); !st.ok()) return annotate(st, at);
+      }
+      std::vector<float> dy;
+      squared_error += squared_error_and_grad(acts.back(), mb.y, denominator, dy);
+      for (int k = kDepth - 1; k >= 0; --k) {  // backward; each gradient goes at once
+        auto w = acquire(params[k], strata::AccessMode::kRead);
+        if (!w.ok()) return annotate(w.status(), at);
+        auto g = acquire(grads[k], strata::AccessMode::kWrite);
+        if (!g.ok()) return annotate(g.status(), at);
+        std::vector<float> dx;
+        backward_layer(kLayers[k], *w, k == kDepth - 1, r.count, acts[k], acts[k + 1], dy, *g,
+                       *g + weight_count(kLayers[k]), dx);
+        dy.swap(dx);
+        if (auto st = store.release(grads[k], stream); !st.ok()) return annotate(st, at);
+        if (auto st = store.release(params[k], stream); !st.ok()) return annotate(st, at);
+        if (auto st = optimizer.grad_ready(ids[k], stream); !st.ok()) {
+          return annotate(st, at + ": grad_ready");
+        }
+      }
+    }
+    auto stepped = optimizer.step();
+    if (!stepped.ok()) return annotate(stepped.status(), at + ": optimizer step");
+    store.step_end();
+    result.losses.push_back(static_cast<float>(squared_error / static_cast<double>(denominator)));
+  }
+
+  for (int k = 0; k < kDepth; ++k) {
+    auto w = acquire(params[k], strata::AccessMode::kRead);
+    if (!w.ok()) return annotate(w.status(), "reading the final weights");
+    result.weights.emplace_back(*w, *w + layer_params(kLayers[k]));
+    if (auto st = store.release(params[k], stream); !st.ok()) return st;
+  }
+  for (const auto& row : store.stats().moves) {
+    for (const auto& m : row) result.moved_bytes += m.bytes;
+  }
+  result.nvme_read = optimizer.stats().nvme_bytes_read;
+  result.nvme_written = optimizer.stats().nvme_bytes_written;
+  auto bytes = model_state_bytes(store, owned.tensors, names, optimizer, args.states);
+  if (!bytes.ok()) return bytes.status();
+  result.model_states = *bytes;
+  result.every_rank_moved = result.moved_bytes > 0;
+  return result;
+}
+
+}  // namespace cpp_trainer

@@ -1,0 +1,72 @@
+// What cpp_trainer's two training paths share: the options, the result they report, and the
+// parameters of the data split.
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "model.h"
+#include "strata/runtime/runtime.h"
+
+namespace cpp_trainer {
+
+inline constexpr float kLr = 2e-3F;
+inline constexpr float kWeightDecay = 1e-4F;
+
+struct Args {
+  int steps = 300;
+  strata::TierKind states = strata::TierKind::kNvme;
+  float max_loss = 0.05F;
+  double tolerance = 1e-3;
+  uint32_t zero_stage = 0;           // 0: one rank, OffloadOptimizer; 1, 2: ZeroEngine
+  uint64_t bucket_bytes = 64 << 10;  // ZeroOptions::bucket_bytes
+  uint32_t accumulation = 1;         // micro-steps per step
+  std::string json;                  // "" none, "-" stdout, else a file (rank 0 writes)
+};
+
+// Bytes of model states (parameters, gradients, optimizer states) this rank holds, by tier.
+struct ModelStateBytes {
+  std::array<uint64_t, 3> by_tier{};  // indexed by TierKind
+  uint64_t total() const { return by_tier[0] + by_tier[1] + by_tier[2]; }
+};
+
+// What a training run hands back for the report. The losses are the global batch's (every
+// rank's), the weights this rank's copy at the end, [W; b] per layer.
+struct RunResult {
+  int rank = 0;
+  int ranks = 1;
+  std::vector<float> losses;
+  Weights weights;
+  uint64_t moved_bytes = 0;                  // between tiers, this rank's store
+  uint64_t nvme_read = 0, nvme_written = 0;  // by the optimizer
+  ModelStateBytes model_states;
+  uint64_t bucket_memory = 0;        // stage 2's gradient buckets (not model states)
+  uint64_t comm_bytes_per_step = 0;  // the engine's last step, 0 at stage 0
+  uint64_t groups = 0;               // flat groups (stage 1, 2)
+  // Stage 1, 2: the largest element-wise difference between the ranks' final weights (0: the
+  // all-gathers left every rank the same copy), and whether every rank moved bytes between tiers.
+  double replica_difference = 0;
+  bool every_rank_moved = true;
+};
+
+// The samples [first, first + count) of the global batch that micro-step `micro` of rank `rank`
+// takes: rank r takes [r·B/N, (r+1)·B/N), cut into `micro_steps` pieces the same way.
+struct SampleRange {
+  int first, count;
+};
+SampleRange samples(int rank, int ranks, uint32_t micro, uint32_t micro_steps);
+
+// Today's path: one rank, parameters and gradients as store tensors, OffloadOptimizer.
+// `human`: where rank 0 writes its progress lines.
+absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, const Weights& init,
+                                      const Weights& teacher, std::FILE* human);
+// ZeRO-DP stage 1 or 2 over the ranks of the job (strata-run, torchrun; alone: one rank).
+absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const Weights& init,
+                                   const Weights& teacher, std::FILE* human);
+
+}  // namespace cpp_trainer
