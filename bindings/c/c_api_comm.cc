@@ -182,4 +182,14 @@ strata_status_t strata_communicator_stats(strata_communicator_t* comm, strata_co
   });
 }
 
+strata_status_t strata_communicator_barrier(strata_communicator_t* comm) {
+  return boundary("strata_communicator_barrier", [&]() -> absl::Status {
+    return with_comm(comm, [&](strata::Communicator& c) -> absl::Status {
+      auto work = c.barrier();
+      if (!work.ok()) return work.status();
+      return (*work)->synchronize();
+    });
+  });
+}
+
 }  // extern "C"

@@ -80,6 +80,8 @@ STRATA_API strata_status_t strata_communicator_describe(strata_communicator_t* c
                                                         size_t size, size_t* length);
 STRATA_API strata_status_t strata_communicator_stats(strata_communicator_t* comm,
                                                      strata_comm_stats_t* out);
+/* Returns once every rank of the job has called it (or with the communicator's error). */
+STRATA_API strata_status_t strata_communicator_barrier(strata_communicator_t* comm);
 
 /* ---- ZeRO-DP engine (stages 1 and 2) ----------------------------------------------------------
  */
