@@ -159,7 +159,9 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
                                 : " exited or was killed (its connection closed).");
   }
   // What most ranks had issued is taken as the job's step; a rank that differs from it is at
-  // fault (on a tie every differing rank is named, this one included).
+  // fault (on a tie every differing rank is named, this one included). When a rank died, it is
+  // the cause: the others may just have been at different points of asynchronous collectives
+  // in flight (ZeRO's reduce-scatters overlapping backward), which is still worth reporting.
   states[launch_.rank] = cat(call.sequence, "\t", call.describe());
   std::map<std::string, int> votes;
   for (const auto& [r, state] : states) ++votes[state];
@@ -189,7 +191,7 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
     const std::string theirs = state.substr(state.find('\t') + 1);
     const uint64_t their_sequence = sequence_of(state);
     const std::string who = cat(" Rank ", r, r == launch_.rank ? " (this rank)" : "");
-    at_fault.push_back(r);
+    if (lost.empty()) at_fault.push_back(r);
     if (their_sequence == agreed_sequence) {
       findings += cat(who, " issued ", theirs, ".");
     } else if (their_sequence < agreed_sequence) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -185,6 +186,45 @@ absl::StatusOr<CpuIsa> resolve(CpuIsa isa) {
   return isa;
 }
 
+// The elements after the last whole vector of a range. With a SIMD kernel they go through the
+// same kernel on a zero-padded copy, so that every element is computed by the same instructions
+// (fused multiply-adds included) wherever it lies: a parameter's result does not depend on how
+// it is cut into pieces (ZeRO's partitions must equal one rank's step bit for bit).
+adam_detail::ChunkResult step_tail(CpuIsa use, const AdamTensors& t, uint64_t begin, uint64_t end,
+                                   const adam_detail::StepScalars& s) {
+  if (use == CpuIsa::kScalar || begin == end) return adam_detail::step_scalar(t, begin, end, s);
+  constexpr uint64_t kMax = adam_detail::kAvx512Width;
+  const uint64_t n = end - begin;
+  const uint64_t grad_bytes = t.grad_type == GradType::kF32 ? 4 : 2;
+  const uint64_t copy_bytes = 2;
+  float master[kMax] = {}, exp_avg[kMax] = {}, exp_avg_sq[kMax] = {};
+  alignas(64) std::byte grad[kMax * 4] = {};
+  alignas(64) std::byte copy[kMax * 2] = {};
+  std::copy_n(t.master + begin, n, master);
+  std::copy_n(t.exp_avg + begin, n, exp_avg);
+  std::copy_n(t.exp_avg_sq + begin, n, exp_avg_sq);
+  std::memcpy(grad, static_cast<const std::byte*>(t.grad) + begin * grad_bytes, n * grad_bytes);
+  AdamTensors padded = t;
+  padded.master = master;
+  padded.exp_avg = exp_avg;
+  padded.exp_avg_sq = exp_avg_sq;
+  padded.grad = grad;
+  padded.param_copy = t.copy_type == ParamCopyType::kNone ? nullptr : copy;
+  const uint64_t width = use == CpuIsa::kAvx512 ? kMax : adam_detail::kAvx2Width;
+  padded.count = width;
+  // Padding is zero everywhere: its gradient adds nothing to the sum of squares.
+  const adam_detail::ChunkResult r = use == CpuIsa::kAvx512
+                                         ? adam_detail::step_avx512(padded, 0, width, s)
+                                         : adam_detail::step_avx2(padded, 0, width, s);
+  std::copy_n(master, n, t.master + begin);
+  std::copy_n(exp_avg, n, t.exp_avg + begin);
+  std::copy_n(exp_avg_sq, n, t.exp_avg_sq + begin);
+  if (t.copy_type != ParamCopyType::kNone) {
+    std::memcpy(static_cast<std::byte*>(t.param_copy) + begin * copy_bytes, copy, n * copy_bytes);
+  }
+  return r;
+}
+
 }  // namespace
 
 absl::Status validate_adam(const AdamHyper& h) {
@@ -215,7 +255,7 @@ absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, cons
     if (use == CpuIsa::kAvx512) r = adam_detail::step_avx512(t, begin, vec_end, s);
     if (use == CpuIsa::kAvx2) r = adam_detail::step_avx2(t, begin, vec_end, s);
     if (use == CpuIsa::kScalar) r = adam_detail::step_scalar(t, begin, vec_end, s);
-    r.sq_sum += adam_detail::step_scalar(t, vec_end, end, s).sq_sum;
+    r.sq_sum += step_tail(use, t, vec_end, end, s).sq_sum;
     return r;
   });
 }

@@ -10,6 +10,7 @@
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "optimizer_impl.h"
 #include "strata/base/mutex.h"
@@ -20,6 +21,12 @@ absl::Status OffloadOptimizer::grad_ready(ParamId param, Stream& stream) {
   Impl& s = *impl_;
   auto p = s.param_copy(param);
   if (!p.ok()) return p.status();
+  if (p->grad_source != GradSource::kDevice) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("grad_ready('", p->name, "'): its gradient is announced with ",
+                     p->grad_source == GradSource::kHost ? "land_grad()" : "grad_written()",
+                     " (ParamSpec.grad_source), not grad_ready()"));
+  }
   MutexLock issue(&s.issue_mu);
   if (absl::Status st = s.issue_landing(param.index, *p, stream); !st.ok()) {
     MutexLock lock(&s.landing_mu);
@@ -128,6 +135,96 @@ absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& 
                                      "; the gradient is incomplete: zero_grad() and run backward "
                                      "again"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status OffloadOptimizer::land_grad(ParamId param, const void* src) {
+  Impl& s = *impl_;
+  auto p = s.param_copy(param);
+  if (!p.ok()) return p.status();
+  if (p->grad_source != GradSource::kHost) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "land_grad('", p->name, "'): the parameter was registered with another grad_source; ",
+        "land_grad() takes GradSource::kHost parameters"));
+  }
+  if (src == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("land_grad('", p->name, "'): src is null"));
+  }
+  MutexLock issue(&s.issue_mu);
+  bool first;
+  {
+    MutexLock lock(&s.landing_mu);
+    first = s.landings[param.index].landed == 0;
+  }
+  TensorStore& store = s.runtime.store();
+  const uint64_t bytes = p->count * element_bytes(p->grad_type);
+  absl::StatusOr<AdamResult> stats = AdamResult{};
+  auto host = store.acquire(p->grad_host, TierKind::kCpu, *s.d2h_stream, AccessMode::kWrite);
+  if (!host.ok()) {
+    stats = host.status();
+  } else {
+    if (first) {
+      std::memcpy(*host, src, bytes);
+      stats = grad_stats_with(s.options.isa, *host, p->grad_type, p->count, 1.0F);
+    } else {
+      stats = grad_accumulate_with(s.options.isa, *host, src, p->grad_type, p->count);
+    }
+    if (auto st = store.release(p->grad_host, *s.d2h_stream); !st.ok() && stats.ok()) stats = st;
+  }
+  {
+    MutexLock counters_lock(&s.state_mu);
+    if (stats.ok()) {
+      ++s.counters.grads_landed;
+      s.counters.grad_bytes_landed += bytes;
+    }
+  }
+  MutexLock lock(&s.landing_mu);
+  Impl::Landing& l = s.landings[param.index];
+  if (!stats.ok()) {
+    const absl::Status st(stats.status().code(),
+                          absl::StrCat("land_grad('", p->name, "'): ", stats.status().message(),
+                                       "; the gradient is incomplete: zero_grad() and run "
+                                       "backward again"));
+    if (l.failed.ok()) l.failed = st;
+    return st;
+  }
+  ++l.landed;
+  l.sq_sum = stats->grad_sq_sum;
+  l.non_finite = stats->non_finite;
+  return absl::OkStatus();
+}
+
+absl::Status OffloadOptimizer::grad_written(ParamId param) {
+  Impl& s = *impl_;
+  auto p = s.param_copy(param);
+  if (!p.ok()) return p.status();
+  if (p->grad_source != GradSource::kView) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "grad_written('", p->name, "'): the parameter was registered with another grad_source; ",
+        "grad_written() takes GradSource::kView parameters"));
+  }
+  TensorStore& store = s.runtime.store();
+  absl::StatusOr<AdamResult> stats = AdamResult{};
+  auto grad = store.acquire(p->grad_host, p->grad_tier, *s.d2h_stream, AccessMode::kRead);
+  if (!grad.ok()) {
+    stats = grad.status();
+  } else {
+    stats = grad_stats_with(s.options.isa, static_cast<const std::byte*>(*grad) + p->grad_offset,
+                            p->grad_type, p->count, 1.0F);
+    if (auto st = store.release(p->grad_host, *s.d2h_stream); !st.ok() && stats.ok()) stats = st;
+  }
+  MutexLock lock(&s.landing_mu);
+  Impl::Landing& l = s.landings[param.index];
+  if (!stats.ok()) {
+    const absl::Status st(stats.status().code(), absl::StrCat("grad_written('", p->name,
+                                                              "'): ", stats.status().message()));
+    if (l.failed.ok()) l.failed = st;
+    return st;
+  }
+  // The view is the gradient: announcing it again replaces its statistics.
+  l.landed = 1;
+  l.sq_sum = stats->grad_sq_sum;
+  l.non_finite = stats->non_finite;
   return absl::OkStatus();
 }
 

@@ -157,7 +157,7 @@ OffloadOptimizer::~OffloadOptimizer() {
   MutexLock lock(&s.state_mu);
   for (const Impl::Param& p : s.params) {
     for (TensorHandle t : {p.grad_host, p.master, p.exp_avg, p.exp_avg_sq}) {
-      if (t.valid()) (void)store.destroy(t);
+      if (t.valid() && (t != p.grad_host || p.owns_grad_host)) (void)store.destroy(t);
     }
   }
   if (SwapSpace* nvme = s.runtime.nvme(); nvme != nullptr) {
@@ -221,10 +221,17 @@ std::vector<OffloadOptimizer::Impl::Param> OffloadOptimizer::Impl::params_snapsh
 absl::Status OffloadOptimizer::Impl::write_param_tensor(const Param& p, uint64_t offset,
                                                         const float* master, uint64_t count) {
   TensorStore& store = runtime.store();
-  auto data = store.acquire(p.param, TierKind::kCpu, *h2d_stream, AccessMode::kWrite);
+  auto data = store.acquire(p.param, p.param_host_tier, *h2d_stream, AccessMode::kWrite);
   if (!data.ok()) return data.status();
-  round_master(master, p.param_type,
-               static_cast<std::byte*>(*data) + offset * element_bytes(p.param_type), count);
+  // The host writes: earlier device work on the tensor (an H2D update) must be done.
+  if (auto st = runtime.device().synchronize(*h2d_stream); !st.ok()) {
+    (void)store.release(p.param, *h2d_stream);
+    return st;
+  }
+  round_master(
+      master, p.param_type,
+      static_cast<std::byte*>(*data) + p.param_offset + offset * element_bytes(p.param_type),
+      count);
   return store.release(p.param, *h2d_stream);
 }
 
@@ -264,19 +271,36 @@ absl::StatusOr<ParamId> OffloadOptimizer::add_param(const ParamSpec& spec) {
   }
   const uint64_t param_bytes = spec.count * element_bytes(spec.param_type);
   const uint64_t grad_bytes = spec.count * element_bytes(spec.grad_type);
-  for (auto [handle, what, expected] :
-       {std::tuple{spec.param, "param", param_bytes}, std::tuple{spec.grad, "grad", grad_bytes}}) {
+  if (spec.grad_source == GradSource::kView && spec.grad_tier == TierKind::kNvme) {
+    return invalid(absl::StrCat("parameter '", name, "'"),
+                   "reads its gradient view from the NVMe tier; name the gpu or cpu tier");
+  }
+  // A kHost gradient needs no device tensor; the others must hold the parameter's elements from
+  // their offset on.
+  struct Check {
+    TensorHandle handle;
+    const char* what;
+    uint64_t offset;
+    uint64_t bytes;
+  };
+  std::vector<Check> checks = {{spec.param, "param", spec.param_offset, param_bytes}};
+  if (spec.grad_source != GradSource::kHost || spec.grad.valid()) {
+    checks.push_back({spec.grad, "grad", spec.grad_offset, grad_bytes});
+  }
+  for (auto [handle, what, offset, expected] : checks) {
     auto info = store.info(handle);
     if (!info.ok()) {
       return absl::Status(info.status().code(),
                           absl::StrCat("OffloadOptimizer: parameter '", name, "': its ", what,
                                        " tensor: ", info.status().message()));
     }
-    if (info->bytes != expected) {
-      return invalid(absl::StrCat("parameter '", name, "'"),
-                     absl::StrFormat("has %s tensor '%s' of %d bytes; %d elements of its dtype "
-                                     "need %d",
-                                     what, info->name, info->bytes, spec.count, expected));
+    // A tensor may hold more than the parameter (a view into a flat buffer), never less.
+    if (info->bytes < offset + expected) {
+      return invalid(
+          absl::StrCat("parameter '", name, "'"),
+          absl::StrFormat("has %s tensor '%s' of %d bytes; %d elements of its dtype "
+                          "from byte %d need %d",
+                          what, info->name, info->bytes, spec.count, offset, offset + expected));
     }
   }
 
@@ -288,6 +312,9 @@ absl::StatusOr<ParamId> OffloadOptimizer::add_param(const ParamSpec& spec) {
   p.grad_type = spec.grad_type;
   p.count = spec.count;
   p.group = spec.group;
+  p.param_offset = spec.param_offset;
+  p.param_host_tier = spec.param_host_tier;
+  p.grad_source = spec.grad_source;
   std::vector<TensorHandle> created;
   auto cleanup = [&](absl::Status status) {
     for (TensorHandle t : created) (void)store.destroy(t);
@@ -305,15 +332,27 @@ absl::StatusOr<ParamId> OffloadOptimizer::add_param(const ParamSpec& spec) {
   if (!spec.initial_master.empty()) {
     std::copy(spec.initial_master.begin(), spec.initial_master.end(), master.begin());
   } else {
-    auto data = store.acquire(p.param, TierKind::kCpu, *s.h2d_stream, AccessMode::kRead);
+    auto data = store.acquire(p.param, p.param_host_tier, *s.h2d_stream, AccessMode::kRead);
     if (!data.ok()) return cleanup(data.status());
-    widen_param(*data, p.param_type, master.data(), p.count);
+    if (auto st = s.runtime.device().synchronize(*s.h2d_stream); !st.ok()) {
+      (void)store.release(p.param, *s.h2d_stream);
+      return cleanup(st);
+    }
+    widen_param(static_cast<const std::byte*>(*data) + p.param_offset, p.param_type, master.data(),
+                p.count);
     if (auto st = store.release(p.param, *s.h2d_stream); !st.ok()) return cleanup(st);
   }
 
-  auto grad_host = make(".grad.host", grad_bytes);
-  if (!grad_host.ok()) return cleanup(grad_host.status());
-  p.grad_host = *grad_host;
+  if (spec.grad_source == GradSource::kView) {
+    p.grad_host = spec.grad;
+    p.owns_grad_host = false;
+    p.grad_tier = spec.grad_tier;
+    p.grad_offset = spec.grad_offset;
+  } else {
+    auto grad_host = make(".grad.host", grad_bytes);
+    if (!grad_host.ok()) return cleanup(grad_host.status());
+    p.grad_host = *grad_host;
+  }
   if (s.options.state_home == TierKind::kCpu) {
     auto m = make(".master", spec.count * 4);
     if (!m.ok()) return cleanup(m.status());

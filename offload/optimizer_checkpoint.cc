@@ -14,13 +14,16 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 
+#include "checkpoint_io.h"
 #include "optimizer_impl.h"
 #include "strata/base/mutex.h"
 #include "strata/base/unique_fd.h"
@@ -30,52 +33,6 @@ namespace {
 
 constexpr const char* kManifest = "optimizer.manifest";
 constexpr const char* kMagic = "strata-optimizer-checkpoint 1";
-
-absl::Status io_error(absl::string_view what, const std::string& path, int err) {
-  const absl::StatusCode code = err == ENOSPC ? absl::StatusCode::kResourceExhausted
-                                              : (err == ENOENT ? absl::StatusCode::kNotFound
-                                                               : absl::StatusCode::kUnavailable);
-  return absl::Status(code,
-                      absl::StrCat("checkpoint: ", what, " ", path, ": ", std::strerror(err)));
-}
-
-absl::Status write_all(int fd, const void* data, uint64_t bytes, uint64_t offset,
-                       const std::string& path) {
-  const auto* p = static_cast<const std::byte*>(data);
-  while (bytes > 0) {
-    const ssize_t n = pwrite(fd, p, bytes, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return io_error("writing", path, n < 0 ? errno : EIO);
-    p += n;
-    offset += static_cast<uint64_t>(n);
-    bytes -= static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status read_all(int fd, void* data, uint64_t bytes, uint64_t offset,
-                      const std::string& path) {
-  auto* p = static_cast<std::byte*>(data);
-  while (bytes > 0) {
-    const ssize_t n = pread(fd, p, bytes, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return io_error("reading", path, errno);
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat("checkpoint: ", path, " is truncated"));
-    }
-    p += n;
-    offset += static_cast<uint64_t>(n);
-    bytes -= static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status sync_path(const std::string& path, bool directory) {
-  UniqueFd fd(open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC));
-  if (!fd) return io_error("opening", path, errno);
-  if (fsync(fd.get()) != 0) return io_error("syncing", path, errno);
-  return absl::OkStatus();
-}
 
 struct ManifestParam {
   std::string name;
@@ -96,19 +53,6 @@ struct Manifest {
   std::vector<AdamGroup> groups;
   std::vector<ManifestParam> params;
 };
-
-std::string hex(float x) { return absl::StrFormat("%a", x); }
-
-absl::StatusOr<float> parse_float(absl::string_view s) {
-  const std::string text(s);
-  char* end = nullptr;
-  errno = 0;
-  const float x = std::strtof(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno != 0) {
-    return absl::DataLossError(absl::StrCat("'", text, "' is not a number"));
-  }
-  return x;
-}
 
 std::string render(const Manifest& m) {
   std::string out =
@@ -233,26 +177,10 @@ absl::Status OffloadOptimizer::save(const std::string& directory) {
     }
   }
   const std::string manifest_path = (std::filesystem::path(directory) / kManifest).string();
-  const std::string temp_path = manifest_path + ".tmp";
-  {
-    UniqueFd fd(open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (!fd) return io_error("creating", temp_path, errno);
-    const std::string text = render(m);
-    absl::Status status = write_all(fd.get(), text.data(), text.size(), 0, temp_path);
-    if (status.ok() && fsync(fd.get()) != 0) status = io_error("syncing", temp_path, errno);
-    if (!status.ok()) {
-      unlink(temp_path.c_str());
-      unlink(state_path.c_str());
-      return status;
-    }
-  }
-  if (rename(temp_path.c_str(), manifest_path.c_str()) != 0) {
-    const int err = errno;
-    unlink(temp_path.c_str());
+  if (auto st = replace_file(directory, manifest_path, render(m)); !st.ok()) {
     unlink(state_path.c_str());
-    return io_error("replacing", manifest_path, err);
+    return st;
   }
-  if (auto st = sync_path(directory, /*directory=*/true); !st.ok()) return st;
   // The new checkpoint is durable: older state files are garbage now.
   for (const auto& entry : std::filesystem::directory_iterator(directory, ec)) {
     const std::string name = entry.path().filename().string();
@@ -384,6 +312,85 @@ absl::Status OffloadOptimizer::load(const std::string& directory) {
   s.wait_for_landings();
   MutexLock lock(&s.landing_mu);
   for (Impl::Landing& l : s.landings) l = Impl::Landing();
+  return absl::OkStatus();
+}
+
+absl::Status OffloadOptimizer::write_state(ParamId param, std::span<const float> master,
+                                           std::span<const float> exp_avg,
+                                           std::span<const float> exp_avg_sq,
+                                           uint64_t param_steps) {
+  Impl& s = *impl_;
+  MutexLock step_lock(&s.step_mu);
+  auto p = s.param_copy(param);
+  if (!p.ok()) return p.status();
+  for (auto [span, what] : {std::pair{master, "master"}, std::pair{exp_avg, "exp_avg"},
+                            std::pair{exp_avg_sq, "exp_avg_sq"}}) {
+    if (span.size() != p->count) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("write_state(%s): %s holds %d values; the parameter has %d", p->name,
+                          what, span.size(), p->count));
+    }
+  }
+  const float* sources[3] = {master.data(), exp_avg.data(), exp_avg_sq.data()};
+  if (s.options.state_home == TierKind::kCpu) {
+    TensorStore& store = s.runtime.store();
+    const TensorHandle tensors[3] = {p->master, p->exp_avg, p->exp_avg_sq};
+    for (int a = 0; a < 3; ++a) {
+      auto data = store.acquire(tensors[a], TierKind::kCpu, *s.h2d_stream, AccessMode::kWrite);
+      if (!data.ok()) return data.status();
+      std::memcpy(*data, sources[a], p->count * sizeof(float));
+      if (auto st = store.release(tensors[a], *s.h2d_stream); !st.ok()) return st;
+    }
+  } else {
+    // Read-modify-write of every chunk the parameter touches, into the chunk's other slot.
+    StagingPool::Lease lease = s.pool->acquire();
+    auto* base = static_cast<float*>(lease.data());
+    const uint64_t e = s.chunk_elements;
+    const uint64_t first = p->flat_offset / e;
+    const uint64_t last = (p->flat_offset + p->count - 1) / e;
+    for (uint64_t c = first; c <= last; ++c) {
+      Completion read;
+      absl::Status st = s.read_chunk(c, s.current_slot(c), base, read);
+      st = st.ok() ? read.wait() : st;
+      const uint64_t chunk_begin = c * e;
+      const uint64_t begin = std::max(chunk_begin, p->flat_offset);
+      const uint64_t end = std::min(chunk_begin + e, p->flat_offset + p->count);
+      for (int a = 0; a < 3 && st.ok(); ++a) {
+        std::memcpy(base + a * e + (begin - chunk_begin), sources[a] + (begin - p->flat_offset),
+                    (end - begin) * sizeof(float));
+      }
+      Completion written;
+      if (st.ok()) st = s.write_chunk(c, s.current_slot(c) ^ 1U, base, written);
+      st = st.ok() ? written.wait() : st;
+      if (!st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("write_state(", p->name, "): ", st.message(),
+                                                    c == first ? "; the state is unchanged"
+                                                               : "; the state is partly "
+                                                                 "written: write it again"));
+      }
+      s.commit_slots({c});
+    }
+  }
+  if (auto st = s.write_param_tensor(*p, 0, master.data(), p->count); !st.ok()) return st;
+  MutexLock lock(&s.state_mu);
+  s.params[param.index].steps = param_steps;
+  return absl::OkStatus();
+}
+
+OffloadOptimizer::ScalerState OffloadOptimizer::scaler_state() const {
+  MutexLock lock(&impl_->state_mu);
+  return ScalerState{impl_->step_count, impl_->loss_scale, impl_->good_steps};
+}
+
+absl::Status OffloadOptimizer::set_scaler_state(const ScalerState& state) {
+  if (!(state.loss_scale > 0) || !std::isfinite(state.loss_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("set_scaler_state: loss scale ", state.loss_scale, " must be finite and > 0"));
+  }
+  MutexLock lock(&impl_->state_mu);
+  impl_->step_count = state.step;
+  impl_->loss_scale = state.loss_scale;
+  impl_->good_steps = state.good_steps;
   return absl::OkStatus();
 }
 

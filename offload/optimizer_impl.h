@@ -59,8 +59,16 @@ struct OffloadOptimizer::Impl {
     GradType grad_type = GradType::kF16;
     uint64_t count = 0;
     uint32_t group = 0;
-    uint64_t flat_offset = 0;  // first element in the concatenation of all parameters
-    TensorHandle grad_host;    // where gradients land, CPU tier
+    uint64_t flat_offset = 0;   // first element in the concatenation of all parameters
+    uint64_t param_offset = 0;  // bytes into `param`
+    TierKind param_host_tier = TierKind::kCpu;
+    GradSource grad_source = GradSource::kDevice;
+    // Where step() reads the gradient: the landing buffer (CPU tier, owned) or, for kView, the
+    // caller's tensor at an offset in the tier it names.
+    TensorHandle grad_host;
+    bool owns_grad_host = true;
+    TierKind grad_tier = TierKind::kCpu;
+    uint64_t grad_offset = 0;  // bytes
     // States in the CPU tier (state_home == kCpu); on NVMe they live in `chunks`.
     TensorHandle master;
     TensorHandle exp_avg;

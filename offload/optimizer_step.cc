@@ -44,7 +44,7 @@ class OpenParam {
       AccessMode mode;
       void** out;
     };
-    std::vector<Want> wants = {{p.grad_host, TierKind::kCpu, AccessMode::kRead, &grad_},
+    std::vector<Want> wants = {{p.grad_host, p.grad_tier, AccessMode::kRead, &grad_},
                                {p.param, TierKind::kGpu, AccessMode::kWrite, &gpu_}};
     if (cpu_states_) {
       wants.push_back({p.master, TierKind::kCpu, AccessMode::kWrite, &master_});
@@ -57,6 +57,8 @@ class OpenParam {
       *w.out = *data;
       held_.push_back(w.tensor);
     }
+    grad_ = static_cast<std::byte*>(grad_) + p.grad_offset;
+    gpu_ = static_cast<std::byte*>(gpu_) + p.param_offset;
     return absl::OkStatus();
   }
 
@@ -387,9 +389,22 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
       non_finite = non_finite || l.non_finite;
     }
   }
+  if (options.combine_grad_stats) {
+    // Collective under data parallelism: every rank gets here every step, also with nothing
+    // landed, so that the ranks' calls match.
+    auto combined = options.combine_grad_stats(GradStatistics{sq_sum, non_finite});
+    if (!combined.ok()) {
+      return absl::Status(combined.status().code(),
+                          absl::StrCat("step: combining the gradient statistics of the ranks: ",
+                                       combined.status().message()));
+    }
+    sq_sum = combined->sq_sum;
+    non_finite = combined->non_finite;
+  }
   StepResult result;
   result.loss_scale = scale;
-  result.grad_norm = std::sqrt(sq_sum) / scale;
+  const double divisor = static_cast<double>(scale) * options.grad_divisor;
+  result.grad_norm = std::sqrt(sq_sum) / divisor;
   result.params_updated = updated;
   auto clear_landings = [&] {
     MutexLock lock(&landing_mu);
@@ -418,7 +433,7 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   if (options.max_grad_norm > 0 && std::isfinite(result.grad_norm)) {
     result.clip_coef = std::min(1.0, options.max_grad_norm / (result.grad_norm + 1e-6));
   }
-  plan.grad_scale = static_cast<float>(result.clip_coef / scale);
+  plan.grad_scale = static_cast<float>(result.clip_coef / divisor);
 
   uint64_t adam_ns = 0;
   uint64_t io_wait_ns = 0;

@@ -30,6 +30,7 @@
 #include <absl/status/statusor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -62,6 +63,12 @@ struct LossScaling {
   float min_scale = 1.0F;
 };
 
+// The gradient statistics step() decides clipping and overflow on.
+struct GradStatistics {
+  double sq_sum = 0.0;  // Σ g² of the landed gradients, as they are (loss scale included)
+  bool non_finite = false;
+};
+
 struct OffloadOptimizerOptions {
   // Where master weights and moments live: kCpu (pinned CPU tier) or kNvme (swap space,
   // streamed through staging chunks during the step).
@@ -74,6 +81,19 @@ struct OffloadOptimizerOptions {
   // fixed by the chunk size at create(): load() accepts checkpoints of any chunking.
   uint64_t chunk_elements = 0;
   CpuIsa isa = CpuIsa::kAuto;  // tests force a kernel variant
+  // Data parallelism (ZeroEngine): each rank's optimizer holds part of the parameters, and its
+  // gradients are sums over `grad_divisor` ranks. step() hands its local statistics to
+  // `combine_grad_stats` (every rank, every step, also when nothing landed) and decides on
+  // what comes back, so that every rank clips by the same norm and skips the same steps.
+  std::function<absl::StatusOr<GradStatistics>(const GradStatistics&)> combine_grad_stats;
+  float grad_divisor = 1.0F;  // gradients (and their norm) are divided by this before use
+};
+
+// Where a parameter's gradient comes from.
+enum class GradSource {
+  kDevice,  // grad_ready(): `grad` is copied (D2H) into a CPU-tier landing buffer
+  kHost,    // land_grad(): host memory the caller passes is copied (or added) into it
+  kView,    // grad_written(): `grad` itself, at grad_offset, read in `grad_tier`; no copy
 };
 
 struct ParamSpec {
@@ -84,6 +104,14 @@ struct ParamSpec {
   GradType grad_type = GradType::kF16;
   uint64_t count = 0;
   uint32_t group = 0;
+  uint64_t param_offset = 0;  // bytes: the parameter is `count` elements from here in `param`
+  // The tier through which the host reads `param` (when no initial master is given) and writes
+  // it from a master (add_param, load, write_state): the CPU tier, or the GPU tier where it is
+  // host memory (the host backend), which keeps a GPU-homed parameter from a second copy.
+  TierKind param_host_tier = TierKind::kCpu;
+  GradSource grad_source = GradSource::kDevice;
+  uint64_t grad_offset = 0;             // bytes, GradSource::kView
+  TierKind grad_tier = TierKind::kCpu;  // GradSource::kView: a tier the host can read
   // Initial fp32 master weights (`count` values), copied at add_param(); empty: the parameter
   // tensor's current contents, widened. The parameter tensor is then set to the rounded master,
   // so that the model and the optimizer start from the same weights.
@@ -146,6 +174,12 @@ class OffloadOptimizer {
   // The parameter's gradient is complete once the work issued so far on `stream` is done.
   // Returns after issuing its D2H copy; the rest happens in the background.
   absl::Status grad_ready(ParamId param, Stream& stream);
+  // GradSource::kHost: `src` holds the parameter's gradient (count elements of grad_type) in
+  // host memory. The first landing since the last step copies it, later ones add it; returns
+  // once it has landed (its statistics computed).
+  absl::Status land_grad(ParamId param, const void* src);
+  // GradSource::kView: the gradient in the `grad` tensor is final; computes its statistics.
+  absl::Status grad_written(ParamId param);
   // Drops every gradient landed since the last step.
   absl::Status zero_grad();
 
@@ -164,6 +198,20 @@ class OffloadOptimizer {
   // A copy of the parameter's fp32 state, for inspection and tests; spans may be empty to skip.
   absl::Status read_state(ParamId param, std::span<float> master, std::span<float> exp_avg,
                           std::span<float> exp_avg_sq);
+  // Replaces a parameter's fp32 state and step count (checkpoint formats other than save()'s),
+  // then sets its parameter tensor to the rounded master. With states on NVMe each chunk is
+  // written to its other slot and committed once written.
+  absl::Status write_state(ParamId param, std::span<const float> master,
+                           std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
+                           uint64_t param_steps);
+  // The step counter and the loss scaler's state, for checkpoints kept elsewhere.
+  struct ScalerState {
+    uint64_t step = 0;
+    float loss_scale = 1.0F;
+    uint64_t good_steps = 0;
+  };
+  ScalerState scaler_state() const;
+  absl::Status set_scaler_state(const ScalerState& state);
   uint64_t step_count() const;
   uint64_t param_step_count(ParamId param) const;
   float loss_scale() const;

@@ -108,15 +108,18 @@ struct ZeroMemory {
 };
 
 struct ZeroStats {
-  uint64_t steps = 0;             // step() calls that completed (skipped ones included)
-  uint64_t micro_steps = 0;       // of the current step, completed by every group
-  uint64_t reduce_scatters = 0;   // issued since create()
+  uint64_t steps = 0;            // step() calls that completed (skipped ones included)
+  uint64_t micro_steps = 0;      // of the current step, completed by every group
+  uint64_t reduce_scatters = 0;  // issued since create()
   uint64_t all_gathers = 0;
-  uint64_t last_step_comm_bytes = 0;  // Communicator bytes (nccl-tests' size) of the last step
-  uint64_t last_step_ns = 0;          // step() wall time
-  uint64_t last_step_wait_ns = 0;     // of which waiting for reduce-scatters still running
-  uint64_t last_optimizer_ns = 0;     // of which the optimizer (statistics all-reduce included)
-  uint64_t last_gather_ns = 0;        // of which the parameter all-gathers
+  // Communicator bytes (nccl-tests' sizes) from the end of the step before to the end of the
+  // last one: its backward's reduce-scatters, the statistics all-reduce, the all-gathers (and
+  // whatever else the trainer ran on the same Communicator meanwhile).
+  uint64_t last_step_comm_bytes = 0;
+  uint64_t last_step_ns = 0;       // step() wall time
+  uint64_t last_step_wait_ns = 0;  // of which waiting for reduce-scatters still running
+  uint64_t last_optimizer_ns = 0;  // of which the optimizer (statistics all-reduce included)
+  uint64_t last_gather_ns = 0;     // of which the parameter all-gathers
 };
 
 class ZeroEngine {
@@ -124,8 +127,7 @@ class ZeroEngine {
   // Lays out `params`, creates the flat tensors in the runtime's store and the optimizer of
   // this rank's slices (initialised from ZeroParam::initial). The runtime and the communicator
   // must outlive the engine. InvalidArgument names a bad option or parameter.
-  static absl::StatusOr<std::unique_ptr<ZeroEngine>> create(Runtime& runtime,
-                                                            Communicator& comm,
+  static absl::StatusOr<std::unique_ptr<ZeroEngine>> create(Runtime& runtime, Communicator& comm,
                                                             std::span<const ZeroParam> params,
                                                             ZeroOptions options);
   ~ZeroEngine();
@@ -145,7 +147,9 @@ class ZeroEngine {
   absl::Status release_param(ZeroParamId id, Stream& stream);
 
   // This micro-step's gradient buffer of the parameter (count elements of grad_type): add the
-  // gradient into it. Stage 2 may wait here for a bucket to come back from its reduce-scatter.
+  // gradient into it, with work on `stream` (or, from the host, after synchronizing `stream`:
+  // the buffer may still be read by the previous reduce-scatter's copies). Stage 2 may wait here
+  // for a bucket to come back from its reduce-scatter.
   absl::StatusOr<void*> acquire_grad(ZeroParamId id, TierKind tier, Stream& stream);
   // The gradient is complete once the work issued on `stream` so far is done. Releases the
   // buffer; the parameter's group is reduce-scattered when it is complete.
@@ -174,6 +178,7 @@ class ZeroEngine {
   ZeroStats stats() const;
   OffloadOptimizer& optimizer();
   Communicator& communicator();
+  Runtime& runtime();
 
   struct Impl;
   explicit ZeroEngine(std::unique_ptr<Impl> impl);  // use create()

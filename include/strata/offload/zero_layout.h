@@ -1,8 +1,8 @@
 // ZeroLayout: how ZeRO-DP packs parameters into flat groups and cuts the groups among ranks.
 //
 // Parameters are packed in the order given into flat groups of at most `max_group_elements`
-// elements; a group holds parameters of one hyper-parameter group only, and a parameter larger
-// than the room left is split across consecutive groups (its pieces are segments). Each group
+// elements; a group holds parameters of one hyper-parameter group only. A parameter is never
+// split (its gradient is one buffer): one larger than a group gets a group of its own. Each group
 // is padded to a multiple of ranks × alignment elements, so that every rank owns an equal,
 // aligned, non-empty slice: rank r owns [r·shard, (r+1)·shard) of every group.
 //
@@ -27,7 +27,8 @@ struct ZeroLayoutParam {
   uint32_t adam_group = 0;  // hyper-parameter group
 };
 
-// A run of one parameter's elements inside one flat group.
+// A run of one parameter's elements inside one flat group (a whole parameter in segments(); a
+// part of one in slice_segments()).
 struct ZeroSegment {
   uint32_t param = 0;
   uint64_t param_offset = 0;  // first element in the parameter
@@ -60,8 +61,8 @@ class ZeroLayout {
   const std::vector<ZeroFlatGroup>& groups() const { return groups_; }
   const std::vector<ZeroSegment>& segments() const { return segments_; }
   std::span<const ZeroSegment> group_segments(uint32_t group) const;
-  // The segments of one parameter, in element order.
-  std::vector<ZeroSegment> param_segments(uint32_t param) const;
+  // Where a parameter lies (its one segment).
+  const ZeroSegment& param_segment(uint32_t param) const { return segments_[param]; }
   // Rank `rank`'s slice of `group` as segments clipped to it (group_offset relative to the
   // group, as in segments()); padding is not a segment.
   std::vector<ZeroSegment> slice_segments(uint32_t group, uint32_t rank) const;

@@ -1,0 +1,486 @@
+// ZeroEngine: creation (layout, flat tensors, the optimizer of this rank's slices), parameter
+// access, and step() — statistics combined over the ranks, the optimizer on the own slices,
+// the in-place all-gather of the parameters.
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "optimizer_impl.h"
+#include "strata/base/mutex.h"
+#include "zero_engine_impl.h"
+
+namespace strata {
+namespace {
+
+uint64_t since_ns(absl::Time start) {
+  return static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
+}
+
+absl::Status invalid(std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("ZeroEngine: ", std::string(what)));
+}
+
+}  // namespace
+
+DataType comm_type(ParamType type) {
+  switch (type) {
+    case ParamType::kF32:
+      return DataType::kFloat32;
+    case ParamType::kF16:
+      return DataType::kFloat16;
+    case ParamType::kBF16:
+      return DataType::kBFloat16;
+  }
+  return DataType::kFloat32;
+}
+
+DataType comm_type(GradType type) {
+  switch (type) {
+    case GradType::kF32:
+      return DataType::kFloat32;
+    case GradType::kF16:
+      return DataType::kFloat16;
+    case GradType::kBF16:
+      return DataType::kBFloat16;
+  }
+  return DataType::kFloat32;
+}
+
+uint64_t ZeroMemory::model_states() const {
+  uint64_t total = 0;
+  for (size_t t = 0; t < 3; ++t) total += params[t] + grads[t] + optimizer_states[t];
+  return total;
+}
+
+absl::Status ZeroEngine::Impl::failure() const {
+  MutexLock lock(&mu);
+  return failed;
+}
+
+absl::Status ZeroEngine::Impl::fail(absl::Status status) {
+  MutexLock lock(&mu);
+  if (failed.ok()) failed = status;
+  changed.SignalAll();
+  return status;
+}
+
+absl::Status ZeroEngine::Impl::check_param(ZeroParamId id) const {
+  if (id.index >= layout.params().size()) {
+    return absl::NotFoundError(absl::StrFormat("ZeroEngine: no parameter with id %d (%d exist)",
+                                               id.index, layout.params().size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::Impl::zero_tensor(TensorHandle tensor, uint64_t bytes) {
+  TensorStore& store = runtime.store();
+  auto data = store.acquire(tensor, host_tier, *gather_stream, AccessMode::kWrite);
+  if (!data.ok()) return data.status();
+  std::memset(*data, 0, bytes);
+  return store.release(tensor, *gather_stream);
+}
+
+absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime, Communicator& comm,
+                                                               std::span<const ZeroParam> params,
+                                                               ZeroOptions options) {
+  if (options.stage != 1 && options.stage != 2) {
+    return invalid(absl::StrFormat(
+        "stage %d is not a ZeRO stage this engine runs; use 1 (optimizer states partitioned) or "
+        "2 (gradients too)",
+        options.stage));
+  }
+  if (options.accumulation_steps == 0) return invalid("accumulation_steps is 0; use 1 or more");
+  if (options.gradient_buckets == 0) return invalid("gradient_buckets is 0; use 1 or more");
+  if (options.alignment == 0) return invalid("alignment is 0; use 1 or more elements");
+  if (options.param_home == TierKind::kNvme) {
+    return invalid("param_home is the NVMe tier; the model's parameters live in gpu or cpu");
+  }
+  if (options.optimizer.combine_grad_stats || options.optimizer.grad_divisor != 1.0F) {
+    return invalid(
+        "optimizer.combine_grad_stats and grad_divisor are the engine's own; leave them unset");
+  }
+  if (options.groups.empty()) options.groups.push_back(options.optimizer.defaults);
+  auto impl = std::make_unique<Impl>(runtime, comm, options);
+  Impl& s = *impl;
+  s.rank = static_cast<uint32_t>(comm.rank());
+  s.ranks = static_cast<uint32_t>(comm.size());
+  s.param_bytes = element_bytes(options.param_type);
+  s.grad_bytes = element_bytes(options.grad_type);
+  // Gloo moves host memory: on a CUDA device its buffers are the CPU tier's.
+  const bool host_device = runtime.device().backend() == Backend::kHost;
+  s.comm_tier =
+      host_device || comm.backend() == CommBackendKind::kNccl ? TierKind::kGpu : TierKind::kCpu;
+  s.host_tier = host_device ? TierKind::kGpu : TierKind::kCpu;
+
+  std::vector<ZeroLayoutParam> lp;
+  for (const ZeroParam& p : params) {
+    if (p.group >= s.options.groups.size()) {
+      return invalid(absl::StrFormat(
+          "parameter '%s' names hyper-parameter group %d; ZeroOptions.groups has %d", p.name,
+          p.group, s.options.groups.size()));
+    }
+    ZeroLayoutParam l;
+    l.name = p.name;
+    l.shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
+    l.adam_group = p.group;
+    lp.push_back(std::move(l));
+  }
+  const uint64_t group_elements = std::max<uint64_t>(1, options.bucket_bytes / s.grad_bytes);
+  auto layout = ZeroLayout::plan(std::move(lp), s.ranks, group_elements, options.alignment);
+  if (!layout.ok()) {
+    return absl::Status(layout.status().code(),
+                        absl::StrCat(layout.status().message(),
+                                     " (ZeroOptions.bucket_bytes, alignment, or the parameters)"));
+  }
+  s.layout = *std::move(layout);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].initial.empty() && params[i].initial.size() != s.layout.params()[i].count) {
+      return invalid(absl::StrFormat("parameter '%s' has %d initial values for %d elements",
+                                     params[i].name, params[i].initial.size(),
+                                     s.layout.params()[i].count));
+    }
+  }
+
+  auto comm_stream = runtime.device().create_stream();
+  if (!comm_stream.ok()) return comm_stream.status();
+  s.comm_stream = *std::move(comm_stream);
+  auto gather_stream = runtime.device().create_stream();
+  if (!gather_stream.ok()) return gather_stream.status();
+  s.gather_stream = *std::move(gather_stream);
+
+  OffloadOptimizerOptions o = options.optimizer;
+  Impl* raw = &s;
+  o.combine_grad_stats = [raw](const GradStatistics& local) { return raw->combine(local); };
+  o.grad_divisor = static_cast<float>(s.ranks);
+  auto optimizer = OffloadOptimizer::create(runtime, o);
+  if (!optimizer.ok()) return optimizer.status();
+  s.optimizer = *std::move(optimizer);
+  for (size_t g = 1; g < s.options.groups.size(); ++g) {
+    if (auto added = s.optimizer->add_group(s.options.groups[g]); !added.ok()) {
+      return added.status();
+    }
+  }
+  if (auto st = s.optimizer->set_group(0, s.options.groups[0]); !st.ok()) return st;
+  {
+    MutexLock lock(&s.mu);
+    s.param_states.resize(params.size());
+  }
+  auto engine = std::make_unique<ZeroEngine>(std::move(impl));
+  if (auto st = engine->impl_->create_tensors(params); !st.ok()) return st;
+  {
+    MutexLock lock(&s.mu);
+    s.comm_mark = comm.stats().total_bytes();
+  }
+  engine->impl_->reducer = std::thread([raw] { raw->run_reducer(); });
+  return engine;
+}
+
+absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params) {
+  TensorStore& store = runtime.store();
+  auto make = [&](std::string name, uint64_t bytes, TierKind home) {
+    auto t = store.create(std::move(name), bytes, home);
+    if (!t.ok()) {
+      return absl::StatusOr<TensorHandle>(
+          absl::Status(t.status().code(), absl::StrCat("ZeroEngine: ", t.status().message())));
+    }
+    return t;
+  };
+  uint64_t largest = 0;
+  for (uint32_t g = 0; g < layout.groups().size(); ++g) {
+    const ZeroFlatGroup& fg = layout.groups()[g];
+    Group group;
+    group.members = fg.segment_count;
+    largest = std::max(largest, fg.padded);
+    auto p =
+        make(absl::StrCat("zero.group", g, ".params"), fg.padded * param_bytes, options.param_home);
+    if (!p.ok()) return p.status();
+    group.params = *p;
+    groups.push_back(group);
+    // The whole group in fp32 (padding zero): its rounded copy is the model's parameters, this
+    // rank's slice the optimizer's master.
+    std::vector<float> initial(fg.padded, 0.0F);
+    for (const ZeroSegment& seg : layout.group_segments(g)) {
+      const auto& values = params[seg.param].initial;
+      if (!values.empty()) {
+        std::copy(values.begin(), values.end(),
+                  initial.begin() + static_cast<ptrdiff_t>(seg.group_offset));
+      }
+    }
+    auto data = store.acquire(group.params, host_tier, *gather_stream, AccessMode::kWrite);
+    if (!data.ok()) return data.status();
+    round_master(initial.data(), options.param_type, *data, fg.padded);
+    if (auto st = store.release(group.params, *gather_stream); !st.ok()) return st;
+
+    ParamSpec spec;
+    spec.name = absl::StrCat("zero.group", g, ".shard");
+    spec.param = group.params;
+    spec.param_offset = static_cast<uint64_t>(rank) * fg.shard * param_bytes;
+    spec.param_host_tier = host_tier;
+    spec.param_type = options.param_type;
+    spec.grad_type = options.grad_type;
+    spec.count = fg.shard;
+    spec.group = fg.adam_group;
+    spec.initial_master =
+        std::span<const float>(initial).subspan(static_cast<size_t>(rank) * fg.shard, fg.shard);
+    if (options.stage == 1) {
+      auto grads =
+          make(absl::StrCat("zero.group", g, ".grads"), fg.padded * grad_bytes, options.param_home);
+      if (!grads.ok()) return grads.status();
+      groups.back().grads = *grads;
+      if (auto st = zero_tensor(*grads, fg.padded * grad_bytes); !st.ok()) return st;
+      spec.grad = *grads;
+      spec.grad_source = GradSource::kView;
+      spec.grad_offset = static_cast<uint64_t>(rank) * fg.shard * grad_bytes;
+      spec.grad_tier = host_tier;
+    } else {
+      spec.grad_source = GradSource::kHost;
+    }
+    auto id = optimizer->add_param(spec);
+    if (!id.ok()) return id.status();
+    groups.back().shard = *id;
+  }
+  if (options.stage == 2) {
+    bucket_bytes = largest * grad_bytes;
+    for (uint32_t b = 0; b < options.gradient_buckets; ++b) {
+      auto t = make(absl::StrCat("zero.bucket", b), bucket_bytes, options.param_home);
+      if (!t.ok()) return t.status();
+      buckets.push_back(*t);
+      if (auto st = zero_tensor(*t, bucket_bytes); !st.ok()) return st;
+      MutexLock lock(&mu);
+      free_buckets.push_back(static_cast<int>(b));
+    }
+  }
+  if (auto st = drop_host_copies(); !st.ok()) return st;
+  return runtime.device().synchronize(*gather_stream);
+}
+
+absl::Status ZeroEngine::Impl::drop_host_copies() {
+  // The optimizer writes parameters it sets from a master (registration, load) through the CPU
+  // tier; parameters homed elsewhere go back home rather than keep a second copy there.
+  if (options.param_home == TierKind::kCpu) return absl::OkStatus();
+  for (const Group& g : groups) {
+    if (auto st = runtime.store().evict(g.params, TierKind::kCpu); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+ZeroEngine::ZeroEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ZeroEngine::~ZeroEngine() {
+  Impl& s = *impl_;
+  {
+    MutexLock lock(&s.mu);
+    s.stopping = true;
+    s.changed.SignalAll();
+  }
+  if (s.reducer.joinable()) s.reducer.join();
+  s.optimizer.reset();
+  TensorStore& store = s.runtime.store();
+  for (const Impl::Group& g : s.groups) {
+    for (TensorHandle t : {g.params, g.grads}) {
+      if (t.valid()) (void)store.destroy(t);
+    }
+  }
+  for (TensorHandle t : s.buckets) (void)store.destroy(t);
+}
+
+absl::StatusOr<ZeroParamId> ZeroEngine::find(std::string_view name) const {
+  const auto& params = impl_->layout.params();
+  for (uint32_t i = 0; i < params.size(); ++i) {
+    if (params[i].name == name) return ZeroParamId{i};
+  }
+  return absl::NotFoundError(
+      absl::StrCat("ZeroEngine: no parameter named '", std::string(name), "'"));
+}
+
+uint32_t ZeroEngine::param_count() const {
+  return static_cast<uint32_t>(impl_->layout.params().size());
+}
+const ZeroLayout& ZeroEngine::layout() const { return impl_->layout; }
+const ZeroOptions& ZeroEngine::options() const { return impl_->options; }
+OffloadOptimizer& ZeroEngine::optimizer() { return *impl_->optimizer; }
+Communicator& ZeroEngine::communicator() { return impl_->comm; }
+Runtime& ZeroEngine::runtime() { return impl_->runtime; }
+
+absl::StatusOr<ZeroTensorView> ZeroEngine::param_view(ZeroParamId id) const {
+  if (auto st = impl_->check_param(id); !st.ok()) return st;
+  const ZeroSegment& seg = impl_->layout.param_segment(id.index);
+  return ZeroTensorView{impl_->groups[seg.group].params, seg.group_offset * impl_->param_bytes,
+                        seg.count};
+}
+
+absl::StatusOr<void*> ZeroEngine::acquire_param(ZeroParamId id, TierKind tier, Stream& stream,
+                                                AccessMode mode) {
+  auto view = param_view(id);
+  if (!view.ok()) return view.status();
+  auto data = impl_->runtime.store().acquire(view->tensor, tier, stream, mode);
+  if (!data.ok()) return data.status();
+  return static_cast<std::byte*>(*data) + view->offset;
+}
+
+absl::Status ZeroEngine::release_param(ZeroParamId id, Stream& stream) {
+  auto view = param_view(id);
+  if (!view.ok()) return view.status();
+  return impl_->runtime.store().release(view->tensor, stream);
+}
+
+absl::StatusOr<CollectiveOptions> ZeroEngine::Impl::collective_options(Stream& stream) {
+  CollectiveOptions co;
+  if (comm.backend() == CommBackendKind::kNccl) {
+    co.stream = &stream;  // NCCL runs on it
+  } else if (auto st = runtime.device().synchronize(stream); !st.ok()) {
+    return st;  // Gloo reads host memory: the copies the store queued must have landed
+  }
+  return co;
+}
+
+absl::StatusOr<GradStatistics> ZeroEngine::Impl::combine(const GradStatistics& local) {
+  double values[2] = {local.sq_sum, local.non_finite ? 1.0 : 0.0};
+  auto work = comm.all_reduce(values, values, 2, DataType::kFloat64, ReduceOp::kSum);
+  if (!work.ok()) return fail(work.status());
+  if (auto st = (*work)->wait(); !st.ok()) return fail(st);
+  return GradStatistics{values[0], values[1] > 0};
+}
+
+absl::Status ZeroEngine::Impl::gather_params() {
+  TensorStore& store = runtime.store();
+  const DataType type = comm_type(options.param_type);
+  std::vector<std::unique_ptr<CollectiveWork>> works;
+  std::vector<TensorHandle> held;
+  absl::Status status;
+  for (uint32_t g = 0; g < groups.size() && status.ok(); ++g) {
+    const ZeroFlatGroup& fg = layout.groups()[g];
+    auto data = store.acquire(groups[g].params, comm_tier, *gather_stream, AccessMode::kWrite);
+    if (!data.ok()) {
+      status = data.status();
+      break;
+    }
+    held.push_back(groups[g].params);
+    auto* base = static_cast<std::byte*>(*data);
+    auto co = collective_options(*gather_stream);
+    if (!co.ok()) {
+      status = co.status();
+      break;
+    }
+    auto work = comm.all_gather(base + static_cast<uint64_t>(rank) * fg.shard * param_bytes, base,
+                                fg.shard, type, *co);
+    if (!work.ok()) {
+      status = work.status();
+      break;
+    }
+    works.push_back(*std::move(work));
+    MutexLock lock(&mu);
+    ++counters.all_gathers;
+  }
+  // Every issued gather is waited for before its tensor is released.
+  for (auto& w : works) {
+    if (auto st = w->wait(); !st.ok() && status.ok()) status = st;
+  }
+  for (TensorHandle t : held) {
+    if (auto st = store.release(t, *gather_stream); !st.ok() && status.ok()) status = st;
+  }
+  return status;
+}
+
+absl::StatusOr<StepResult> ZeroEngine::step() {
+  Impl& s = *impl_;
+  MutexLock step_lock(&s.step_mu);
+  const absl::Time start = absl::Now();
+  s.wait_for_reductions();
+  const uint64_t wait_ns = since_ns(start);
+  if (auto st = s.failure(); !st.ok()) return st;
+  {
+    MutexLock lock(&s.mu);
+    for (uint32_t g = 0; g < s.groups.size(); ++g) {
+      const Impl::Group& group = s.groups[g];
+      if (group.completed == s.options.accumulation_steps && group.ready == 0) continue;
+      std::string missing;
+      for (const ZeroSegment& seg : s.layout.group_segments(g)) {
+        if (!s.param_states[seg.param].ready) {
+          absl::StrAppend(&missing, missing.empty() ? "" : ", ", s.layout.params()[seg.param].name);
+        }
+      }
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "ZeroEngine::step(): parameter group %d has completed %d of %d micro-steps%s; announce "
+          "every parameter's gradient (acquire_grad, grad_ready) %d time(s) per step, on every "
+          "rank, or zero_grad() on every rank to drop them",
+          g, group.completed, s.options.accumulation_steps,
+          group.ready > 0 ? absl::StrCat(" (waiting for ", missing, ")") : std::string(),
+          s.options.accumulation_steps));
+    }
+  }
+  const absl::Time optimizer_start = absl::Now();
+  auto result = s.optimizer->step();
+  const uint64_t optimizer_ns = since_ns(optimizer_start);
+  if (!result.ok()) {
+    if (auto st = s.failure(); !st.ok()) return st;  // the Communicator's error
+    return result.status();
+  }
+  const absl::Time gather_start = absl::Now();
+  if (!result->skipped) {
+    if (auto st = s.gather_params(); !st.ok()) {
+      return s.fail(absl::Status(st.code(), absl::StrCat("ZeroEngine::step(): gathering the "
+                                                         "updated parameters: ",
+                                                         st.message())));
+    }
+  }
+  const uint64_t gather_ns = since_ns(gather_start);
+  if (s.options.stage == 1) {
+    for (uint32_t g = 0; g < s.groups.size(); ++g) {
+      const uint64_t bytes = s.layout.groups()[g].padded * s.grad_bytes;
+      if (auto st = s.zero_tensor(s.groups[g].grads, bytes); !st.ok()) return s.fail(st);
+    }
+  }
+  MutexLock lock(&s.mu);
+  for (Impl::Group& g : s.groups) g.completed = 0;
+  ++s.counters.steps;
+  s.counters.micro_steps = 0;
+  const uint64_t comm_now = s.comm.stats().total_bytes();
+  s.counters.last_step_comm_bytes = comm_now - s.comm_mark;
+  s.comm_mark = comm_now;
+  s.counters.last_step_ns = since_ns(start);
+  s.counters.last_step_wait_ns = wait_ns;
+  s.counters.last_optimizer_ns = optimizer_ns;
+  s.counters.last_gather_ns = gather_ns;
+  return result;
+}
+
+ZeroMemory ZeroEngine::memory() const {
+  const Impl& s = *impl_;
+  TensorStore& store = s.runtime.store();
+  ZeroMemory m;
+  auto add = [&](std::array<uint64_t, 3>& into, TensorHandle t) {
+    if (!t.valid()) return;
+    if (auto info = store.info(t); info.ok()) into[static_cast<size_t>(info->home)] += info->bytes;
+  };
+  auto add_named = [&](std::array<uint64_t, 3>& into, const std::string& name) {
+    if (auto t = store.find(name); t.ok()) add(into, *t);
+  };
+  for (uint32_t g = 0; g < s.groups.size(); ++g) {
+    add(m.params, s.groups[g].params);
+    add(m.grads, s.groups[g].grads);
+    const std::string shard = absl::StrCat("zero.group", g, ".shard");
+    add_named(m.grads, shard + ".grad.host");
+    for (const char* state : {".master", ".exp_avg", ".exp_avg_sq"}) {
+      add_named(m.optimizer_states, shard + state);
+    }
+  }
+  for (TensorHandle t : s.buckets) add(m.buckets, t);
+  if (s.options.optimizer.state_home == TierKind::kNvme) {
+    // Two swap slots of master and moments per chunk (a step writes the one not committed).
+    const OffloadOptimizerStats o = s.optimizer->stats();
+    m.optimizer_states[static_cast<size_t>(TierKind::kNvme)] +=
+        2 * 12 * o.chunks * o.chunk_elements;
+  }
+  return m;
+}
+
+ZeroStats ZeroEngine::stats() const {
+  MutexLock lock(&impl_->mu);
+  return impl_->counters;
+}
+
+}  // namespace strata

@@ -1,0 +1,246 @@
+// ZeroEngine's gradients: the buffers a trainer adds its gradients into, the reduce-scatter of
+// a group as soon as its last gradient is ready (issued on the caller's thread, so that every
+// rank issues them in its backward order), and the reducer thread that waits for each one and
+// hands the reduced slice to the optimizer — added into its CPU-tier shard (stage 2) or
+// announced in place (stage 1).
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+#include <cstring>
+
+#include "strata/base/mutex.h"
+#include "zero_engine_impl.h"
+
+namespace strata {
+
+absl::StatusOr<int> ZeroEngine::Impl::take_bucket(uint32_t group) {
+  for (;;) {
+    if (!failed.ok()) return failed;
+    if (stopping) return absl::CancelledError("ZeroEngine: shutting down");
+    if (!free_buckets.empty()) {
+      const int b = free_buckets.back();
+      free_buckets.pop_back();
+      return b;
+    }
+    // Buckets come back when their reduce-scatter has landed. With none in flight, every bucket
+    // is held by a group still waiting for gradients: waiting would never end.
+    if (reductions.empty() && !reducing) {
+      std::string holders;
+      for (uint32_t g = 0; g < groups.size(); ++g) {
+        if (groups[g].bucket >= 0) absl::StrAppend(&holders, holders.empty() ? "" : ", ", g);
+      }
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "ZeroEngine: parameter group %d needs a gradient bucket, but all %d are held by groups "
+          "still waiting for gradients (%s); announce gradients group by group, in backward "
+          "order (acquire_grad then grad_ready), or raise ZeroOptions.gradient_buckets",
+          group, buckets.size(), holders));
+    }
+    wait(&changed, &mu);
+  }
+}
+
+absl::StatusOr<void*> ZeroEngine::acquire_grad(ZeroParamId id, TierKind tier, Stream& stream) {
+  Impl& s = *impl_;
+  if (auto st = s.check_param(id); !st.ok()) return st;
+  const ZeroSegment& seg = s.layout.param_segment(id.index);
+  const std::string& name = s.layout.params()[id.index].name;
+  TensorHandle tensor;
+  {
+    MutexLock lock(&s.mu);
+    if (!s.failed.ok()) return s.failed;
+    Impl::ParamState& ps = s.param_states[id.index];
+    if (ps.acquired) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ZeroEngine::acquire_grad('", name, "'): already acquired; call grad_ready() first"));
+    }
+    if (ps.ready) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ZeroEngine::acquire_grad('", name,
+          "'): its gradient is already ready in this micro-step; the micro-step ends when "
+          "every parameter of its group is ready"));
+    }
+    Impl::Group& g = s.groups[seg.group];
+    if (s.options.stage == 1) {
+      if (g.completed >= s.options.accumulation_steps) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "ZeroEngine::acquire_grad('%s'): its group has had its %d micro-step(s); call step() "
+            "(or zero_grad()) first",
+            name, s.options.accumulation_steps));
+      }
+      tensor = g.grads;
+    } else {
+      if (g.bucket < 0) {
+        auto b = s.take_bucket(seg.group);
+        if (!b.ok()) return b.status();
+        g.bucket = *b;
+      }
+      tensor = s.buckets[static_cast<size_t>(g.bucket)];
+    }
+    ps.acquired = true;
+    ps.acquired_tensor = tensor;
+  }
+  auto data = s.runtime.store().acquire(tensor, tier, stream, AccessMode::kWrite);
+  if (!data.ok()) {
+    MutexLock lock(&s.mu);
+    s.param_states[id.index].acquired = false;
+    return data.status();
+  }
+  return static_cast<std::byte*>(*data) + seg.group_offset * s.grad_bytes;
+}
+
+absl::Status ZeroEngine::grad_ready(ZeroParamId id, Stream& stream) {
+  Impl& s = *impl_;
+  if (auto st = s.check_param(id); !st.ok()) return st;
+  const ZeroSegment& seg = s.layout.param_segment(id.index);
+  TensorHandle tensor;
+  {
+    MutexLock lock(&s.mu);
+    Impl::ParamState& ps = s.param_states[id.index];
+    if (!ps.acquired) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ZeroEngine::grad_ready('", s.layout.params()[id.index].name,
+                       "'): acquire_grad() it first, and add the gradient there"));
+    }
+    tensor = ps.acquired_tensor;
+  }
+  absl::Status released = s.runtime.store().release(tensor, stream);
+  bool complete = false;
+  int bucket = -1;
+  {
+    MutexLock lock(&s.mu);
+    Impl::ParamState& ps = s.param_states[id.index];
+    ps.acquired = false;
+    if (!released.ok()) return released;
+    if (!s.failed.ok()) return s.failed;
+    ps.ready = true;
+    Impl::Group& g = s.groups[seg.group];
+    if (++g.ready == g.members) {
+      g.ready = 0;
+      for (const ZeroSegment& member : s.layout.group_segments(seg.group)) {
+        s.param_states[member.param].ready = false;
+      }
+      ++g.completed;
+      complete = s.options.stage == 2 || g.completed == s.options.accumulation_steps;
+      bucket = g.bucket;
+      g.bucket = -1;
+      uint64_t done = UINT64_MAX;
+      for (const Impl::Group& other : s.groups) done = std::min<uint64_t>(done, other.completed);
+      s.counters.micro_steps = done;
+    }
+  }
+  if (!complete) return absl::OkStatus();
+  // The store orders the reduce-scatter's acquire (on comm_stream) after the work that used
+  // the buffer on `stream`.
+  return s.issue_reduction(seg.group, bucket);
+}
+
+absl::Status ZeroEngine::Impl::issue_reduction(uint32_t group, int bucket) {
+  const ZeroFlatGroup& fg = layout.groups()[group];
+  Reduction r;
+  r.group = group;
+  r.bucket = bucket;
+  r.tensor = bucket >= 0 ? buckets[static_cast<size_t>(bucket)] : groups[group].grads;
+  TensorStore& store = runtime.store();
+  auto data = store.acquire(r.tensor, comm_tier, *comm_stream, AccessMode::kWrite);
+  if (!data.ok()) return fail(data.status());
+  auto* base = static_cast<std::byte*>(*data);
+  auto co = collective_options(*comm_stream);
+  if (!co.ok()) {
+    (void)store.release(r.tensor, *comm_stream);
+    return fail(co.status());
+  }
+  // In place: this rank's slice of the buffer receives the sum of every rank's slice.
+  auto work = comm.reduce_scatter(base, base + static_cast<uint64_t>(rank) * fg.shard * grad_bytes,
+                                  fg.shard, comm_type(options.grad_type), ReduceOp::kSum, *co);
+  if (!work.ok()) {
+    (void)store.release(r.tensor, *comm_stream);
+    return fail(work.status());
+  }
+  r.work = *std::move(work);
+  MutexLock lock(&mu);
+  ++counters.reduce_scatters;
+  reductions.push_back(std::move(r));
+  changed.SignalAll();
+  return absl::OkStatus();
+}
+
+void ZeroEngine::Impl::run_reducer() {
+  for (;;) {
+    Reduction r;
+    {
+      MutexLock lock(&mu);
+      while (reductions.empty() && !stopping) wait(&changed, &mu);
+      if (reductions.empty()) return;
+      r = std::move(reductions.front());
+      reductions.pop_front();
+      reducing = true;
+    }
+    absl::Status status = land(r);
+    MutexLock lock(&mu);
+    reducing = false;
+    if (!status.ok() && failed.ok()) failed = status;
+    if (r.bucket >= 0) free_buckets.push_back(r.bucket);
+    changed.SignalAll();
+  }
+}
+
+absl::Status ZeroEngine::Impl::land(Reduction& r) {
+  TensorStore& store = runtime.store();
+  absl::Status status = r.work->wait();
+  if (auto st = store.release(r.tensor, *comm_stream); !st.ok() && status.ok()) status = st;
+  if (!status.ok()) return status;
+  const ZeroFlatGroup& fg = layout.groups()[r.group];
+  const ParamId shard = groups[r.group].shard;
+  if (r.bucket < 0) return optimizer->grad_written(shard);  // stage 1: the slice in place
+  // Stage 2: add the reduced slice into the optimizer's shard, then zero the bucket for the
+  // next group (the rest of it holds what the reduce-scatter left).
+  auto data = store.acquire(r.tensor, host_tier, *comm_stream, AccessMode::kWrite);
+  if (!data.ok()) return data.status();
+  auto* base = static_cast<std::byte*>(*data);
+  status = optimizer->land_grad(shard, base + static_cast<uint64_t>(rank) * fg.shard * grad_bytes);
+  std::memset(base, 0, fg.padded * grad_bytes);
+  if (auto st = store.release(r.tensor, *comm_stream); !st.ok() && status.ok()) status = st;
+  return status;
+}
+
+void ZeroEngine::Impl::wait_for_reductions() {
+  MutexLock lock(&mu);
+  while (!reductions.empty() || reducing) wait(&changed, &mu);
+}
+
+absl::Status ZeroEngine::zero_grad() {
+  Impl& s = *impl_;
+  MutexLock step_lock(&s.step_mu);
+  s.wait_for_reductions();
+  {
+    MutexLock lock(&s.mu);
+    if (!s.failed.ok()) return s.failed;
+    for (const Impl::ParamState& ps : s.param_states) {
+      if (ps.acquired) {
+        return absl::FailedPreconditionError(
+            "ZeroEngine::zero_grad(): a gradient buffer is still acquired; grad_ready() it first");
+      }
+    }
+    for (Impl::ParamState& ps : s.param_states) ps.ready = false;
+    for (Impl::Group& g : s.groups) {
+      g.ready = 0;
+      g.completed = 0;
+      if (g.bucket >= 0) s.free_buckets.push_back(g.bucket);
+      g.bucket = -1;
+    }
+    s.counters.micro_steps = 0;
+  }
+  // Buckets a group held without reducing them have gradients in them.
+  for (uint32_t g = 0; g < s.groups.size(); ++g) {
+    const uint64_t bytes = s.layout.groups()[g].padded * s.grad_bytes;
+    if (s.options.stage == 1) {
+      if (auto st = s.zero_tensor(s.groups[g].grads, bytes); !st.ok()) return st;
+    }
+  }
+  for (TensorHandle b : s.buckets) {
+    if (auto st = s.zero_tensor(b, s.bucket_bytes); !st.ok()) return st;
+  }
+  return s.optimizer->zero_grad();
+}
+
+}  // namespace strata

@@ -1,0 +1,24 @@
+# Resharding checkpoints, across jobs of different world sizes: save at 4 ranks; load at 2, 3,
+# 1 and 4, each comparing every parameter's master and moments bitwise with what was saved and
+# saving again; then resume at 4 ranks and compare with a 4-rank run that never stopped.
+# -DSTRATA_RUN=... -DZERO_RANK=... -DWORK=<scratch directory>
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+
+function(job ranks)
+  execute_process(COMMAND ${STRATA_RUN} -n ${ranks} --tag-output ${ZERO_RANK} ${ARGN}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+  message(STATUS "${ranks} rank(s): zero_rank ${ARGN}: exit ${rc}\n${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the ${ranks}-rank job 'zero_rank ${ARGN}' failed (exit ${rc})")
+  endif()
+endfunction()
+
+job(4 train-save ${WORK}/at4 5)
+job(2 load-check-save ${WORK}/at4 ${WORK}/at2)
+job(3 load-check-save ${WORK}/at2 ${WORK}/at3)
+job(1 load-check-save ${WORK}/at3 ${WORK}/at1)
+job(4 load-check-save ${WORK}/at1 ${WORK}/back4)
+job(4 train-save ${WORK}/straight 7)
+job(4 resume-compare ${WORK}/back4 5 2 ${WORK}/straight)
+file(REMOVE_RECURSE ${WORK})

@@ -1,0 +1,331 @@
+// ZeRO-DP in one process: the layout, a job of one rank (equal to the plain optimizer bit for
+// bit), every misuse as a precise error (never a hang), damaged checkpoints, and the failure
+// scenario as real processes: a rank killed mid-step turns into the Communicator's error on the
+// others, and the last checkpoint still loads in a new job.
+#include <absl/strings/match.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "comm/rank_processes.h"
+#include "offload/zero_rig.h"
+#include "strata/offload/zero_engine.h"
+#include "temp_dir.h"
+
+namespace strata {
+namespace {
+
+using testing::TempDir;
+
+std::vector<ZeroLayoutParam> layout_params(const std::vector<uint64_t>& counts,
+                                           const std::vector<uint32_t>& groups = {}) {
+  std::vector<ZeroLayoutParam> out;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    out.push_back(ZeroLayoutParam{"p" + std::to_string(i),
+                                  {static_cast<int64_t>(counts[i])},
+                                  0,
+                                  groups.empty() ? 0 : groups[i]});
+  }
+  return out;
+}
+
+TEST_CASE("ZeroLayout packs whole parameters and pads every group to ranks x alignment",
+          "[zero][layout]") {
+  // 3 ranks, alignment 4: quantum 12; groups of at most 100 elements (rounded down to 96).
+  auto layout = ZeroLayout::plan(layout_params({50, 30, 20, 200, 7, 1}), 3, 100, 4);
+  REQUIRE(layout.ok());
+  const auto& g = layout->groups();
+  REQUIRE(g.size() == 4);
+  CHECK(g[0].elements == 80);  // 50 + 30; 20 more would exceed 96
+  CHECK(g[0].padded == 84);
+  CHECK(g[0].shard == 28);
+  CHECK(g[1].elements == 20);
+  CHECK(g[2].elements == 200);  // larger than a group: alone
+  CHECK(g[2].padded == 204);
+  CHECK(g[3].elements == 8);  // 7 + 1
+  CHECK(g[3].segment_count == 2);
+  CHECK(layout->elements() == 308);
+  // Every parameter is one segment, in one group; every group's padding is below a quantum.
+  for (uint32_t p = 0; p < 6; ++p)
+    CHECK(layout->param_segment(p).count == layout->params()[p].count);
+  for (const ZeroFlatGroup& fg : g) {
+    CHECK(fg.padded % 12 == 0);
+    CHECK(fg.padded - fg.elements < 12);
+    CHECK(fg.shard * 3 == fg.padded);
+  }
+  // The ranks' slices cover every element of a group exactly once.
+  for (uint32_t group = 0; group < g.size(); ++group) {
+    uint64_t covered = 0;
+    for (uint32_t r = 0; r < 3; ++r) {
+      for (const ZeroSegment& s : layout->slice_segments(group, r)) {
+        CHECK(s.group_offset >= r * g[group].shard);
+        CHECK(s.group_offset + s.count <= (r + 1) * g[group].shard);
+        covered += s.count;
+      }
+    }
+    CHECK(covered == g[group].elements);
+  }
+}
+
+TEST_CASE("ZeroLayout keeps hyper-parameter groups apart and a large parameter alone",
+          "[zero][layout]") {
+  auto layout = ZeroLayout::plan(layout_params({10, 10, 10, 500, 10}, {0, 0, 1, 1, 1}), 2, 64, 8);
+  REQUIRE(layout.ok());
+  const auto& g = layout->groups();
+  REQUIRE(g.size() == 4);
+  CHECK(g[0].adam_group == 0);
+  CHECK(g[0].segment_count == 2);
+  CHECK(g[1].adam_group == 1);
+  CHECK(g[1].segment_count == 1);  // p2; p3 is larger than a group
+  CHECK(g[2].elements == 500);
+  CHECK(g[2].padded == 512);
+  CHECK(g[3].segment_count == 1);
+}
+
+TEST_CASE("ZeroLayout rejects bad input with the reason", "[zero][layout]") {
+  auto dup = ZeroLayout::plan({{"w", {4}, 0, 0}, {"w", {4}, 0, 0}}, 2, 64, 8);
+  CHECK(absl::StrContains(dup.status().message(), "two parameters are named 'w'"));
+  auto dim = ZeroLayout::plan({{"w", {4, 0}, 0, 0}}, 2, 64, 8);
+  CHECK(absl::StrContains(dim.status().message(), "dimension 0"));
+  auto small = ZeroLayout::plan({{"w", {4}, 0, 0}}, 4, 16, 8);
+  CHECK(absl::StrContains(small.status().message(), "raise the bucket size"));
+  auto empty = ZeroLayout::plan({}, 2, 64, 8);
+  CHECK(absl::StrContains(empty.status().message(), "no parameters"));
+}
+
+// A job of one rank: the process alone, no launch variables.
+Communicator& lone() {
+  static std::unique_ptr<Communicator> comm = [] {
+    auto created = Communicator::from_environment();
+    if (!created.ok()) FAIL(created.status().ToString());
+    return *std::move(created);
+  }();
+  return *comm;
+}
+
+ZeroOptions small_options(uint32_t stage) {
+  ZeroOptions o;
+  o.stage = stage;
+  o.bucket_bytes = 8 << 10;
+  o.alignment = 8;
+  o.groups = {AdamGroup{.lr = 1e-2F}, AdamGroup{.lr = 3e-3F}};
+  o.optimizer.max_grad_norm = 30.0F;
+  return o;
+}
+
+TEST_CASE("One rank at stage 1 or 2 is the plain offload optimizer, bit for bit", "[zero]") {
+  const uint32_t stage = GENERATE(1U, 2U);
+  INFO("stage " << stage);
+  const auto model = testing::zero_model();
+  const ZeroOptions o = small_options(stage);
+  auto runtime = testing::zero_runtime("");
+  REQUIRE(runtime.ok());
+  auto engine = ZeroEngine::create(**runtime, lone(), model.params, o);
+  REQUIRE(engine.ok());
+  auto reference = testing::ZeroReference::create(model, o, "");
+  REQUIRE(reference.ok());
+  auto stream = (*runtime)->device().create_stream();
+  REQUIRE(stream.ok());
+  for (int step = 0; step < 6; ++step) {
+    REQUIRE(
+        testing::zero_micro_step(**engine, **stream, model, o.grad_type, step, 0, 0, false).ok());
+    REQUIRE((*reference)->micro_step(step, 0, 1, false).ok());
+    auto got = (*engine)->step();
+    auto want = (*reference)->step();
+    REQUIRE(got.ok());
+    REQUIRE(want.ok());
+    CHECK(got->grad_norm == want->grad_norm);
+    CHECK(got->clip_coef == want->clip_coef);
+    for (uint32_t p = 0; p < model.params.size(); ++p) {
+      auto a = testing::zero_param(**engine, **stream, p);
+      auto b = (*reference)->param(p);
+      REQUIRE(a.ok());
+      REQUIRE(b.ok());
+      CHECK(*a == *b);
+    }
+  }
+  CHECK((*engine)->stats().steps == 6);
+  CHECK((*engine)->stats().reduce_scatters == 6 * (*engine)->layout().groups().size());
+}
+
+TEST_CASE("ZeroEngine refuses bad options and misuse with a precise error, never a hang",
+          "[zero]") {
+  const auto model = testing::zero_model();
+  auto runtime = testing::zero_runtime("");
+  REQUIRE(runtime.ok());
+  auto stream = (*runtime)->device().create_stream();
+  REQUIRE(stream.ok());
+  SECTION("options") {
+    ZeroOptions o = small_options(3);
+    auto e = ZeroEngine::create(**runtime, lone(), model.params, o);
+    CHECK(absl::StrContains(e.status().message(), "stage 3"));
+    o = small_options(2);
+    o.accumulation_steps = 0;
+    CHECK(
+        absl::StrContains(ZeroEngine::create(**runtime, lone(), model.params, o).status().message(),
+                          "accumulation_steps is 0"));
+    o = small_options(2);
+    o.param_home = TierKind::kNvme;
+    CHECK(ZeroEngine::create(**runtime, lone(), model.params, o).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+    auto params = model.params;
+    params[1].group = 7;
+    CHECK(absl::StrContains(
+        ZeroEngine::create(**runtime, lone(), params, small_options(2)).status().message(),
+        "group 7"));
+    params = model.params;
+    params[0].initial = params[0].initial.subspan(1);
+    CHECK(absl::StrContains(
+        ZeroEngine::create(**runtime, lone(), params, small_options(2)).status().message(),
+        "initial values"));
+  }
+  SECTION("gradients") {
+    ZeroOptions o = small_options(2);
+    o.gradient_buckets = 1;
+    auto engine = ZeroEngine::create(**runtime, lone(), model.params, o);
+    REQUIRE(engine.ok());
+    ZeroEngine& e = **engine;
+    // "head.weight" shares its group with "block1.mlp"; "block0.norm" is in another group.
+    const ZeroParamId head = *e.find("head.weight");
+    const ZeroParamId norm = *e.find("block0.norm");
+    REQUIRE(e.layout().groups()[e.layout().param_segment(head.index).group].segment_count == 2);
+    REQUIRE(e.layout().param_segment(norm.index).group !=
+            e.layout().param_segment(head.index).group);
+    CHECK(absl::StrContains(e.grad_ready(head, **stream).message(), "acquire_grad() it first"));
+    REQUIRE(e.acquire_grad(head, TierKind::kGpu, **stream).ok());
+    CHECK(absl::StrContains(e.acquire_grad(head, TierKind::kGpu, **stream).status().message(),
+                            "already acquired"));
+    REQUIRE(e.grad_ready(head, **stream).ok());
+    CHECK(absl::StrContains(e.acquire_grad(head, TierKind::kGpu, **stream).status().message(),
+                            "already ready in this micro-step"));
+    // head's group holds the only bucket while it waits for block1.mlp.
+    auto blocked = e.acquire_grad(norm, TierKind::kGpu, **stream);
+    CHECK(blocked.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(absl::StrContains(blocked.status().message(), "raise ZeroOptions.gradient_buckets"));
+    const ZeroParamId first{0};
+    auto early = e.step();
+    CHECK(early.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(absl::StrContains(early.status().message(), "completed 0 of 1 micro-steps"));
+    CHECK(e.zero_grad().ok());
+    // After zero_grad a full micro-step and a step work.
+    REQUIRE(testing::zero_micro_step(e, **stream, model, o.grad_type, 0, 0, 0, false).ok());
+    CHECK(e.step().ok());
+    CHECK(e.find("nope").status().code() == absl::StatusCode::kNotFound);
+    CHECK(e.param_view(ZeroParamId{99}).status().code() == absl::StatusCode::kNotFound);
+    std::vector<float> wrong(3);
+    CHECK(absl::StrContains(e.read_state(first, wrong, {}, {}).message(), "holds 3 values"));
+  }
+}
+
+TEST_CASE("A damaged ZeRO checkpoint is refused before anything changes", "[zero]") {
+  TempDir dir("strata-zero-damaged");
+  const auto model = testing::zero_model();
+  auto runtime = testing::zero_runtime("");
+  REQUIRE(runtime.ok());
+  auto engine = ZeroEngine::create(**runtime, lone(), model.params, small_options(2));
+  REQUIRE(engine.ok());
+  const std::string ckpt = dir.path() + "/c";
+  REQUIRE((*engine)->save(ckpt).ok());
+  std::string rank_file;
+  for (const auto& entry : std::filesystem::directory_iterator(ckpt)) {
+    if (entry.path().extension() == ".state") rank_file = entry.path().string();
+  }
+  REQUIRE(!rank_file.empty());
+  SECTION("a flipped byte in a rank file") {
+    std::fstream f(rank_file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+    f.close();
+    auto st = (*engine)->load(ckpt);
+    CHECK(absl::StrContains(st.message(), "fails its checksum"));
+    CHECK(absl::StrContains(st.message(), "nothing was loaded"));
+  }
+  SECTION("a truncated manifest") {
+    const std::string manifest = ckpt + "/zero.manifest";
+    const auto size = std::filesystem::file_size(manifest);
+    std::filesystem::resize_file(manifest, size - 10);
+    auto st = (*engine)->load(ckpt);
+    CHECK(st.code() == absl::StatusCode::kDataLoss);
+    CHECK(absl::StrContains(st.message(), "zero.manifest"));
+  }
+  SECTION("no checkpoint") {
+    auto st = (*engine)->load(dir.path() + "/none");
+    CHECK(absl::StrContains(st.message(), "is this a directory written by ZeroEngine::save()"));
+  }
+  // Still usable.
+  auto stream = (*runtime)->device().create_stream();
+  REQUIRE(stream.ok());
+  REQUIRE(testing::zero_micro_step(**engine, **stream, model, GradType::kF16, 0, 0, 0, false).ok());
+  CHECK((*engine)->step().ok());
+}
+
+TEST_CASE(
+    "A rank killed mid-step fails the others with the Communicator's error; the last "
+    "checkpoint loads",
+    "[zero][failure]") {
+  using namespace std::chrono_literals;
+  TempDir dir("strata-zero-fault");
+  const std::string ckpt = dir.path() + "/ckpt";
+  const std::map<std::string, std::string> env = {{"STRATA_COMM_BACKEND", "gloo"},
+                                                  {"STRATA_COMM_TIMEOUT", "20s"}};
+  {
+    testing::RankProcesses job({STRATA_ZERO_RANK, "fault", ckpt}, 3, {0, 1, 2},
+                               testing::free_port(), env);
+    for (const testing::RankOutcome& r : job.wait(90s)) {
+      INFO("rank " << r.rank << ": " << r.output);
+      CHECK_FALSE(r.killed_by_test);
+      if (r.rank == 2) {
+        CHECK_FALSE(r.exited);  // SIGKILL
+        continue;
+      }
+      CHECK(r.exited);
+      CHECK(r.status == 1);
+      CHECK(absl::StrContains(r.output, "Rank 2"));
+      CHECK(absl::StrContains(r.output, "Rank(s) at fault: 2"));
+    }
+  }
+  testing::RankProcesses resume({STRATA_ZERO_RANK, "load-check", ckpt}, 2, {0, 1},
+                                testing::free_port(), env);
+  for (const testing::RankOutcome& r : resume.wait(90s)) {
+    INFO("rank " << r.rank << ": " << r.output);
+    CHECK(r.exited);
+    CHECK(r.status == 0);
+  }
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Gradient accumulation lands every micro-step's gradient exactly once: the optimizer's norm is
+// the norm of the exact sum, step after step (dyadic values: every sum is exact).
+TEST_CASE("Accumulated gradients land exactly once per micro-step, every step", "[optimizer]") {
+  const auto model = testing::zero_model();
+  ZeroOptions o = small_options(2);
+  o.param_type = GradType::kF32 == GradType::kF32 ? ParamType::kF32 : ParamType::kF16;
+  o.grad_type = GradType::kF32;
+  auto reference = testing::ZeroReference::create(model, o, "");
+  REQUIRE(reference.ok());
+  for (int step = 0; step < 30; ++step) {
+    double sq = 0;
+    for (uint32_t p = 0; p < model.params.size(); ++p) {
+      for (uint64_t i = 0; i < model.initial[p].size(); ++i) {
+        const double g = static_cast<double>(testing::synthetic_grad(step, 0, 0, p, i)) +
+                         testing::synthetic_grad(step, 1, 0, p, i);
+        sq += g * g;
+      }
+    }
+    REQUIRE((*reference)->micro_step(step, 0, 1, false).ok());
+    REQUIRE((*reference)->micro_step(step, 1, 1, false).ok());
+    auto result = (*reference)->step();
+    REQUIRE(result.ok());
+    INFO("step " << step);
+    CHECK(result->grad_norm == std::sqrt(sq));
+  }
+}
+
+}  // namespace
+}  // namespace strata
