@@ -239,8 +239,10 @@ def test_zero_engine_errors(runtime, comm):
     other = strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="8MiB", nvme_paths=None)
     with pytest.raises(ValueError, match=r"the Communicator was created with another Runtime"):
         tiny_engine(other, comm)
-    # After all that the engine still trains; groups select their hyper-parameters.
-    grouped = strata.ZeroEngine(runtime, comm, [("a", 4, np.ones(4)), ("b", 4, np.ones(4), 1)],
+    # Groups select their hyper-parameters (another runtime: one engine per runtime, whose
+    # tensors are named zero.*).
+    grouped = strata.ZeroEngine(other, solo_communicator(other),
+                                [("a", 4, np.ones(4)), ("b", 4, np.ones(4), 1)],
                                 param_dtype="float32", grad_dtype="float32", param_home="cpu",
                                 groups=[{}, {"lr": 0.5}], lr=0.1)
     assert grouped.param_info("b")["group"] == 1
@@ -250,3 +252,7 @@ def test_zero_engine_errors(runtime, comm):
     # First Adam step: lr × sign(gradient).
     np.testing.assert_allclose(grouped.read_param("a"), 0.9, rtol=1e-5)
     np.testing.assert_allclose(grouped.read_param("b"), 0.5, rtol=1e-5)
+    # After all that the first engine still trains.
+    for p, name in enumerate(engine.params):
+        engine.add_grad(name, gradient(p, 1, 0, engine.param_info(name)["count"]))
+    assert engine.step()["step"] == 1
