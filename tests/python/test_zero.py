@@ -109,7 +109,7 @@ def test_zero_engine_steps_as_the_offload_optimizer(runtime, comm, stage, param_
                 grad = gradient(p, step, micro, g.numel)
                 engine.add_grad(p if micro else engine.params[p], grad)
                 with g.acquire("cpu", "w") as view:
-                    np.from_dlpack(view)[:] = grad
+                    torch.from_dlpack(view).copy_(torch.from_numpy(grad))
                 opt.grad_ready(pid)  # landings sum, as the engine's micro-steps do
         got = engine.step()
         want = opt.step()
@@ -164,7 +164,7 @@ def test_zero_engine_parameter_views(runtime, comm):
     assert view.released
     # Writes through a view reach the model's copy (the master keeps its own).
     with engine.acquire_param(1, "cpu", "w") as view:
-        np.from_dlpack(view)[:] = 0.5
+        torch.from_dlpack(view).fill_(0.5)
     np.testing.assert_array_equal(engine.read_param("layer.bias"), np.full(7, 0.5, np.float32))
     initial = np.asarray(model_params()[1][2], np.float32)
     np.testing.assert_array_equal(engine.read_state("layer.bias")[0], initial)
