@@ -100,7 +100,8 @@ typedef struct strata_zero_param {
 
 typedef struct strata_zero_param_spec {
   const char* name;     /* unique */
-  const int64_t* shape; /* `ndim` dimensions, each > 0 (NULL when ndim is 0: a scalar) */
+  const int64_t* shape; /* `ndim` dimensions, each > 0 (NULL when ndim is 0: a scalar, which
+                         * strata_zero_engine_param_info() reports as shape {1}) */
   size_t ndim;          /* <= STRATA_MAX_NDIM */
   uint32_t group;       /* hyper-parameter group: an index into options->groups */
   /* NULL (zeros), or the product of `shape` fp32 initial values (copied); every rank must pass
@@ -114,9 +115,9 @@ typedef struct strata_zero_options {
   strata_grad_type_t grad_type;
   /* The most gradient bytes of one flat group (one reduce-scatter); 32 MiB by default. */
   uint64_t bucket_bytes;
-  uint32_t gradient_buckets; /* stage 2: buckets in use at once, >= 1 */
-  uint32_t alignment;        /* every group is padded to a multiple of ranks x alignment */
-  strata_tier_t param_home;  /* the flat parameter tensors: STRATA_TIER_GPU or _CPU */
+  uint32_t gradient_buckets;   /* stage 2: buckets in use at once, >= 1 */
+  uint32_t alignment;          /* every group is padded to a multiple of ranks x alignment */
+  strata_tier_t param_home;    /* the flat parameter tensors: STRATA_TIER_GPU or _CPU */
   uint32_t accumulation_steps; /* micro-steps per step */
   /* `group_count` hyper-parameter groups (NULL when 0: one, optimizer.defaults). */
   const strata_adam_group_t* groups;
@@ -178,12 +179,9 @@ STRATA_API strata_status_t strata_zero_options_init(strata_zero_options_t* optio
 /* Lays out the `count` parameters, creates their flat tensors in the runtime and this rank's
  * optimizer (initialised from each spec's `initial`). `options` may be NULL for the defaults.
  * `comm` must belong to `runtime`. */
-STRATA_API strata_status_t strata_zero_engine_create(strata_runtime_t* runtime,
-                                                     strata_communicator_t* comm,
-                                                     const strata_zero_param_spec_t* params,
-                                                     size_t count,
-                                                     const strata_zero_options_t* options,
-                                                     strata_zero_engine_t** out);
+STRATA_API strata_status_t strata_zero_engine_create(
+    strata_runtime_t* runtime, strata_communicator_t* comm, const strata_zero_param_spec_t* params,
+    size_t count, const strata_zero_options_t* options, strata_zero_engine_t** out);
 STRATA_API strata_status_t strata_zero_engine_destroy(strata_zero_engine_t* engine);
 
 STRATA_API strata_status_t strata_zero_engine_find(strata_zero_engine_t* engine, const char* name,
