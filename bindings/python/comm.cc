@@ -65,6 +65,13 @@ DataType data_type(const py::array& a) {
 }
 
 py::array all_reduce(PyCommunicator& c, const py::array& input, const std::string& op_text) {
+  if (c.comm->backend() != CommBackendKind::kGloo) {
+    raise(absl::StatusCode::kFailedPrecondition,
+          "all_reduce: numpy arrays are host memory, which only the Gloo backend reduces; this "
+          "communicator is " +
+              std::string(to_string(c.comm->backend())) +
+              " (STRATA_COMM_BACKEND=gloo, or a Communicator without a CUDA runtime)");
+  }
   const ReduceOp op = parse_op(op_text);
   py::array data = py::array::ensure(input, py::array::c_style);
   if (!data) throw py::error_already_set();
@@ -121,8 +128,8 @@ comm_backend="gloo", comm_debug=True); None unsets.)doc")
           "stats", [](PyCommunicator& c) { return comm_stats(c.comm->stats()); },
           "Per collective kind {calls, bytes, wire_bytes}, and total_bytes, total_wire_bytes.")
       .def("all_reduce", &all_reduce, py::arg("array"), py::arg("op") = "sum",
-           "A new numpy array: `array` reduced over the ranks (sum, average, max, min). Every "
-           "rank calls it with the same shape and dtype.")
+           "A new numpy array: `array` reduced over the ranks (sum, average, max, min); Gloo "
+           "only. Every rank calls it with the same shape and dtype.")
       .def(
           "barrier",
           [](PyCommunicator& c) {
