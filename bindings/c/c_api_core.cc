@@ -33,6 +33,10 @@ absl::string_view kind_name(Kind kind) {
       return "a stream";
     case Kind::kOptimizer:
       return "an optimizer";
+    case Kind::kCommunicator:
+      return "a communicator";
+    case Kind::kZeroEngine:
+      return "a ZeRO engine";
   }
   return "an unknown object";
 }
@@ -217,6 +221,15 @@ absl::StatusOr<StreamState*> Call::stream(strata_stream_t* handle, absl::string_
   auto child = this->child(id_of(handle), Kind::kStream, param);
   if (!child.ok()) return child.status();
   return static_cast<StreamState*>(*child);
+}
+
+uint64_t add_child(RuntimeState& runtime, Kind kind, std::shared_ptr<Child> child) {
+  child->kind = kind;
+  child->owner = runtime.shared_from_this();
+  MutexLock lock(&runtime.mu);
+  const uint64_t id = Registry::get().add(Entry{kind, nullptr, std::move(child)});
+  runtime.children.push_back(id);
+  return id;
 }
 
 absl::Status destroy_child(uint64_t id, Kind kind, absl::string_view param) {

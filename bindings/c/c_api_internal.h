@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/offload/offload_optimizer.h"
 #include "strata/runtime/runtime.h"
 #include "strata/store/tensor_store.h"
 #include "strata/store/tier.h"
@@ -70,7 +71,7 @@ class Lifetime {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-enum class Kind { kRuntime, kStream, kOptimizer };
+enum class Kind { kRuntime, kStream, kOptimizer, kCommunicator, kZeroEngine };
 
 // What strata_tensor_create_ex recorded; TensorStore keeps only bytes.
 struct TensorMeta {
@@ -88,7 +89,8 @@ struct RuntimeState : std::enable_shared_from_this<RuntimeState> {
   std::vector<uint64_t> children ABSL_GUARDED_BY(mu);                  // in creation order
 };
 
-// A stream or an optimizer: owned by one runtime, destroyed before it.
+// A stream, an optimizer, a communicator or a ZeRO engine: owned by one runtime, destroyed
+// before it.
 struct Child {
   virtual ~Child() = default;
   // Destroys the wrapped object now (a shared_ptr to the Child may outlive the runtime).
@@ -108,7 +110,7 @@ struct StreamState final : Child {
 struct Entry {
   Kind kind = Kind::kRuntime;
   std::shared_ptr<RuntimeState> runtime;  // kRuntime
-  std::shared_ptr<Child> child;           // kStream, kOptimizer
+  std::shared_ptr<Child> child;           // the other kinds
 };
 
 class Registry {
@@ -157,6 +159,10 @@ class Call {
   std::vector<std::pair<std::shared_ptr<void>, Lifetime*>> entered_;
 };
 
+// Registers a new child of `runtime` (under its lock, so that its destroy sees the child) and
+// returns the child's id.
+uint64_t add_child(RuntimeState& runtime, Kind kind, std::shared_ptr<Child> child);
+
 // strata_stream_destroy and strata_optimizer_destroy: closes the child (waiting for calls on it)
 // and destroys what it wraps; the runtime cannot be destroyed meanwhile.
 absl::Status destroy_child(uint64_t id, Kind kind, absl::string_view param);
@@ -167,5 +173,18 @@ inline TensorHandle to_handle(const strata_tensor_t& tensor) {
 inline strata_tensor_t to_c(const RuntimeState& runtime, TensorHandle handle) {
   return strata_tensor_t{runtime.id, handle.index, handle.generation};
 }
+
+// ---- Conversions shared by the optimizer and the ZeRO engine -----------------------------------
+// `param` names the field in errors ("spec->param_type", "options->optimizer.isa").
+
+absl::StatusOr<ParamType> param_type_from(strata_param_type_t type, absl::string_view param);
+absl::StatusOr<GradType> grad_type_from(strata_grad_type_t type, absl::string_view param);
+AdamGroup group_from(const strata_adam_group_t& group);
+strata_adam_group_t group_to_c(const AdamGroup& group);
+// `prefix` is prepended to the field names in errors: "options->", "options->optimizer.".
+absl::StatusOr<OffloadOptimizerOptions> optimizer_options_from(const strata_optimizer_options_t& o,
+                                                               absl::string_view prefix);
+strata_optimizer_options_t optimizer_options_to_c(const OffloadOptimizerOptions& o);
+strata_step_result_t step_result_to_c(const StepResult& result);
 
 }  // namespace strata::c_api

@@ -33,45 +33,7 @@ absl::Status check_param(const OptimizerState& state, strata_param_t param) {
   return absl::OkStatus();
 }
 
-AdamGroup group_from(const strata_adam_group_t& g) {
-  return AdamGroup{g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.decoupled != 0};
-}
-
-strata_adam_group_t group_to_c(const AdamGroup& g) {
-  return strata_adam_group_t{g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.decoupled ? 1 : 0};
-}
-
-absl::StatusOr<ParamType> param_type_from(strata_param_type_t type) {
-  switch (type) {
-    case STRATA_PARAM_F32:
-      return ParamType::kF32;
-    case STRATA_PARAM_F16:
-      return ParamType::kF16;
-    case STRATA_PARAM_BF16:
-      return ParamType::kBF16;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("spec->param_type is ", type,
-                                                     ": use STRATA_PARAM_F32, STRATA_PARAM_F16 or "
-                                                     "STRATA_PARAM_BF16"));
-  }
-}
-
-absl::StatusOr<GradType> grad_type_from(strata_grad_type_t type) {
-  switch (type) {
-    case STRATA_GRAD_F32:
-      return GradType::kF32;
-    case STRATA_GRAD_F16:
-      return GradType::kF16;
-    case STRATA_GRAD_BF16:
-      return GradType::kBF16;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("spec->grad_type is ", type,
-                                                     ": use STRATA_GRAD_F32, STRATA_GRAD_F16 or "
-                                                     "STRATA_GRAD_BF16"));
-  }
-}
-
-absl::StatusOr<CpuIsa> isa_from(strata_cpu_isa_t isa) {
+absl::StatusOr<CpuIsa> isa_from(strata_cpu_isa_t isa, absl::string_view param) {
   switch (isa) {
     case STRATA_CPU_ISA_AUTO:
       return CpuIsa::kAuto;
@@ -83,15 +45,56 @@ absl::StatusOr<CpuIsa> isa_from(strata_cpu_isa_t isa) {
       return CpuIsa::kAvx512;
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("options->isa is ", isa, ": use one of the STRATA_CPU_ISA_* values"));
+          absl::StrCat(param, " is ", isa, ": use one of the STRATA_CPU_ISA_* values"));
   }
 }
 
-absl::StatusOr<OffloadOptimizerOptions> options_from(const strata_optimizer_options_t& o) {
+}  // namespace
+
+AdamGroup group_from(const strata_adam_group_t& g) {
+  return AdamGroup{g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.decoupled != 0};
+}
+
+strata_adam_group_t group_to_c(const AdamGroup& g) {
+  return strata_adam_group_t{g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.decoupled ? 1 : 0};
+}
+
+absl::StatusOr<ParamType> param_type_from(strata_param_type_t type, absl::string_view param) {
+  switch (type) {
+    case STRATA_PARAM_F32:
+      return ParamType::kF32;
+    case STRATA_PARAM_F16:
+      return ParamType::kF16;
+    case STRATA_PARAM_BF16:
+      return ParamType::kBF16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(param, " is ", type,
+                                                     ": use STRATA_PARAM_F32, STRATA_PARAM_F16 or "
+                                                     "STRATA_PARAM_BF16"));
+  }
+}
+
+absl::StatusOr<GradType> grad_type_from(strata_grad_type_t type, absl::string_view param) {
+  switch (type) {
+    case STRATA_GRAD_F32:
+      return GradType::kF32;
+    case STRATA_GRAD_F16:
+      return GradType::kF16;
+    case STRATA_GRAD_BF16:
+      return GradType::kBF16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(param, " is ", type,
+                                                     ": use STRATA_GRAD_F32, STRATA_GRAD_F16 or "
+                                                     "STRATA_GRAD_BF16"));
+  }
+}
+
+absl::StatusOr<OffloadOptimizerOptions> optimizer_options_from(const strata_optimizer_options_t& o,
+                                                               absl::string_view prefix) {
   OffloadOptimizerOptions options;
-  auto home = tier_from(o.state_home, "options->state_home");
+  auto home = tier_from(o.state_home, absl::StrCat(prefix, "state_home"));
   if (!home.ok()) return home.status();
-  auto isa = isa_from(o.isa);
+  auto isa = isa_from(o.isa, absl::StrCat(prefix, "isa"));
   if (!isa.ok()) return isa.status();
   options.state_home = *home;
   options.defaults = group_from(o.defaults);
@@ -105,7 +108,26 @@ absl::StatusOr<OffloadOptimizerOptions> options_from(const strata_optimizer_opti
   return options;
 }
 
-}  // namespace
+strata_optimizer_options_t optimizer_options_to_c(const OffloadOptimizerOptions& d) {
+  const LossScaling& ls = d.loss_scaling;
+  strata_optimizer_options_t options{};
+  options.state_home = d.state_home == TierKind::kNvme ? STRATA_TIER_NVME : STRATA_TIER_CPU;
+  options.defaults = group_to_c(d.defaults);
+  options.max_grad_norm = d.max_grad_norm;
+  options.skip_on_overflow = d.skip_on_overflow ? 1 : 0;
+  options.loss_scaling =
+      strata_loss_scaling_t{ls.scale,          ls.dynamic ? 1 : 0, ls.growth_factor,
+                            ls.backoff_factor, ls.growth_interval, ls.min_scale};
+  options.chunk_elements = d.chunk_elements;
+  options.isa = STRATA_CPU_ISA_AUTO;
+  return options;
+}
+
+strata_step_result_t step_result_to_c(const StepResult& r) {
+  return strata_step_result_t{r.skipped ? 1 : 0, r.grad_norm, r.clip_coef,
+                              r.params_updated,  r.step,      r.loss_scale};
+}
+
 }  // namespace strata::c_api
 
 using namespace strata::c_api;  // NOLINT(build/namespaces): this file implements it
@@ -124,19 +146,7 @@ strata_status_t strata_optimizer_options_init(strata_optimizer_options_t* option
   return boundary("strata_optimizer_options_init", [&]() -> absl::Status {
     if (options == nullptr) return null_argument("options");
     // The C++ defaults, so that the two never disagree.
-    const strata::OffloadOptimizerOptions d;
-    const strata::LossScaling& ls = d.loss_scaling;
-    *options = strata_optimizer_options_t{};
-    options->state_home =
-        d.state_home == strata::TierKind::kNvme ? STRATA_TIER_NVME : STRATA_TIER_CPU;
-    options->defaults = group_to_c(d.defaults);
-    options->max_grad_norm = d.max_grad_norm;
-    options->skip_on_overflow = d.skip_on_overflow ? 1 : 0;
-    options->loss_scaling =
-        strata_loss_scaling_t{ls.scale,          ls.dynamic ? 1 : 0, ls.growth_factor,
-                              ls.backoff_factor, ls.growth_interval, ls.min_scale};
-    options->chunk_elements = d.chunk_elements;
-    options->isa = STRATA_CPU_ISA_AUTO;
+    *options = optimizer_options_to_c(strata::OffloadOptimizerOptions{});
     return absl::OkStatus();
   });
 }
@@ -152,7 +162,7 @@ strata_status_t strata_optimizer_create(strata_runtime_t* runtime,
     if (!state.ok()) return state.status();
     strata::OffloadOptimizerOptions cpp;
     if (options != nullptr) {
-      auto converted = options_from(*options);
+      auto converted = optimizer_options_from(*options, "options->");
       if (!converted.ok()) return converted.status();
       cpp = *converted;
     }
@@ -264,9 +274,9 @@ strata_status_t strata_optimizer_add_param(strata_optimizer_t* optimizer,
                                       : " belongs to another runtime than the optimizer"));
       }
     }
-    auto param_type = param_type_from(spec->param_type);
+    auto param_type = param_type_from(spec->param_type, "spec->param_type");
     if (!param_type.ok()) return param_type.status();
-    auto grad_type = grad_type_from(spec->grad_type);
+    auto grad_type = grad_type_from(spec->grad_type, "spec->grad_type");
     if (!grad_type.ok()) return grad_type.status();
     strata::ParamSpec cpp;
     cpp.name = spec->name;
@@ -347,8 +357,7 @@ strata_status_t strata_optimizer_step(strata_optimizer_t* optimizer, strata_step
     auto result = (*state)->optimizer->step();
     if (!result.ok()) return result.status();
     if (out != nullptr) {
-      *out = strata_step_result_t{result->skipped ? 1 : 0, result->grad_norm, result->clip_coef,
-                                  result->params_updated,  result->step,      result->loss_scale};
+      *out = step_result_to_c(*result);
     }
     return absl::OkStatus();
   });

@@ -35,8 +35,9 @@ absl::Status destroy_runtime(strata_runtime_t* handle) {
   if (!entry.ok()) return entry.status();
   RuntimeState& state = *entry->runtime;
   if (!state.life.close()) return absl::NotFoundError("runtime was destroyed (destroyed twice)");
-  // No call is inside the runtime now, nor can one enter: tear down its children, optimizers
-  // first (they use the store), then the runtime itself.
+  // No call is inside the runtime now, nor can one enter: tear down its children, ZeRO engines
+  // and optimizers first (they use the store and the communicators), then communicators (they
+  // use the device), streams, and the runtime itself.
   std::vector<uint64_t> children;
   {
     strata::MutexLock lock(&state.mu);
@@ -46,7 +47,7 @@ absl::Status destroy_runtime(strata_runtime_t* handle) {
   for (uint64_t id : children) {
     if (auto child = Registry::get().take(id); child.has_value()) taken.push_back(child->child);
   }
-  for (Kind kind : {Kind::kOptimizer, Kind::kStream}) {
+  for (Kind kind : {Kind::kZeroEngine, Kind::kOptimizer, Kind::kCommunicator, Kind::kStream}) {
     for (auto it = taken.rbegin(); it != taken.rend(); ++it) {
       if ((*it)->kind != kind) continue;
       (*it)->life.close();

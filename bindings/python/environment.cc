@@ -9,13 +9,26 @@ namespace py = pybind11;
 namespace strata::python {
 namespace {
 
-// os.environ rather than getenv: what Python code (and pytest's monkeypatch) sees.
-std::map<std::string, std::string> strata_environment() {
+constexpr const char* kLaunchVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                            "MASTER_PORT"};
+
+bool is_launch_variable(const std::string& name) {
+  for (const char* v : kLaunchVariables) {
+    if (name == v) return true;
+  }
+  return false;
+}
+
+// os.environ rather than getenv: what Python code (and pytest's monkeypatch) sees. With
+// `launch`, the launch variables too.
+std::map<std::string, std::string> strata_environment(bool launch = false) {
   std::map<std::string, std::string> vars;
   py::dict environ = py::module_::import("os").attr("environ").attr("copy")();
   for (auto [key, value] : environ) {
     const auto name = key.cast<std::string>();
-    if (name.starts_with("STRATA_")) vars[name] = value.cast<std::string>();
+    if (name.starts_with("STRATA_") || (launch && is_launch_variable(name))) {
+      vars[name] = value.cast<std::string>();
+    }
   }
   return vars;
 }
@@ -53,6 +66,25 @@ std::map<std::string, std::string> runtime_variables(const py::kwargs& overrides
     }
   }
   return vars;
+}
+
+CommVariables communicator_variables(const py::kwargs& overrides) {
+  std::map<std::string, std::string> vars = strata_environment(/*launch=*/true);
+  for (auto [key, value] : overrides) {
+    std::string name = key.cast<std::string>();
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (!is_launch_variable(name) && !name.starts_with("STRATA_")) name = "STRATA_" + name;
+    if (value.is_none()) {
+      vars.erase(name);
+    } else {
+      vars[name] = override_text(value);
+    }
+  }
+  CommVariables split;
+  for (auto& [name, value] : vars) {
+    (is_launch_variable(name) ? split.launch : split.strata)[name] = std::move(value);
+  }
+  return split;
 }
 
 }  // namespace strata::python

@@ -12,17 +12,21 @@
 //   dlpack_export the 'dltensor' capsule
 //   stats         stats and configuration as dicts
 //   optimizer     strata.OffloadOptimizer
+//   comm          strata.Communicator
+//   zero          strata.ZeroEngine (float16: the host's fp16/bf16 conversions)
 //   testing       strata._strata.testing: host-backend test hooks (stream gates)
 // The GIL is released around every call that may block (acquire, release, flush, step, ...).
 #include <pybind11/pybind11.h>
 
 #include "acquisition.h"
+#include "comm.h"
 #include "errors.h"
 #include "optimizer.h"
 #include "runtime.h"
 #include "stream.h"
 #include "tensor.h"
 #include "testing.h"
+#include "zero.h"
 
 PYBIND11_MODULE(_strata, m) {
   m.doc() = "strata: a heterogeneous memory runtime for deep-learning training (C++ core)";
@@ -32,5 +36,7 @@ PYBIND11_MODULE(_strata, m) {
   strata::python::bind_tensor(m);
   strata::python::bind_acquisition(m);
   strata::python::bind_optimizer(m);
+  strata::python::bind_comm(m);
+  strata::python::bind_zero(m);
   strata::python::bind_testing(m);
 }

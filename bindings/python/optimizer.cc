@@ -52,28 +52,6 @@ py::dict group_dict(const AdamGroup& g) {
   return d;
 }
 
-void apply_group_kwargs(AdamGroup& g, const py::kwargs& kwargs) {
-  for (auto [key, value] : kwargs) {
-    const auto k = key.cast<std::string>();
-    if (k == "lr") {
-      g.lr = value.cast<float>();
-    } else if (k == "betas") {
-      auto betas = value.cast<std::pair<float, float>>();
-      g.beta1 = betas.first;
-      g.beta2 = betas.second;
-    } else if (k == "eps") {
-      g.eps = value.cast<float>();
-    } else if (k == "weight_decay") {
-      g.weight_decay = value.cast<float>();
-    } else if (k == "decoupled") {
-      g.decoupled = value.cast<bool>();
-    } else {
-      raise(absl::StatusCode::kInvalidArgument,
-            "'" + k + "' is not a group setting: use lr, betas, eps, weight_decay or decoupled");
-    }
-  }
-}
-
 std::shared_ptr<PyOptimizer> make_optimizer(const std::shared_ptr<PyRuntime>& rt,
                                             const std::string& state_home, float lr,
                                             std::pair<float, float> betas, float eps,
@@ -151,6 +129,39 @@ int64_t add_param(PyOptimizer& o, const std::string& name, const PyTensor& param
 
 }  // namespace
 
+void apply_group_kwargs(AdamGroup& g, const py::dict& kwargs) {
+  for (auto [key, value] : kwargs) {
+    const auto k = key.cast<std::string>();
+    if (k == "lr") {
+      g.lr = value.cast<float>();
+    } else if (k == "betas") {
+      auto betas = value.cast<std::pair<float, float>>();
+      g.beta1 = betas.first;
+      g.beta2 = betas.second;
+    } else if (k == "eps") {
+      g.eps = value.cast<float>();
+    } else if (k == "weight_decay") {
+      g.weight_decay = value.cast<float>();
+    } else if (k == "decoupled") {
+      g.decoupled = value.cast<bool>();
+    } else {
+      raise(absl::StatusCode::kInvalidArgument,
+            "'" + k + "' is not a group setting: use lr, betas, eps, weight_decay or decoupled");
+    }
+  }
+}
+
+py::dict step_result_dict(const StepResult& r) {
+  py::dict d;
+  d["skipped"] = r.skipped;
+  d["grad_norm"] = r.grad_norm;
+  d["clip_coef"] = r.clip_coef;
+  d["params_updated"] = r.params_updated;
+  d["step"] = r.step;
+  d["loss_scale"] = r.loss_scale;
+  return d;
+}
+
 void bind_optimizer(py::module_& m) {
   py::class_<PyOptimizer, std::shared_ptr<PyOptimizer>>(m, "OffloadOptimizer", R"doc(
 ZeRO-Offload's optimizer: fp32 master weights and Adam moments in the CPU tier (or on NVMe),
@@ -187,15 +198,7 @@ the Adam step on the CPU, gradients handed over as backward produces them (grad_
                py::gil_scoped_release unlocked;
                result = o.opt->step();
              }
-             const StepResult r = check(std::move(result));
-             py::dict d;
-             d["skipped"] = r.skipped;
-             d["grad_norm"] = r.grad_norm;
-             d["clip_coef"] = r.clip_coef;
-             d["params_updated"] = r.params_updated;
-             d["step"] = r.step;
-             d["loss_scale"] = r.loss_scale;
-             return d;
+             return step_result_dict(check(std::move(result)));
            })
       .def(
           "save",

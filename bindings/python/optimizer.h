@@ -25,6 +25,11 @@ class PyOptimizer {
   std::vector<uint64_t> counts;  // by ParamId
 };
 
+// Group keywords (lr, betas, eps, weight_decay, decoupled) applied to `g`; another key raises.
+void apply_group_kwargs(AdamGroup& g, const pybind11::dict& kwargs);
+// A StepResult as the dict step() returns.
+pybind11::dict step_result_dict(const StepResult& r);
+
 void bind_optimizer(pybind11::module_& m);
 
 }  // namespace strata::python

@@ -10,6 +10,12 @@ namespace py = pybind11;
 namespace strata::python {
 
 void PyTensor::check_alive() const {
+  if (engine_view) {
+    raise(absl::StatusCode::kFailedPrecondition,
+          "'" + name +
+              "' is a ZeroEngine parameter (a view into the engine's flat tensor): use the "
+              "engine's acquire_param() and read_param()");
+  }
   if (destroyed) {
     raise(absl::StatusCode::kFailedPrecondition, "tensor '" + name + "' was destroyed");
   }

@@ -41,6 +41,9 @@ class PyTensor {
   uint64_t bytes;
   TierKind home;
   bool destroyed = false;
+  // A ZeroEngine parameter (engine.acquire_param()): `handle` is its flat group tensor, whose
+  // bytes the engine owns; acquire, prefetch, evict and destroy are refused.
+  bool engine_view = false;
   int acquired = 0;  // live Acquisitions made through this object
 };
 

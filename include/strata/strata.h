@@ -1,5 +1,6 @@
-/* strata's C API: the runtime, its tensors and streams, and the offload optimizer, for C
- * programs and for other languages' bindings. Plain C11; also compiles as C++.
+/* strata's C API: the runtime, its tensors and streams, the offload optimizer, and data-parallel
+ * training (a communicator and the ZeRO engine), for C programs and for other languages'
+ * bindings. Plain C11; also compiles as C++.
  *
  *   strata_runtime_t* runtime;
  *   if (strata_runtime_create_from_env(&runtime) != STRATA_OK) {
@@ -413,5 +414,8 @@ STRATA_API strata_status_t strata_optimizer_stats(strata_optimizer_t* optimizer,
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+/* The communicator and the ZeRO engine. */
+#include "strata/strata_zero.h" /* IWYU pragma: export */
 
 #endif /* STRATA_STRATA_H_ */

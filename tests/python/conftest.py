@@ -1,8 +1,25 @@
 """Fixtures for the strata Python module's tests (run by CTest as python.pytest)."""
 
+import socket
+
 import pytest
 
 import strata
+
+
+def free_port():
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def solo_communicator(runtime=None):
+    """A job of one rank whatever the environment says, its rendezvous on a free port (tests
+    running at once must not meet on MASTER_PORT's default)."""
+    return strata.Communicator.from_environment(
+        runtime, rank=None, world_size=None, local_rank=None, master_addr="127.0.0.1",
+        master_port=free_port(), comm_backend="gloo", comm_timeout="60s")
 
 
 @pytest.fixture
@@ -18,3 +35,9 @@ def runtime(nvme_dir):
     return strata.Runtime(backend="host", gpu_bytes="32MiB", cpu_bytes="32MiB",
                           nvme_paths=[str(nvme_dir)], nvme_bytes="64MiB",
                           staging_bytes="8MiB")
+
+
+@pytest.fixture
+def comm(runtime):
+    """A one-rank communicator on the runtime's device."""
+    return solo_communicator(runtime)

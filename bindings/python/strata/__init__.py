@@ -8,12 +8,14 @@
     rt.stats()                                              # a dict
 
 strata.torch (imported on first use, it imports torch) puts an nn.Module's parameters in
-strata and trains it with the ZeRO-Offload optimizer. See docs/python.md.
+strata and trains it with the ZeRO-Offload optimizer. strata.Communicator and strata.ZeroEngine
+train data-parallel over several ranks (ZeRO-DP stages 1 and 2). See docs/python.md.
 """
 
 from ._strata import (  # noqa: F401
     Acquisition,
     AlreadyExistsError,
+    Communicator,
     Error,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -22,6 +24,7 @@ from ._strata import (  # noqa: F401
     ResourceExhaustedError,
     Runtime,
     Tensor,
+    ZeroEngine,
 )
 
 # KeyError quotes its message (repr) in str(); strata's NotFoundError reads like the others.
@@ -30,6 +33,7 @@ NotFoundError.__str__ = Exception.__str__
 __all__ = [
     "Acquisition",
     "AlreadyExistsError",
+    "Communicator",
     "Error",
     "FailedPreconditionError",
     "InvalidArgumentError",
@@ -38,6 +42,7 @@ __all__ = [
     "ResourceExhaustedError",
     "Runtime",
     "Tensor",
+    "ZeroEngine",
     "torch",
 ]
 

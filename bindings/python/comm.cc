@@ -1,0 +1,147 @@
+#include "comm.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "environment.h"
+#include "errors.h"
+#include "strata/config/config.h"
+
+namespace py = pybind11;
+
+namespace strata::python {
+namespace {
+
+std::shared_ptr<PyCommunicator> from_environment(const py::object& runtime,
+                                                 const py::kwargs& overrides) {
+  std::shared_ptr<PyRuntime> rt;
+  if (!runtime.is_none()) rt = runtime.cast<std::shared_ptr<PyRuntime>>();
+  const CommVariables vars = communicator_variables(overrides);
+  absl::StatusOr<std::unique_ptr<Communicator>> comm;
+  {
+    py::gil_scoped_release unlocked;  // the rendezvous waits for the other ranks
+    absl::StatusOr<LaunchInfo> launch = LaunchInfo::from_variables(vars.launch);
+    absl::StatusOr<Config> config = Config::from_variables(vars.strata);
+    if (!launch.ok()) {
+      comm = launch.status();
+    } else if (!config.ok()) {
+      comm = config.status();
+    } else {
+      comm = Communicator::create(CommOptions{
+          .launch = *launch, .settings = config->comm, .device = rt ? &rt->device() : nullptr});
+    }
+  }
+  return std::make_shared<PyCommunicator>(rt, check(std::move(comm)));
+}
+
+ReduceOp parse_op(const std::string& op) {
+  if (op == "sum") return ReduceOp::kSum;
+  if (op == "average" || op == "avg" || op == "mean") return ReduceOp::kAverage;
+  if (op == "max") return ReduceOp::kMax;
+  if (op == "min") return ReduceOp::kMin;
+  raise(absl::StatusCode::kInvalidArgument,
+        "'" + op + "' is not a reduction: use sum, average, max or min");
+}
+
+// A numpy array's element type as the communicator's.
+DataType data_type(const py::array& a) {
+  const py::dtype dt = a.dtype();
+  const char kind = dt.kind();
+  const auto size = dt.itemsize();
+  if (kind == 'f' && size == 4) return DataType::kFloat32;
+  if (kind == 'f' && size == 8) return DataType::kFloat64;
+  if (kind == 'f' && size == 2) return DataType::kFloat16;
+  if (kind == 'i' && size == 4) return DataType::kInt32;
+  if (kind == 'i' && size == 8) return DataType::kInt64;
+  if (kind == 'u' && size == 1) return DataType::kUInt8;
+  raise(absl::StatusCode::kInvalidArgument,
+        "all_reduce: numpy dtype " + py::str(py::object(dt)).cast<std::string>() +
+            " is not one the communicator reduces: use float16, float32, float64, int32, int64 "
+            "or uint8");
+}
+
+py::array all_reduce(PyCommunicator& c, const py::array& input, const std::string& op_text) {
+  if (c.comm->backend() != CommBackendKind::kGloo) {
+    raise(absl::StatusCode::kFailedPrecondition,
+          "all_reduce: numpy arrays are host memory, which only the Gloo backend reduces; this "
+          "communicator is " +
+              std::string(to_string(c.comm->backend())) +
+              " (STRATA_COMM_BACKEND=gloo, or a Communicator without a CUDA runtime)");
+  }
+  const ReduceOp op = parse_op(op_text);
+  py::array data = py::array::ensure(input, py::array::c_style);
+  if (!data) throw py::error_already_set();
+  const DataType type = data_type(data);
+  // A copy: the input stays as it was, and the result is this call's own buffer.
+  py::array result(data.dtype(),
+                   std::vector<py::ssize_t>(data.shape(), data.shape() + data.ndim()));
+  std::memcpy(result.mutable_data(), data.data(), static_cast<size_t>(data.nbytes()));
+  void* buffer = result.mutable_data();
+  const auto count = static_cast<uint64_t>(data.size());
+  unlocked_check([&]() -> absl::Status {
+    auto work = c.comm->all_reduce(buffer, buffer, count, type, op);
+    if (!work.ok()) return work.status();
+    return (*work)->synchronize();
+  });
+  return result;
+}
+
+py::dict comm_stats(const CommStats& s) {
+  py::dict d;
+  for (size_t i = 0; i < s.by_kind.size(); ++i) {
+    const CommStats::PerKind& k = s.by_kind[i];
+    py::dict kind;
+    kind["calls"] = k.calls;
+    kind["bytes"] = k.bytes;
+    kind["wire_bytes"] = k.wire_bytes;
+    d[py::str(std::string(to_string(static_cast<CollectiveKind>(i))))] = kind;
+  }
+  d["total_bytes"] = s.total_bytes();
+  d["total_wire_bytes"] = s.total_wire_bytes();
+  return d;
+}
+
+}  // namespace
+
+void bind_comm(py::module_& m) {
+  py::class_<PyCommunicator, std::shared_ptr<PyCommunicator>>(m, "Communicator", R"doc(
+The ranks of a data-parallel job and the collectives between them: Gloo for host buffers, NCCL
+for a CUDA runtime's. Create it with Communicator.from_environment().)doc")
+      .def_static("from_environment", &from_environment, py::arg("runtime") = py::none(),
+                  R"doc(
+Joins the job the launch variables describe (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT; none set: a job of one rank) with the STRATA_COMM_* settings. Every rank calls it;
+it returns once all have. `runtime`: the Runtime whose device the collectives use (a ZeroEngine
+needs its own runtime's). Keywords override the environment: rank=, world_size=, local_rank=,
+master_addr=, master_port= set the launch variables, others STRATA_<NAME> (comm_timeout="30s",
+comm_backend="gloo", comm_debug=True); None unsets.)doc")
+      .def_property_readonly("rank", [](PyCommunicator& c) { return c.comm->rank(); })
+      .def_property_readonly("size", [](PyCommunicator& c) { return c.comm->size(); })
+      .def_property_readonly(
+          "backend", [](PyCommunicator& c) { return std::string(to_string(c.comm->backend())); })
+      .def_property_readonly("runtime", [](PyCommunicator& c) { return c.rt; })
+      .def(
+          "stats", [](PyCommunicator& c) { return comm_stats(c.comm->stats()); },
+          "Per collective kind {calls, bytes, wire_bytes}, and total_bytes, total_wire_bytes.")
+      .def("all_reduce", &all_reduce, py::arg("array"), py::arg("op") = "sum",
+           "A new numpy array: `array` reduced over the ranks (sum, average, max, min); Gloo "
+           "only. Every rank calls it with the same shape and dtype.")
+      .def(
+          "barrier",
+          [](PyCommunicator& c) {
+            unlocked_check([&]() -> absl::Status {
+              auto work = c.comm->barrier();
+              if (!work.ok()) return work.status();
+              return (*work)->synchronize();
+            });
+          },
+          "Returns once every rank has called it.")
+      .def("__repr__",
+           [](PyCommunicator& c) { return "strata.Communicator(" + c.comm->description() + ")"; });
+}
+
+}  // namespace strata::python

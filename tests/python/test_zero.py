@@ -1,0 +1,258 @@
+"""strata.Communicator and strata.ZeroEngine in one process (a job of one rank): the engine
+steps as strata.OffloadOptimizer does, bitwise; checkpoints, views, accounting and errors.
+Several ranks: zero_ranks.py (CTest python.zero_ranks_2, under strata-run)."""
+
+import numpy as np
+import pytest
+import torch
+
+import strata
+from conftest import free_port, solo_communicator
+
+
+def test_communicator_alone(runtime):
+    comm = solo_communicator(runtime)
+    assert (comm.rank, comm.size, comm.backend) == (0, 1, "gloo")
+    assert comm.runtime is runtime
+    assert "gloo" in repr(comm)
+    stats = comm.stats()
+    assert stats["total_bytes"] == 0
+    assert set(stats) >= {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"}
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = comm.all_reduce(x, op="sum")
+    assert got.shape == (2, 3) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, x)
+    assert got is not x
+    np.testing.assert_array_equal(comm.all_reduce(np.array([3, -1]), op="max"), [3, -1])
+    comm.barrier()
+    stats = comm.stats()
+    assert stats["all_reduce"]["calls"] == 2 and stats["barrier"]["calls"] == 1
+    assert stats["all_reduce"]["bytes"] == x.nbytes + 16
+
+
+def test_communicator_from_the_environment_without_launch_variables(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    comm = strata.Communicator.from_environment()  # no runtime: host buffers only
+    assert (comm.rank, comm.size) == (0, 1)
+    assert comm.runtime is None
+
+
+def test_communicator_errors(runtime):
+    with pytest.raises(ValueError, match=r"RANK"):
+        strata.Communicator.from_environment(runtime, rank=2, world_size=2,
+                                             master_port=free_port())
+    with pytest.raises(ValueError, match=r"STRATA_COMM_TIMEOUT='soon'"):
+        strata.Communicator.from_environment(runtime, rank=None, world_size=None,
+                                             master_port=free_port(), comm_timeout="soon")
+    comm = solo_communicator(runtime)
+    with pytest.raises(ValueError, match=r"'prod' is not a reduction"):
+        comm.all_reduce(np.zeros(2, np.float32), op="prod")
+    with pytest.raises(ValueError, match=r"complex64 is not one the communicator reduces"):
+        comm.all_reduce(np.zeros(2, np.complex64))
+
+
+def model_params():
+    rng = np.random.default_rng(5)
+    return [("layer.weight", (3, 5), rng.standard_normal((3, 5)).astype(np.float32)),
+            ("layer.bias", 7, torch.linspace(-1, 1, 7)),  # torch tensors are accepted too
+            ("scale", (), None)]                          # zeros
+
+
+HYPER = dict(lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+
+
+def tiny_engine(runtime, comm, **options):
+    kwargs = dict(stage=2, param_dtype="float32", grad_dtype="float32", bucket_bytes=64,
+                  alignment=4, param_home="cpu", **HYPER)
+    kwargs.update(options)
+    return strata.ZeroEngine(runtime, comm, model_params(), **kwargs)
+
+
+def reference_optimizer(runtime, param_dtype, state_home="cpu"):
+    """OffloadOptimizer over one tensor per parameter, initialised as the engine."""
+    opt = strata.OffloadOptimizer(runtime, state_home=state_home, **HYPER)
+    entries = []
+    for name, shape, initial in model_params():
+        n = int(np.prod(shape))
+        p = runtime.create("ref." + name, (n,), param_dtype, home="cpu")
+        g = runtime.create("ref." + name + ".grad", (n,), "float32", home="cpu")
+        master = np.zeros(n, np.float32) if initial is None else np.asarray(initial, np.float32)
+        entries.append((opt.add_param(name, p, g, initial_master=master.reshape(-1)), p, g))
+    return opt, entries
+
+
+def gradient(p, step, micro, count):
+    # Multiples of 1/64 below 8: exact in float32, float16 and bfloat16 alike.
+    i = np.arange(count)
+    return (((13 * p + 5 * step + 3 * micro + i) % 31 - 15) / 64.0).astype(np.float32)
+
+
+@pytest.mark.parametrize("stage,param_dtype,grad_dtype,accumulation,state_home", [
+    (1, "float32", "float32", 1, "cpu"),
+    (2, "float32", "float32", 2, "cpu"),
+    (1, "float16", "float16", 2, "nvme"),
+    (2, "bfloat16", "bfloat16", 1, "cpu"),
+])
+def test_zero_engine_steps_as_the_offload_optimizer(runtime, comm, stage, param_dtype,
+                                                    grad_dtype, accumulation, state_home):
+    engine = tiny_engine(runtime, comm, stage=stage, param_dtype=param_dtype,
+                         grad_dtype=grad_dtype, accumulation_steps=accumulation,
+                         state_home=state_home)
+    assert engine.stage == stage and len(engine) == 3
+    assert engine.params == ["layer.weight", "layer.bias", "scale"]
+    opt, entries = reference_optimizer(runtime, param_dtype, state_home)
+    for step in range(1, 4):
+        for micro in range(accumulation):
+            for p, (pid, _, g) in enumerate(entries):
+                grad = gradient(p, step, micro, g.numel)
+                engine.add_grad(p if micro else engine.params[p], grad)
+                with g.acquire("cpu", "w") as view:
+                    torch.from_dlpack(view).copy_(torch.from_numpy(grad))
+                opt.grad_ready(pid)  # landings sum, as the engine's micro-steps do
+        got = engine.step()
+        want = opt.step()
+        assert got["step"] == want["step"] == step and not got["skipped"]
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6)
+        assert set(got) == set(want)
+        for p, (pid, tensor, _) in enumerate(entries):
+            name = engine.params[p]
+            for mine, theirs in zip(engine.read_state(name), opt.read_state(pid)):
+                assert mine.shape == engine.param_info(name)["shape"]
+                np.testing.assert_array_equal(mine.reshape(-1), theirs)
+            with tensor.acquire("cpu") as view:
+                expected = torch.from_dlpack(view).float().numpy()
+            np.testing.assert_array_equal(engine.read_param(name).reshape(-1), expected)
+    assert engine.step_count == 3
+    assert engine.stats()["steps"] == 3
+
+
+def test_zero_engine_checkpoint_round_trip(runtime, comm, tmp_path):
+    engine = tiny_engine(runtime, comm)
+
+    def train(step):
+        for p, name in enumerate(engine.params):
+            engine.add_grad(name, gradient(p, step, 0, engine.param_info(name)["count"]))
+        return engine.step()
+
+    train(1)
+    engine.save(tmp_path / "ckpt")  # os.PathLike
+    train(2)
+    after = [engine.read_param(name) for name in engine.params]
+    engine.load(str(tmp_path / "ckpt"))
+    assert engine.step_count == 1
+    engine.add_grad("layer.weight", np.full((3, 5), 100.0))  # dropped by zero_grad
+    engine.zero_grad()
+    assert train(2)["step"] == 2
+    for name, value in zip(engine.params, after):
+        np.testing.assert_array_equal(engine.read_param(name), value)
+
+
+def test_zero_engine_parameter_views(runtime, comm):
+    engine = tiny_engine(runtime, comm, param_dtype="bfloat16", param_home="gpu")
+    with engine.acquire_param("layer.weight", "gpu") as view:
+        assert view.shape == (3, 5) and view.dtype == "bfloat16"
+        t = torch.from_dlpack(view)
+        assert t.dtype == torch.bfloat16 and t.shape == (3, 5)
+        np.testing.assert_array_equal(t.float().numpy(), engine.read_param("layer.weight"))
+        with pytest.raises(strata.FailedPreconditionError, match=r"is a ZeroEngine parameter"):
+            view.tensor.acquire("cpu")
+        with pytest.raises(strata.FailedPreconditionError, match=r"is a ZeroEngine parameter"):
+            view.tensor.destroy()
+        del t
+    assert view.released
+    # Writes through a view reach the model's copy (the master keeps its own).
+    with engine.acquire_param(1, "cpu", "w") as view:
+        torch.from_dlpack(view).fill_(0.5)
+    np.testing.assert_array_equal(engine.read_param("layer.bias"), np.full(7, 0.5, np.float32))
+    initial = np.asarray(model_params()[1][2], np.float32)
+    np.testing.assert_array_equal(engine.read_state("layer.bias")[0], initial)
+
+
+def test_zero_engine_accounting(runtime, comm):
+    engine = tiny_engine(runtime, comm)
+    layout = engine.layout()
+    assert layout["ranks"] == 1 and layout["alignment"] == 4
+    assert layout["elements"] == 15 + 7 + 1
+    assert layout["groups"] >= 2  # 16 gradients a group
+    assert layout["padded_elements"] % 4 == 0 and layout["shard_elements"] == layout[
+        "padded_elements"]
+    memory = engine.memory()
+    assert set(memory) == {"params", "grads", "optimizer_states", "buckets", "model_states"}
+    assert set(memory["params"]) == {"gpu", "cpu", "nvme"}
+    assert memory["params"]["cpu"] >= 4 * layout["padded_elements"]
+    assert memory["params"]["gpu"] == 0
+    assert memory["optimizer_states"]["cpu"] >= 12 * layout["shard_elements"]
+    assert memory["model_states"] == sum(
+        sum(memory[kind].values()) for kind in ("params", "grads", "optimizer_states"))
+    for p, name in enumerate(engine.params):
+        engine.add_grad(name, gradient(p, 1, 0, engine.param_info(name)["count"]))
+    engine.step()
+    stats = engine.stats()
+    assert stats["steps"] == 1 and stats["micro_steps"] == 0
+    assert stats["reduce_scatters"] > 0 and stats["all_gathers"] > 0
+    for key in ("last_step_comm_bytes", "last_step_ns", "last_step_wait_ns",
+                "last_optimizer_ns", "last_gather_ns"):
+        assert key in stats
+    assert engine.loss_scale == 1.0
+    assert engine.runtime is runtime and engine.communicator is comm
+
+
+def test_zero_engine_errors(runtime, comm):
+    engine = tiny_engine(runtime, comm)
+    with pytest.raises(KeyError, match=r"nope"):
+        engine.find("nope")
+    with pytest.raises(KeyError):
+        engine.read_param("nope")
+    with pytest.raises(ValueError, match=r"parameter id 9 is not a parameter of this engine"):
+        engine.add_grad(9, np.zeros(1))
+    with pytest.raises(ValueError, match=r"not a float"):
+        engine.read_param(1.5)
+    with pytest.raises(ValueError, match=r"add_grad: parameter 'layer.bias' has 7 elements; "
+                                         r"the gradient has 6"):
+        engine.add_grad("layer.bias", np.zeros(6))
+    with pytest.raises(ValueError, match=r"'tape' is not a tier"):
+        engine.acquire_param(0, "tape")
+    bad_params = [
+        (["w"], r"params\[0\] is a str"),
+        ([("w",)], r"params\[0\] has 1 items"),
+        ([("w", 4, np.zeros(3))], r"params\[0\] \('w'\): initial has 3 values, the shape 4"),
+    ]
+    for params, message in bad_params:
+        with pytest.raises(ValueError, match=message):
+            strata.ZeroEngine(runtime, comm, params)
+    bad_options = [
+        (dict(param_dtype="int8"), r"param_dtype int8: the engine's parameters are float32"),
+        (dict(grad_dtype="float64"), r"grad_dtype float64"),
+        (dict(bucket_bytes="12XB"), r"bucket_bytes='12XB' is not a size"),
+        (dict(bucket_bytes=0), r"bucket_bytes=0: a positive byte count"),
+        (dict(state_home="tape"), r"'tape' is not a tier: use gpu, cpu or nvme"),
+        (dict(param_home="nvme"), r"'nvme' is not a tier: use gpu or cpu"),
+        (dict(groups=[{"lr": 0.1, "bogus": 1}]), r"'bogus' is not a group setting"),
+        (dict(stage=3), r"stage"),
+        (dict(alignment=0), r"alignment"),
+    ]
+    for options, message in bad_options:
+        with pytest.raises(ValueError, match=message):
+            tiny_engine(runtime, comm, **options)
+    other = strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="8MiB", nvme_paths=None)
+    with pytest.raises(ValueError, match=r"the Communicator was created with another Runtime"):
+        tiny_engine(other, comm)
+    # Groups select their hyper-parameters (another runtime: one engine per runtime, whose
+    # tensors are named zero.*).
+    grouped = strata.ZeroEngine(other, solo_communicator(other),
+                                [("a", 4, np.ones(4)), ("b", 4, np.ones(4), 1)],
+                                param_dtype="float32", grad_dtype="float32", param_home="cpu",
+                                groups=[{}, {"lr": 0.5}], lr=0.1)
+    assert grouped.param_info("b")["group"] == 1
+    grouped.add_grad("a", np.ones(4))
+    grouped.add_grad("b", np.ones(4))
+    grouped.step()
+    # First Adam step: lr × sign(gradient).
+    np.testing.assert_allclose(grouped.read_param("a"), 0.9, rtol=1e-5)
+    np.testing.assert_allclose(grouped.read_param("b"), 0.5, rtol=1e-5)
+    # After all that the first engine still trains.
+    for p, name in enumerate(engine.params):
+        engine.add_grad(name, gradient(p, 1, 0, engine.param_info(name)["count"]))
+    assert engine.step()["step"] == 1
