@@ -11,12 +11,15 @@
 //   zero_rank fault OUT                     train 2 steps, save to OUT; in step 3 the last rank
 //                                           kills itself halfway through its gradients
 //
+// ZERO_RANK_STATES=nvme puts the optimizer states on NVMe (a temporary directory per process).
+//
 // Every save also writes expected.bin (rank 0): every parameter's master and moments, gathered
 // — what any later load must reproduce bit for bit. Exit status 0, or 1 with a message.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -30,7 +33,17 @@
 namespace strata {
 namespace {
 
+// ZERO_RANK_STATES=nvme: the optimizer states live on NVMe, in a directory of this process's own.
+struct NvmeDir {
+  std::string path;
+  ~NvmeDir() {
+    std::error_code ignored;
+    if (!path.empty()) std::filesystem::remove_all(path, ignored);
+  }
+};
+
 struct Job {
+  NvmeDir nvme;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Runtime> runtime;
   std::unique_ptr<Stream> stream;
@@ -42,7 +55,14 @@ absl::Status start(Job& job) {
   auto comm = Communicator::from_environment();
   if (!comm.ok()) return comm.status();
   job.comm = *std::move(comm);
-  auto runtime = testing::zero_runtime("");
+  const char* states = std::getenv("ZERO_RANK_STATES");
+  const bool nvme = states != nullptr && std::string(states) == "nvme";
+  if (nvme) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "zero-rank-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) return absl::InternalError("mkdtemp failed");
+    job.nvme.path = pattern;
+  }
+  auto runtime = testing::zero_runtime(job.nvme.path);
   if (!runtime.ok()) return runtime.status();
   job.runtime = *std::move(runtime);
   auto stream = job.runtime->device().create_stream();
@@ -56,6 +76,7 @@ absl::Status start(Job& job) {
   o.groups = {AdamGroup{.lr = 1e-2F, .weight_decay = 0.01F}, AdamGroup{.lr = 3e-3F, .beta1 = 0.8F}};
   o.optimizer.loss_scaling = {.scale = 1024.0F, .dynamic = true, .growth_interval = 2};
   o.optimizer.max_grad_norm = 50.0F;
+  if (nvme) o.optimizer.state_home = TierKind::kNvme;
   auto engine = ZeroEngine::create(*job.runtime, *job.comm, job.model.params, o);
   if (!engine.ok()) return engine.status();
   job.engine = *std::move(engine);
