@@ -204,7 +204,8 @@ class GlooCommunicator final : public Communicator {
       : options_(options),
         monitor_(std::move(monitor)),
         context_(std::move(context)),
-        executor_(std::make_shared<OrderedExecutor>()) {}
+        executor_(std::make_shared<OrderedExecutor>()) {
+  }
 
   ~GlooCommunicator() override {
     // Runs what was issued (each bounded by the timeout): the tasks use this communicator, and
@@ -510,7 +511,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const Com
                     "(rendezvous at ",
                     launch.master_addr, ":", launch.master_port, "): ", cause)));
   }
-  return std::make_unique<GlooCommunicator>(options, *std::move(monitor), std::move(context));
+  CommOptions served = options;  // a lone rank's port 0 becomes the one it serves
+  served.launch.master_port = (*monitor)->launch().master_port;
+  return std::make_unique<GlooCommunicator>(served, *std::move(monitor), std::move(context));
 }
 
 }  // namespace strata::comm_internal

@@ -39,6 +39,8 @@ absl::StatusOr<std::unique_ptr<JobMonitor>> JobMonitor::join(const LaunchInfo& l
         TcpStoreServer::start(launch.master_addr, launch.master_port, launch.world_size);
     if (!server.ok()) return server.status();
     monitor->server_ = *std::move(server);
+    monitor->launch_.master_port =
+        monitor->server_->port();  // a lone rank's port 0: the one chosen
   }
   TcpStore::Options options;
   options.host = launch.master_addr;

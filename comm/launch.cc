@@ -80,7 +80,9 @@ absl::StatusOr<LaunchInfo> LaunchInfo::from_variables(
   info.rank = static_cast<int>(rank);
   info.world_size = static_cast<int>(world);
   info.local_rank = static_cast<int>(has_local ? local_rank : rank);
-  info.master_port = static_cast<uint16_t>(port);
+  // A job of one rank that names no port serves its rendezvous on a free one: nothing else
+  // joins it, and two lone trainers on one machine must not collide on the default port.
+  info.master_port = world == 1 && vars.count("MASTER_PORT") == 0 ? 0 : static_cast<uint16_t>(port);
   info.launched = has_rank || has_world;
   return info;
 }

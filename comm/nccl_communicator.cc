@@ -578,7 +578,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const Com
   if (!comm.ok()) return comm.status();
   parts.comm = *comm;
   (void)ncclGetVersion(&parts.version);
-  auto communicator = std::make_unique<NcclCommunicator>(options, std::move(parts));
+  CommOptions served = options;  // a lone rank's port 0 becomes the one it serves
+  served.launch.master_port = parts.monitor->launch().master_port;
+  auto communicator = std::make_unique<NcclCommunicator>(served, std::move(parts));
   STRATA_LOG(kInfo, "%s", communicator->description());
   return communicator;
 }

@@ -10,6 +10,7 @@
 
 #include "comm/collective_call.h"
 #include "comm/host_reduce.h"
+#include "strata/comm/communicator.h"
 #include "strata/comm/launch.h"
 
 namespace strata {
@@ -32,7 +33,13 @@ TEST_CASE("Launch variables: torchrun's names, defaults for a lone process", "[c
   CHECK(alone->world_size == 1);
   CHECK_FALSE(alone->launched);
   CHECK(alone->master_addr == "127.0.0.1");
-  CHECK(alone->master_port == 29500);
+  CHECK(alone->master_port == 0);  // a free port: lone trainers must not collide
+
+  // Launched without a port: torchrun's default.
+  absl::StatusOr<LaunchInfo> pair =
+      LaunchInfo::from_variables({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
+  REQUIRE(pair.ok());
+  CHECK(pair->master_port == 29500);
 
   absl::StatusOr<LaunchInfo> launched = LaunchInfo::from_variables({{"RANK", "5"},
                                                                     {"WORLD_SIZE", "8"},
@@ -171,6 +178,28 @@ TEST_CASE("Host reductions: every type and operation, 16-bit floats rounded to n
                                           h2 = {comm_internal::to_float16(2.25f)};
   combine_function(DataType::kFloat16, ReduceOp::kSum)(h1.data(), h2.data(), 1);
   CHECK(comm_internal::to_float(h1[0]) == 3.75f);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST_CASE("Two lone processes' communicators do not collide on a port", "[comm][launch]") {
+  absl::StatusOr<LaunchInfo> alone = LaunchInfo::from_variables({});
+  REQUIRE(alone.ok());
+  CommOptions options;
+  options.launch = *alone;
+  options.settings.backend = CommBackendKind::kGloo;
+  // As two trainers on one machine would, each a job of one rank, at the same time.
+  auto first = Communicator::create(options);
+  REQUIRE(first.ok());
+  auto second = Communicator::create(options);
+  INFO(second.status().ToString());
+  REQUIRE(second.ok());
+  CHECK((*first)->description().find(":0,") == std::string::npos);
+  CHECK((*first)->description() != (*second)->description());
 }
 
 }  // namespace

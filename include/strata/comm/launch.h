@@ -5,7 +5,7 @@
 //   LOCAL_RANK   rank on this machine (picks the GPU); defaults to RANK when WORLD_SIZE ranks
 //                are all local, and must be given otherwise only if a GPU is used
 //   MASTER_ADDR  host of rank 0, which serves the rendezvous (default 127.0.0.1 when unset)
-//   MASTER_PORT  its TCP port (default 29500)
+//   MASTER_PORT  its TCP port (default 29500; a job of one rank without it: a free port)
 //
 // A process with none of them set is a job of one rank (rank 0 of 1), so a trainer runs the same
 // way alone and under strata-run.
@@ -24,7 +24,7 @@ struct LaunchInfo {
   int world_size = 1;
   int local_rank = 0;
   std::string master_addr = "127.0.0.1";
-  uint16_t master_port = 29500;
+  uint16_t master_port = 29500;  // 0: any free port (a job of one rank only)
   // True when RANK or WORLD_SIZE was set (a launcher started this process).
   bool launched = false;
 
