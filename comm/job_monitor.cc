@@ -65,13 +65,16 @@ JobMonitor::~JobMonitor() {
   if (store_ != nullptr && launch_.world_size > 1) {
     const absl::StatusOr<int64_t> left = store_->add(kLeftKey, 1);
     if (left.ok() && launch_.rank == 0) {
-      // Serve until every rank has left (a lost rank ends the wait early: it will not).
+      // Serve until every other rank has left or is lost. After a failure the survivors are
+      // still in their post-mortems, reading the store to learn who died: if rank 0 stopped
+      // serving at the first lost rank, a slower survivor would find the server gone and blame
+      // rank 0 instead of the rank that died.
       const auto deadline = Clock::now() + settings_.timeout;
       while (Clock::now() < deadline) {
         absl::StatusOr<int64_t> count = store_->add(kLeftKey, 0);
-        if (!count.ok() || *count >= launch_.world_size) break;
         absl::StatusOr<std::vector<int>> lost = store_->lost_ranks();
-        if (!lost.ok() || !lost->empty()) break;
+        if (!count.ok() || !lost.ok()) break;
+        if (*count + static_cast<int64_t>(lost->size()) >= launch_.world_size) break;
         std::this_thread::sleep_for(milliseconds(5));
       }
     }

@@ -29,9 +29,9 @@ class JobMonitor {
   // Rank 0 starts the server; every rank connects (waiting up to the timeout for the others).
   static absl::StatusOr<std::unique_ptr<JobMonitor>> join(const LaunchInfo& launch,
                                                           const CommSettings& settings);
-  // Leaves cleanly: every rank marks itself left; rank 0 keeps serving until all have (bounded
-  // by the timeout, ended early by a lost rank) so that no rank mistakes a normal exit of rank 0
-  // for a failure.
+  // Leaves cleanly: every rank marks itself left; rank 0 keeps serving until every other rank
+  // has left or is lost (bounded by the timeout), so that no rank mistakes a normal exit of
+  // rank 0, or its exit after another rank's failure, for rank 0's own failure.
   ~JobMonitor();
 
   TcpStore& store() { return *store_; }

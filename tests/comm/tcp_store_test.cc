@@ -12,12 +12,15 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/job_monitor.h"
+#include "comm/rank_processes.h"
 #include "comm/tcp_store_protocol.h"
 #include "config/log_capture.h"
 #include "strata/base/unique_fd.h"
@@ -604,6 +607,74 @@ TEST_CASE("rendezvous: malformed bytes close that connection and the server keep
   CHECK(static_cast<int>(log.matching("closing the connection from").size()) ==
         closed_by_protocol_error);
   CHECK(log.matching("rank 1 lost its connection").size() == 1);
+}
+
+LaunchInfo launch_of(int rank, int world_size, uint16_t port) {
+  LaunchInfo launch;
+  launch.rank = rank;
+  launch.world_size = world_size;
+  launch.master_port = port;
+  launch.launched = true;
+  return launch;
+}
+
+// After a failure rank 0 exits while the others are still in their post-mortems, reading the
+// store to learn who died. Rank 0 must serve until they have left, or the slowest would find the
+// server gone and blame rank 0 (a fresh-clone CI run failed on exactly that race).
+TEST_CASE("rendezvous: after a rank is lost, rank 0 serves until every other rank has left",
+          "[tcp_store]") {
+  using comm_internal::JobMonitor;
+  const uint16_t port = testing::free_port();
+  CommSettings settings;
+  settings.timeout = 20s;  // bounds rank 0's wait should a check below fail first
+  absl::StatusOr<std::unique_ptr<JobMonitor>> rank0 = absl::UnknownError("not run");
+  absl::StatusOr<std::unique_ptr<JobMonitor>> rank2 = absl::UnknownError("not run");
+  absl::StatusOr<std::unique_ptr<TcpStore>> rank1 = absl::UnknownError("not run");
+  {
+    std::jthread t0([&] { rank0 = JobMonitor::join(launch_of(0, 3, port), settings); });
+    std::jthread t1([&] { rank1 = TcpStore::connect(options_for(port, 1, 3, 60s)); });
+    std::jthread t2([&] { rank2 = JobMonitor::join(launch_of(2, 3, port), settings); });
+  }
+  INFO(rank0.status().ToString() << " / " << rank1.status().ToString() << " / "
+                                 << rank2.status().ToString());
+  REQUIRE(rank0.ok());
+  REQUIRE(rank1.ok());
+  REQUIRE(rank2.ok());
+  TcpStore& survivor = (*rank2)->store();
+
+  testing::drop_without_goodbye(*std::move(rank1));
+  absl::StatusOr<std::vector<int>> lost = survivor.lost_ranks();
+  for (int i = 0; i < 60000 && lost.ok() && lost->empty(); ++i) {
+    std::this_thread::sleep_for(1ms);
+    lost = survivor.lost_ranks();
+  }
+  REQUIRE(lost.ok());
+  REQUIRE(*lost == std::vector<int>{1});
+
+  // Rank 0 leaves (on a thread: it waits for rank 2) once it has marked itself left.
+  std::atomic<bool> rank0_gone{false};
+  std::jthread leaving([&] {
+    rank0->reset();
+    rank0_gone = true;
+  });
+  absl::StatusOr<int64_t> left = survivor.add("strata/left", 0);
+  for (int i = 0; i < 60000 && left.ok() && *left < 1; ++i) {
+    std::this_thread::sleep_for(1ms);
+    left = survivor.add("strata/left", 0);
+  }
+  REQUIRE(left.ok());
+  REQUIRE(*left == 1);
+  // Given the time to stop serving (it stopped at once before the fix), it must not have.
+  for (int i = 0; i < 500 && !rank0_gone; ++i) std::this_thread::sleep_for(1ms);
+  CHECK_FALSE(rank0_gone);
+  lost = survivor.lost_ranks();
+  INFO(lost.status().ToString());
+  REQUIRE(lost.ok());
+  CHECK(*lost == std::vector<int>{1});
+  // The survivor leaves: rank 0 is free to go.
+  rank2->reset();
+  leaving.join();
+  CHECK(rank0_gone);
 }
 
 }  // namespace
