@@ -256,6 +256,12 @@ absl::Status ZeroEngine::load(const std::string& directory) {
   MutexLock step_lock(&s.step_mu);
   s.wait_for_reductions();
   if (auto st = s.failure(); !st.ok()) return st;
+  if (s.options.stage == 3) {
+    // Gathered copies would be stale once the shards change (every rank drops them alike).
+    if (auto st = s.drop_all_gathered("load()"); !st.ok()) {
+      return st.code() == absl::StatusCode::kFailedPrecondition ? st : s.fail(st);
+    }
+  }
   const std::string manifest_path = join(directory, kZeroManifestName);
 
   // Read, compare and verify locally; then agree.

@@ -92,17 +92,19 @@ absl::Status ZeroEngine::Impl::zero_tensor(TensorHandle tensor, uint64_t bytes) 
 absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime, Communicator& comm,
                                                                std::span<const ZeroParam> params,
                                                                ZeroOptions options) {
-  if (options.stage != 1 && options.stage != 2) {
+  if (options.stage < 1 || options.stage > 3) {
     return invalid(absl::StrFormat(
-        "stage %d is not a ZeRO stage this engine runs; use 1 (optimizer states partitioned) or "
-        "2 (gradients too)",
+        "stage %d is not a ZeRO stage; use 1 (optimizer states partitioned), 2 (gradients too) "
+        "or 3 (parameters too)",
         options.stage));
   }
   if (options.accumulation_steps == 0) return invalid("accumulation_steps is 0; use 1 or more");
   if (options.gradient_buckets == 0) return invalid("gradient_buckets is 0; use 1 or more");
   if (options.alignment == 0) return invalid("alignment is 0; use 1 or more elements");
-  if (options.param_home == TierKind::kNvme) {
-    return invalid("param_home is the NVMe tier; the model's parameters live in gpu or cpu");
+  if (options.param_home == TierKind::kNvme && options.stage != 3) {
+    return invalid(
+        "param_home is the NVMe tier; at stages 1 and 2 the model's parameters live in gpu or "
+        "cpu (stage 3 homes each rank's shard anywhere)");
   }
   if (options.optimizer.combine_grad_stats || options.optimizer.grad_divisor != 1.0F) {
     return invalid(
@@ -132,6 +134,9 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
     l.name = p.name;
     l.shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
     l.adam_group = p.group;
+    uint64_t count = 1;
+    for (int64_t d : l.shape) count *= d > 0 ? static_cast<uint64_t>(d) : 1;
+    l.persistent = options.stage == 3 && count * s.param_bytes < options.persist_below_bytes;
     lp.push_back(std::move(l));
   }
   const uint64_t group_elements = std::max<uint64_t>(1, options.bucket_bytes / s.grad_bytes);
@@ -142,6 +147,17 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
                                      " (ZeroOptions.bucket_bytes, alignment, or the parameters)"));
   }
   s.layout = *std::move(layout);
+  if (options.stage == 3) {
+    for (uint32_t g = 0; g < s.layout.groups().size(); ++g) {
+      if (s.layout.groups()[g].persistent) continue;
+      if (s.gathered_bytes(g) > options.max_live_bytes) {
+        return invalid(absl::StrFormat(
+            "parameter group %d gathers to %d bytes, above max_live_bytes = %d; raise "
+            "max_live_bytes or lower bucket_bytes",
+            g, s.gathered_bytes(g), options.max_live_bytes));
+      }
+    }
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].initial.empty() && params[i].initial.size() != s.layout.params()[i].count) {
       return invalid(absl::StrFormat("parameter '%s' has %d initial values for %d elements",
@@ -174,6 +190,11 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
     MutexLock lock(&s.mu);
     s.param_states.resize(params.size());
   }
+  {
+    MutexLock lock(&s.fetch_mu);
+    s.gathered.resize(s.layout.groups().size());
+    s.param_users.assign(params.size(), 0);
+  }
   auto engine = std::make_unique<ZeroEngine>(std::move(impl));
   if (auto st = engine->impl_->create_tensors(params); !st.ok()) return st;
   {
@@ -199,12 +220,19 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
     const ZeroFlatGroup& fg = layout.groups()[g];
     Group group;
     group.members = fg.segment_count;
+    group.partitioned = options.stage == 3 && !fg.persistent;
     largest = std::max(largest, fg.padded);
-    auto p =
-        make(absl::StrCat("zero.group", g, ".params"), fg.padded * param_bytes, options.param_home);
+    // Stage 3's partitioned groups hold only this rank's slice; every other group is whole.
+    auto p = group.partitioned ? make(absl::StrCat("zero.group", g, ".shard_params"),
+                                      fg.shard * param_bytes, options.param_home)
+                               : make(absl::StrCat("zero.group", g, ".params"),
+                                      fg.padded * param_bytes, whole_home());
     if (!p.ok()) return p.status();
-    group.params = *p;
+    (group.partitioned ? group.shard_params : group.params) = *p;
     groups.push_back(group);
+    const TensorHandle written = *p;
+    const uint64_t first = group.partitioned ? static_cast<uint64_t>(rank) * fg.shard : 0;
+    const uint64_t written_count = group.partitioned ? fg.shard : fg.padded;
     // The whole group in fp32 (padding zero): its rounded copy is the model's parameters, this
     // rank's slice the optimizer's master.
     std::vector<float> initial(fg.padded, 0.0F);
@@ -215,16 +243,17 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
                   initial.begin() + static_cast<ptrdiff_t>(seg.group_offset));
       }
     }
-    auto data = store.acquire(group.params, host_tier, *gather_stream, AccessMode::kWrite);
+    auto data = store.acquire(written, host_tier, *gather_stream, AccessMode::kWrite);
     if (!data.ok()) return data.status();
     if (auto st = runtime.device().synchronize(*gather_stream); !st.ok()) return st;
-    round_master(initial.data(), options.param_type, *data, fg.padded);
-    if (auto st = store.release(group.params, *gather_stream); !st.ok()) return st;
+    round_master(initial.data() + first, options.param_type, *data, written_count);
+    if (auto st = store.release(written, *gather_stream); !st.ok()) return st;
 
     ParamSpec spec;
     spec.name = absl::StrCat("zero.group", g, ".shard");
-    spec.param = group.params;
-    spec.param_offset = static_cast<uint64_t>(rank) * fg.shard * param_bytes;
+    spec.param = written;
+    spec.param_offset =
+        group.partitioned ? 0 : static_cast<uint64_t>(rank) * fg.shard * param_bytes;
     spec.param_host_tier = host_tier;
     spec.param_type = options.param_type;
     spec.grad_type = options.grad_type;
@@ -249,10 +278,12 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
     if (!id.ok()) return id.status();
     groups.back().shard = *id;
   }
-  if (options.stage == 2) {
+  if (options.stage >= 2) {
     bucket_bytes = largest * grad_bytes;
     for (uint32_t b = 0; b < options.gradient_buckets; ++b) {
-      auto t = make(absl::StrCat("zero.bucket", b), bucket_bytes, options.param_home);
+      // Stage 3 offloads parameters, not the constant-size buckets backward writes into.
+      auto t = make(absl::StrCat("zero.bucket", b), bucket_bytes,
+                    options.stage == 3 ? TierKind::kGpu : options.param_home);
       if (!t.ok()) return t.status();
       buckets.push_back(*t);
       if (auto st = zero_tensor(*t, bucket_bytes); !st.ok()) return st;
@@ -267,9 +298,17 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
 absl::Status ZeroEngine::Impl::drop_host_copies() {
   // The optimizer writes parameters it sets from a master (registration, load) through the CPU
   // tier; parameters homed elsewhere go back home rather than keep a second copy there.
-  if (options.param_home == TierKind::kCpu) return absl::OkStatus();
+  // Stage 3's shards go home from every tier: until a use gathers them, the memory is the
+  // gathered parameters', and an NVMe-homed shard is read from its drive once per step.
   for (const Group& g : groups) {
-    if (auto st = runtime.store().evict(g.params, TierKind::kCpu); !st.ok()) return st;
+    if (g.partitioned) {
+      for (TierKind tier : {TierKind::kCpu, TierKind::kGpu}) {
+        if (tier == options.param_home) continue;
+        if (auto st = runtime.store().evict(g.shard_params, tier); !st.ok()) return st;
+      }
+    } else if (whole_home() != TierKind::kCpu) {
+      if (auto st = runtime.store().evict(g.params, TierKind::kCpu); !st.ok()) return st;
+    }
   }
   return absl::OkStatus();
 }
@@ -284,10 +323,18 @@ ZeroEngine::~ZeroEngine() {
     s.changed.SignalAll();
   }
   if (s.reducer.joinable()) s.reducer.join();
+  {
+    // Gathers in flight end first (their waits are bounded by the communicator's timeout).
+    MutexLock lock(&s.fetch_mu);
+    for (uint32_t g = 0; g < s.gathered.size(); ++g) {
+      s.gathered[g].users = 0;
+      (void)s.drop_gathered(g);
+    }
+  }
   s.optimizer.reset();
   TensorStore& store = s.runtime.store();
   for (const Impl::Group& g : s.groups) {
-    for (TensorHandle t : {g.params, g.grads}) {
+    for (TensorHandle t : {g.params, g.grads, g.shard_params}) {
       if (t.valid()) (void)store.destroy(t);
     }
   }
@@ -315,12 +362,28 @@ Runtime& ZeroEngine::runtime() { return impl_->runtime; }
 absl::StatusOr<ZeroTensorView> ZeroEngine::param_view(ZeroParamId id) const {
   if (auto st = impl_->check_param(id); !st.ok()) return st;
   const ZeroSegment& seg = impl_->layout.param_segment(id.index);
+  if (impl_->groups[seg.group].partitioned) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "ZeroEngine::param_view: at stage 3 parameter '%s' exists whole only while gathered; "
+        "use acquire_param()/release_param()",
+        impl_->layout.params()[id.index].name));
+  }
   return ZeroTensorView{impl_->groups[seg.group].params, seg.group_offset * impl_->param_bytes,
                         seg.count};
 }
 
 absl::StatusOr<void*> ZeroEngine::acquire_param(ZeroParamId id, TierKind tier, Stream& stream,
                                                 AccessMode mode) {
+  if (auto st = impl_->check_param(id); !st.ok()) return st;
+  if (impl_->groups[impl_->layout.param_segment(id.index).group].partitioned) {
+    if (mode == AccessMode::kWrite) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ZeroEngine::acquire_param: parameter '%s' is partitioned (stage 3): its gathered copy "
+          "is read-only, the optimizer owns its values; acquire it with AccessMode::kRead",
+          impl_->layout.params()[id.index].name));
+    }
+    return impl_->acquire_gathered(id.index, tier, stream);
+  }
   auto view = param_view(id);
   if (!view.ok()) return view.status();
   auto data = impl_->runtime.store().acquire(view->tensor, tier, stream, mode);
@@ -329,9 +392,30 @@ absl::StatusOr<void*> ZeroEngine::acquire_param(ZeroParamId id, TierKind tier, S
 }
 
 absl::Status ZeroEngine::release_param(ZeroParamId id, Stream& stream) {
+  if (auto st = impl_->check_param(id); !st.ok()) return st;
+  if (impl_->groups[impl_->layout.param_segment(id.index).group].partitioned) {
+    return impl_->release_gathered(id.index, stream);
+  }
   auto view = param_view(id);
   if (!view.ok()) return view.status();
   return impl_->runtime.store().release(view->tensor, stream);
+}
+
+absl::Status ZeroEngine::set_fetch_order(std::span<const ZeroParamId> ids) {
+  Impl& s = *impl_;
+  if (s.options.stage != 3) {
+    return absl::FailedPreconditionError(
+        "ZeroEngine::set_fetch_order: only stage 3 fetches parameters; this engine is stage " +
+        std::to_string(s.options.stage));
+  }
+  std::vector<uint32_t> groups;
+  for (ZeroParamId id : ids) {
+    if (auto st = s.check_param(id); !st.ok()) return st;
+    const uint32_t g = s.layout.param_segment(id.index).group;
+    // A group's parameters used one after another are one use of the group.
+    if (s.groups[g].partitioned && (groups.empty() || groups.back() != g)) groups.push_back(g);
+  }
+  return s.set_order(std::move(groups));
 }
 
 absl::StatusOr<CollectiveOptions> ZeroEngine::Impl::collective_options(Stream& stream) {
@@ -376,6 +460,7 @@ absl::Status ZeroEngine::Impl::gather_params() {
     in_flight.pop_front();
   };
   for (uint32_t g = 0; g < groups.size() && status.ok(); ++g) {
+    if (!groups[g].params.valid()) continue;  // stage 3: gathered on use
     if (in_flight.size() == kInFlight) retire();
     const ZeroFlatGroup& fg = layout.groups()[g];
     auto data = store.acquire(groups[g].params, comm_tier, *gather_stream, AccessMode::kWrite);
@@ -409,6 +494,12 @@ absl::StatusOr<StepResult> ZeroEngine::step() {
   Impl& s = *impl_;
   MutexLock step_lock(&s.step_mu);
   const absl::Time start = absl::Now();
+  if (s.options.stage == 3) {
+    // The gathered copies are about to be stale (and the arena is the optimizer's to use).
+    if (auto st = s.drop_all_gathered("step()"); !st.ok()) {
+      return st.code() == absl::StatusCode::kFailedPrecondition ? st : s.fail(st);
+    }
+  }
   s.wait_for_reductions();
   const uint64_t wait_ns = since_ns(start);
   if (auto st = s.failure(); !st.ok()) return st;
@@ -447,6 +538,10 @@ absl::StatusOr<StepResult> ZeroEngine::step() {
                                                          st.message())));
     }
   }
+  if (s.options.stage == 3) {
+    if (auto st = s.drop_host_copies(); !st.ok()) return s.fail(st);
+    if (auto st = s.next_step_order(); !st.ok()) return s.fail(st);
+  }
   const uint64_t gather_ns = since_ns(gather_start);
   if (s.options.stage == 1) {
     for (uint32_t g = 0; g < s.groups.size(); ++g) {
@@ -481,6 +576,7 @@ ZeroMemory ZeroEngine::memory() const {
   };
   for (uint32_t g = 0; g < s.groups.size(); ++g) {
     add(m.params, s.groups[g].params);
+    add(m.params, s.groups[g].shard_params);
     add(m.grads, s.groups[g].grads);
     const std::string shard = absl::StrCat("zero.group", g, ".shard");
     add_named(m.grads, shard + ".grad.host");
@@ -489,6 +585,10 @@ ZeroMemory ZeroEngine::memory() const {
     }
   }
   for (TensorHandle t : s.buckets) add(m.buckets, t);
+  {
+    MutexLock lock(&s.mu);
+    m.gathered = s.counters.gathered_bytes;
+  }
   if (s.options.optimizer.state_home == TierKind::kNvme) {
     // Two swap slots of master and moments per chunk (a step writes the one not committed).
     const OffloadOptimizerStats o = s.optimizer->stats();

@@ -1,6 +1,7 @@
 // ZeroEngine's shared state, private to offload/: creation, parameters and step
-// (zero_engine.cc), gradients and their reduce-scatters (zero_gradients.cc), checkpoints and
-// state gathering (zero_checkpoint.cc).
+// (zero_engine.cc), gradients and their reduce-scatters (zero_gradients.cc), stage 3's gathering
+// of parameters by the recorded order (zero_fetch.cc), checkpoints and state gathering
+// (zero_checkpoint.cc).
 #pragma once
 
 #include <absl/status/statusor.h>
@@ -23,9 +24,11 @@ DataType comm_type(GradType type);
 
 struct ZeroEngine::Impl {
   struct Group {
-    TensorHandle params;  // flat, padded, param_type, homed in options.param_home
+    TensorHandle params;  // flat, padded, param_type: stages 1–2, stage 3's persistent groups
     TensorHandle grads;   // stage 1: flat, padded, grad_type
-    ParamId shard;        // the optimizer's parameter: this rank's slice
+    TensorHandle shard_params;  // stage 3's partitioned groups: this rank's slice of params
+    bool partitioned = false;   // stage 3, not persistent: gathered on use
+    ParamId shard;              // the optimizer's parameter: this rank's slice
     uint32_t members = 0;
     // Guarded by mu:
     uint32_t ready = 0;      // parameters ready in the current micro-step
@@ -43,6 +46,15 @@ struct ZeroEngine::Impl {
     TensorHandle tensor;  // acquired in comm_tier on comm_stream until the work is done
     int bucket = -1;
     std::unique_ptr<CollectiveWork> work;
+  };
+
+  // Stage 3: a partitioned group's gathered copy, while it exists (guarded by fetch_mu).
+  struct Gathered {
+    TensorHandle tensor;                   // padded × param_type in comm_tier; invalid: none
+    std::unique_ptr<CollectiveWork> work;  // the all-gather, until waited for
+    TensorHandle source;                   // the shard, acquired until the gather is waited for
+    bool prefetched = false;               // gathered ahead and not used yet
+    uint32_t users = 0;                    // acquire_param()s not yet released
   };
 
   Impl(Runtime& r, Communicator& c, ZeroOptions o) : runtime(r), comm(c), options(std::move(o)) {}
@@ -84,6 +96,16 @@ struct ZeroEngine::Impl {
   // in the same order.
   absl::Mutex step_mu;
 
+  // Stage 3 fetching (zero_fetch.cc). Lock order: fetch_mu before mu.
+  absl::Mutex fetch_mu;
+  std::vector<Gathered> gathered ABSL_GUARDED_BY(fetch_mu);     // by group
+  std::vector<uint32_t> param_users ABSL_GUARDED_BY(fetch_mu);  // by parameter
+  std::vector<uint32_t> order ABSL_GUARDED_BY(fetch_mu);        // groups by use, the last step's
+  size_t order_at ABSL_GUARDED_BY(fetch_mu) = 0;                // the next use expected
+  bool order_valid ABSL_GUARDED_BY(fetch_mu) = false;           // this step follows `order`
+  std::vector<uint32_t> recording ABSL_GUARDED_BY(fetch_mu);    // this step's uses
+  uint64_t live_bytes ABSL_GUARDED_BY(fetch_mu) = 0;            // gathered tensors' bytes
+
   absl::Status check_param(ZeroParamId id) const;
   absl::Status failure() const;  // the sticky failure, or OK
   // Records a failure (the first one stays) and wakes every waiter.
@@ -97,6 +119,29 @@ struct ZeroEngine::Impl {
   absl::StatusOr<GradStatistics> combine(const GradStatistics& local);
   // How a collective on buffers acquired on `stream` is ordered after them.
   absl::StatusOr<CollectiveOptions> collective_options(Stream& stream);
+
+  // Where stage 3's persistent groups and the buckets live when shards may be on NVMe.
+  TierKind whole_home() const;
+  uint64_t gathered_bytes(uint32_t group) const;
+
+  // zero_fetch.cc
+  absl::StatusOr<void*> acquire_gathered(uint32_t param, TierKind tier, Stream& stream)
+      ABSL_LOCKS_EXCLUDED(fetch_mu);
+  absl::Status release_gathered(uint32_t param, Stream& stream) ABSL_LOCKS_EXCLUDED(fetch_mu);
+  absl::Status set_order(std::vector<uint32_t> groups) ABSL_LOCKS_EXCLUDED(fetch_mu);
+  // Drops every gathered group (none may be in use): the parameters are about to change.
+  absl::Status drop_all_gathered(std::string_view caller) ABSL_LOCKS_EXCLUDED(fetch_mu);
+  // At the end of a step: the recorded order becomes the next step's, whose first groups are
+  // prefetched.
+  absl::Status next_step_order() ABSL_LOCKS_EXCLUDED(fetch_mu);
+  void note_use(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
+  absl::Status prefetch_ahead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
+  absl::Status start_gather(uint32_t group, bool prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
+  absl::Status finish_gather(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
+  absl::Status drop_gathered(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
+  absl::Status make_room(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
+  // Gathered bytes between now and the group's next use in the order (UINT64_MAX: none).
+  uint64_t reuse_distance(uint32_t group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
 
   // zero_gradients.cc
   void run_reducer();

@@ -120,7 +120,7 @@ absl::Status ZeroEngine::grad_ready(ZeroParamId id, Stream& stream) {
         s.param_states[member.param].ready = false;
       }
       ++g.completed;
-      complete = s.options.stage == 2 || g.completed == s.options.accumulation_steps;
+      complete = s.options.stage >= 2 || g.completed == s.options.accumulation_steps;
       bucket = g.bucket;
       g.bucket = -1;
       uint64_t done = UINT64_MAX;

@@ -53,44 +53,60 @@ absl::StatusOr<ZeroLayout> ZeroLayout::plan(std::vector<ZeroLayoutParam> params,
   layout.alignment_ = alignment;
   // Groups hold whole quanta, so that padding never exceeds one quantum per group.
   layout.max_group_elements_ = max_group_elements / quantum * quantum;
-  auto close_group = [&] {
-    ZeroFlatGroup& g = layout.groups_.back();
+  // One group is open per kind (partitioned or persistent): a persistent parameter does not
+  // close the partitioned group around it.
+  int open[2] = {-1, -1};
+  auto close_group = [&](int index) {
+    if (index < 0) return;
+    ZeroFlatGroup& g = layout.groups_[static_cast<size_t>(index)];
     g.padded = (g.elements + quantum - 1) / quantum * quantum;
     g.shard = g.padded / ranks;
   };
+  std::vector<std::vector<ZeroSegment>> members;  // by group
   // Parameters are never split (a trainer's gradient of one parameter is one buffer): a group
   // closes when the next parameter does not fit, and a parameter larger than a group gets one
   // of its own.
   for (uint32_t i = 0; i < params.size(); ++i) {
     const ZeroLayoutParam& p = params[i];
-    const bool need_new = layout.groups_.empty() ||
-                          layout.groups_.back().adam_group != p.adam_group ||
-                          layout.groups_.back().elements + p.count > layout.max_group_elements_;
+    int& current = open[p.persistent ? 1 : 0];
+    const bool need_new = current < 0 ||
+                          layout.groups_[static_cast<size_t>(current)].adam_group != p.adam_group ||
+                          layout.groups_[static_cast<size_t>(current)].elements + p.count >
+                              layout.max_group_elements_;
     if (need_new) {
-      if (!layout.groups_.empty()) close_group();
+      close_group(current);
       ZeroFlatGroup g;
       g.adam_group = p.adam_group;
-      g.first_segment = static_cast<uint32_t>(layout.segments_.size());
+      g.persistent = p.persistent;
       layout.groups_.push_back(g);
+      members.emplace_back();
+      current = static_cast<int>(layout.groups_.size() - 1);
     }
-    ZeroFlatGroup& g = layout.groups_.back();
+    ZeroFlatGroup& g = layout.groups_[static_cast<size_t>(current)];
     ZeroSegment s;
     s.param = i;
-    s.group = static_cast<uint32_t>(layout.groups_.size() - 1);
+    s.group = static_cast<uint32_t>(current);
     s.group_offset = g.elements;
     s.count = p.count;
     g.elements += s.count;
     ++g.segment_count;
     layout.segments_.push_back(s);
+    members[static_cast<size_t>(current)].push_back(s);
   }
-  close_group();
+  close_group(open[0]);
+  close_group(open[1]);
+  for (size_t g = 0; g < members.size(); ++g) {
+    layout.groups_[g].first_segment = static_cast<uint32_t>(layout.group_segments_.size());
+    layout.group_segments_.insert(layout.group_segments_.end(), members[g].begin(),
+                                  members[g].end());
+  }
   layout.params_ = std::move(params);
   return layout;
 }
 
 std::span<const ZeroSegment> ZeroLayout::group_segments(uint32_t group) const {
   const ZeroFlatGroup& g = groups_[group];
-  return std::span<const ZeroSegment>(segments_).subspan(g.first_segment, g.segment_count);
+  return std::span<const ZeroSegment>(group_segments_).subspan(g.first_segment, g.segment_count);
 }
 
 std::vector<ZeroSegment> ZeroLayout::slice_segments(uint32_t group, uint32_t rank) const {

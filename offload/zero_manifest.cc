@@ -34,6 +34,12 @@ std::string render(const ZeroManifest& m) {
     for (int64_t d : p.shape) absl::StrAppend(&out, " ", d);
     absl::StrAppend(&out, " ", p.name, "\n");  // the name last: it may contain spaces
   }
+  // Stage 3's persistent parameters (by index): they are packed apart, so the layout needs them.
+  std::string persistent;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    if (m.params[i].persistent) absl::StrAppend(&persistent, " ", i);
+  }
+  if (!persistent.empty()) absl::StrAppend(&out, "persistent", persistent, "\n");
   for (uint32_t r = 0; r < m.checksums.size(); ++r) {
     for (uint32_t g = 0; g < m.checksums[r].size(); ++g) {
       absl::StrAppend(&out, "checksum ", r, " ", g, " ",
@@ -56,6 +62,7 @@ absl::StatusOr<ZeroManifest> parse_zero_manifest(const std::string& text, const 
   bool magic = false;
   bool world = false;
   bool end = false;
+  std::vector<size_t> persistent;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     ++line_no;
     if (!magic) {
@@ -106,6 +113,12 @@ absl::StatusOr<ZeroManifest> parse_zero_manifest(const std::string& text, const 
         p.name = std::string(line.substr(name_at));
         m.params.push_back(std::move(p));
       }
+    } else if (f[0] == "persistent" && f.size() >= 2) {
+      for (size_t i = 1; ok && i < f.size(); ++i) {
+        size_t index = 0;
+        ok = absl::SimpleAtoi(f[i], &index);
+        persistent.push_back(index);
+      }
     } else if (f[0] == "checksum" && f.size() == 4 && world) {
       uint32_t rank = 0;
       uint32_t group = 0;
@@ -123,6 +136,12 @@ absl::StatusOr<ZeroManifest> parse_zero_manifest(const std::string& text, const 
   if (!magic) return bad(1, "empty manifest");
   if (!world) return bad(line_no, "no 'world' line");
   if (!end) return bad(line_no, "no 'end' line: the manifest is truncated");
+  for (size_t index : persistent) {
+    if (index >= m.params.size()) {
+      return bad(line_no, absl::StrFormat("persistent parameter %d of %d", index, m.params.size()));
+    }
+    m.params[index].persistent = true;
+  }
   return m;
 }
 

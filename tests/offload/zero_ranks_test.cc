@@ -21,14 +21,7 @@ using testing::TempDir;
 using testing::ZeroModel;
 using testing::ZeroReference;
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> shared = [] {
-    auto created = Communicator::from_environment();
-    if (!created.ok()) FAIL(created.status().ToString());
-    return *std::move(created);
-  }();
-  return *shared;
-}
+Communicator& comm() { return testing::job_communicator(); }
 
 uint32_t ranks() { return static_cast<uint32_t>(comm().size()); }
 uint32_t my_rank() { return static_cast<uint32_t>(comm().rank()); }

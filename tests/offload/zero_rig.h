@@ -13,6 +13,8 @@
 #include <absl/strings/str_cat.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "offload/cpu_adam_kernels.h"
+#include "strata/comm/communicator.h"
 #include "strata/offload/offload_optimizer.h"
 #include "strata/offload/zero_engine.h"
 #include "strata/runtime/runtime.h"
@@ -104,6 +107,19 @@ inline float load_value(const void* buffer, GradType type, uint64_t i) {
 inline GradType as_grad_type(ParamType t) {
   return t == ParamType::kF32 ? GradType::kF32
                               : (t == ParamType::kF16 ? GradType::kF16 : GradType::kBF16);
+}
+
+// The job's communicator, one per process (its rendezvous port can be served only once).
+inline Communicator& job_communicator() {
+  static std::unique_ptr<Communicator> shared = [] {
+    auto created = Communicator::from_environment();
+    if (!created.ok()) {
+      std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+      std::abort();
+    }
+    return *std::move(created);
+  }();
+  return *shared;
 }
 
 // A host-backend runtime; NVMe in `nvme_dir` when it is not empty.
@@ -280,16 +296,15 @@ class ZeroReference {
   std::vector<ParamId> ids_;
 };
 
-// A parameter of the engine's model, widened to fp32 (read on the host).
+// A parameter of the engine's model, widened to fp32 (read on the host). At stage 3 this is a
+// use of its group (a collective): every rank must make it.
 inline absl::StatusOr<std::vector<float>> zero_param(ZeroEngine& engine, Stream& stream,
                                                      uint32_t p) {
   const ZeroParamId id{p};
-  auto view = engine.param_view(id);
-  if (!view.ok()) return view.status();
   auto data = engine.acquire_param(id, TierKind::kGpu, stream);
   if (!data.ok()) return data.status();
   if (auto st = engine.runtime().device().synchronize(stream); !st.ok()) return st;
-  std::vector<float> out(view->count);
+  std::vector<float> out(engine.layout().params()[p].count);
   for (uint64_t i = 0; i < out.size(); ++i) {
     out[i] = load_value(*data, as_grad_type(engine.options().param_type), i);
   }

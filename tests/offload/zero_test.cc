@@ -83,6 +83,40 @@ TEST_CASE("ZeroLayout keeps hyper-parameter groups apart and a large parameter a
   CHECK(g[3].segment_count == 1);
 }
 
+TEST_CASE("ZeroLayout packs stage 3's persistent parameters apart, in order", "[zero][layout]") {
+  // Weights and biases alternate, as in a model; the biases are persistent.
+  auto params = layout_params({40, 4, 40, 4, 40, 4});
+  for (size_t i = 1; i < params.size(); i += 2) params[i].persistent = true;
+  auto layout = ZeroLayout::plan(params, 2, 96, 4);
+  REQUIRE(layout.ok());
+  const auto& g = layout->groups();
+  REQUIRE(g.size() == 3);
+  CHECK_FALSE(g[0].persistent);
+  CHECK(g[0].segment_count == 2);  // w0, w2: the biases between do not close it
+  CHECK(g[1].persistent);
+  CHECK(g[1].segment_count == 3);  // b0, b1, b2
+  CHECK(g[1].elements == 12);
+  CHECK_FALSE(g[2].persistent);  // w4: 40 + 80 > 96
+  // Segments by parameter and by group agree.
+  for (uint32_t p = 0; p < 6; ++p) {
+    const ZeroSegment& seg = layout->param_segment(p);
+    CHECK(seg.param == p);
+    CHECK(g[seg.group].persistent == params[p].persistent);
+    bool found = false;
+    for (const ZeroSegment& in_group : layout->group_segments(seg.group)) {
+      found = found || (in_group.param == p && in_group.group_offset == seg.group_offset);
+    }
+    CHECK(found);
+  }
+  CHECK(layout->group_segments(1)[1].param == 3);
+  CHECK(layout->group_segments(1)[1].group_offset == 4);
+  // Without persistent parameters the packing is the one before the flag existed.
+  auto plain = ZeroLayout::plan(layout_params({40, 4, 40, 4, 40, 4}), 2, 96, 4);
+  REQUIRE(plain.ok());
+  CHECK(plain->groups().size() == 2);
+  CHECK(plain->groups()[0].segment_count == 4);
+}
+
 TEST_CASE("ZeroLayout rejects bad input with the reason", "[zero][layout]") {
   auto dup = ZeroLayout::plan({{"w", {4}, 0, 0}, {"w", {4}, 0, 0}}, 2, 64, 8);
   CHECK(absl::StrContains(dup.status().message(), "two parameters are named 'w'"));
@@ -111,11 +145,12 @@ ZeroOptions small_options(uint32_t stage) {
   o.alignment = 8;
   o.groups = {AdamGroup{.lr = 1e-2F}, AdamGroup{.lr = 3e-3F}};
   o.optimizer.max_grad_norm = 30.0F;
+  o.persist_below_bytes = 128;  // stage 3: only the norms and the bias stay whole
   return o;
 }
 
-TEST_CASE("One rank at stage 1 or 2 is the plain offload optimizer, bit for bit", "[zero]") {
-  const uint32_t stage = GENERATE(1U, 2U);
+TEST_CASE("One rank at stage 1, 2 or 3 is the plain offload optimizer, bit for bit", "[zero]") {
+  const uint32_t stage = GENERATE(1U, 2U, 3U);
   INFO("stage " << stage);
   const auto model = testing::zero_model();
   const ZeroOptions o = small_options(stage);
@@ -157,9 +192,15 @@ TEST_CASE("ZeroEngine refuses bad options and misuse with a precise error, never
   auto stream = (*runtime)->device().create_stream();
   REQUIRE(stream.ok());
   SECTION("options") {
-    ZeroOptions o = small_options(3);
+    ZeroOptions o = small_options(4);
     auto e = ZeroEngine::create(**runtime, lone(), model.params, o);
-    CHECK(absl::StrContains(e.status().message(), "stage 3"));
+    CHECK(absl::StrContains(e.status().message(), "stage 4 is not a ZeRO stage"));
+    o = small_options(3);
+    o.persist_below_bytes = 0;
+    o.max_live_bytes = 1024;
+    CHECK(
+        absl::StrContains(ZeroEngine::create(**runtime, lone(), model.params, o).status().message(),
+                          "above max_live_bytes = 1024"));
     o = small_options(2);
     o.accumulation_steps = 0;
     CHECK(
@@ -216,6 +257,64 @@ TEST_CASE("ZeroEngine refuses bad options and misuse with a precise error, never
     std::vector<float> wrong(3);
     CHECK(absl::StrContains(e.read_state(first, wrong, {}, {}).message(), "holds 3 values"));
   }
+}
+
+TEST_CASE("Stage 3 refuses misuse with a precise error", "[zero]") {
+  const auto model = testing::zero_model();
+  auto runtime = testing::zero_runtime("");
+  REQUIRE(runtime.ok());
+  auto stream = (*runtime)->device().create_stream();
+  REQUIRE(stream.ok());
+  ZeroOptions o = small_options(3);
+  o.persist_below_bytes = 128;
+  // Room for one gathered group: the largest.
+  uint64_t largest = 0;
+  {
+    auto probe = ZeroEngine::create(**runtime, lone(), model.params, o);
+    REQUIRE(probe.ok());
+    for (const ZeroFlatGroup& g : (*probe)->layout().groups()) {
+      if (!g.persistent) largest = std::max(largest, g.padded * 2);
+    }
+  }
+  o.max_live_bytes = largest;
+  auto engine = ZeroEngine::create(**runtime, lone(), model.params, o);
+  REQUIRE(engine.ok());
+  ZeroEngine& e = **engine;
+  const ZeroParamId embed = *e.find("embed.weight");
+  const ZeroParamId mlp = *e.find("block1.mlp");
+  const ZeroParamId bias = *e.find("block0.bias");
+  REQUIRE(e.layout().param_segment(embed.index).group != e.layout().param_segment(mlp.index).group);
+  // Persistent parameters keep a view and may be written; partitioned ones have neither.
+  CHECK(e.param_view(bias).ok());
+  CHECK(e.param_view(embed).status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(
+      e.acquire_param(embed, TierKind::kGpu, **stream, AccessMode::kWrite).status().message(),
+      "read-only"));
+  CHECK(absl::StrContains(e.release_param(embed, **stream).message(), "is not acquired"));
+  // Two groups in use at once need more than the live limit.
+  REQUIRE(e.acquire_param(embed, TierKind::kGpu, **stream).ok());
+  auto second = e.acquire_param(mlp, TierKind::kGpu, **stream);
+  CHECK(second.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(second.status().message(), "raise max_live_bytes"));
+  CHECK(e.stats().gathered_bytes <= o.max_live_bytes);
+  // step() while a parameter is held names it; after release the engine goes on.
+  auto early = e.step();
+  CHECK(early.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(early.status().message(), "embed.weight"));
+  REQUIRE(e.release_param(embed, **stream).ok());
+  // The idle group is dropped to make room: the second use works now.
+  REQUIRE(e.acquire_param(mlp, TierKind::kGpu, **stream).ok());
+  REQUIRE(e.release_param(mlp, **stream).ok());
+  CHECK(e.set_fetch_order(std::vector<ZeroParamId>{ZeroParamId{42}}).code() ==
+        absl::StatusCode::kNotFound);
+  REQUIRE(testing::zero_micro_step(e, **stream, model, o.grad_type, 0, 0, 0, false).ok());
+  CHECK(e.step().ok());
+  engine->reset();  // one engine per runtime at a time (its tensors' names)
+  ZeroOptions two = small_options(2);
+  auto stage2 = ZeroEngine::create(**runtime, lone(), model.params, two);
+  REQUIRE(stage2.ok());
+  CHECK((*stage2)->set_fetch_order(std::vector<ZeroParamId>{embed}).code() ==
+        absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("A damaged ZeRO checkpoint is refused before anything changes", "[zero]") {

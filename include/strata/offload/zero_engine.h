@@ -1,12 +1,11 @@
-// ZeroEngine: ZeRO-DP stages 1 and 2 over strata's tiers. Each of N data-parallel ranks keeps
+// ZeroEngine: ZeRO-DP stages 1, 2 and 3 over strata's tiers. Each of N data-parallel ranks keeps
 // the optimizer states (fp32 master, Adam moments) of 1/N of the parameters, in the tier its
-// OffloadOptimizer options choose (pinned CPU tier with the CPU Adam step, or NVMe), steps
-// only that slice, and all-gathers the updated low-precision parameters.
+// OffloadOptimizer options choose (pinned CPU tier with the CPU Adam step, or NVMe), and steps
+// only that slice.
 //
 // Layout (zero_layout.h): parameters are packed, in the order given, into flat groups of at
 // most `bucket_bytes` of gradients, each padded to a multiple of N × alignment elements; rank r
-// owns slice r of every group. The model's parameters are views into the groups' flat
-// parameter tensors (param_view()).
+// owns slice r of every group.
 //
 // Gradients, per micro-step, as backward produces them:
 //   void* g = acquire_grad(id, tier, stream);   // add (+=) this micro-step's gradient here
@@ -15,25 +14,49 @@
 // overlapping the rest of backward, and each rank keeps the sum of its own slice:
 //   stage 1: the buffers are full-size flat gradient tensors (2 bytes/param with fp16 grads),
 //            accumulated over the micro-steps of a step, reduce-scattered in the last one;
-//   stage 2: the buffers are `gradient_buckets` constant-size buckets reused across groups,
+//   stage 2, 3: the buffers are `gradient_buckets` constant-size buckets reused across groups,
 //            reduce-scattered every micro-step; the reduced slice lands in (is added to) the
 //            optimizer's CPU-tier gradient shard. No full-size gradient exists.
-// step(): gradient-norm clipping and the overflow check on the shards, combined with one
-// all-reduce so every rank decides the same; the Adam step on the own slice; an in-place
-// all-gather of every group's parameters. Model-state bytes per rank (Ψ parameters, K = 12):
-//   stage 1: 4Ψ + KΨ/N       stage 2: 2Ψ + (2+K)Ψ/N (+ the buckets)
-// Communication per step: a reduce-scatter and an all-gather of every group (2Ψ elements).
 //
-// Every rank must create the engine with the same parameters and options and announce the
-// gradients of the same groups in the same order (the same backward): the collectives are
-// matched by order. STRATA_COMM_DEBUG=on turns a disagreement into an error naming both calls.
+// Parameters:
+//   stages 1, 2: every rank holds the whole model (the groups' flat parameter tensors, homed in
+//            param_home); step() all-gathers the updated slices in place.
+//   stage 3:  every rank holds only its slice of each group (the shard, homed in param_home:
+//            GPU, CPU or NVMe); acquire_param() gathers the group into a transient tensor in the
+//            GPU arena and release_param() lets it go. Parameters below
+//            persist_below_bytes stay whole on every rank, as in stage 2 (not worth a
+//            collective each). See "Stage 3 fetching" below.
+// step(): gradient-norm clipping and the overflow check on the shards, combined with one
+// all-reduce so every rank decides the same; the Adam step on the own slice; stages 1–2 then
+// all-gather every group. Model-state bytes per rank (Ψ parameters, K = 12, fp16):
+//   stage 1: 4Ψ + KΨ/N     stage 2: 2Ψ + (2+K)Ψ/N     stage 3: (4+K)Ψ/N (+ persistent ones whole)
+// Communication per step: stages 1–2, a reduce-scatter and an all-gather of every group (2Ψ);
+// stage 3, a reduce-scatter and two all-gathers (forward and backward: 3Ψ), less the gathers
+// that a kept group saves.
+//
+// Stage 3 fetching. The first step records the order in which groups are used (acquire_param of
+// a group none of whose parameters is acquired); set_fetch_order() gives it up front instead.
+// From then on each use gathers the groups that follow it in that order, up to prefetch_bytes of
+// gathered parameters ahead, never letting the gathered bytes alive at once (in use, kept,
+// prefetched) exceed max_live_bytes. When a group's last user releases it, it stays gathered if
+// the order uses it again within reuse_window_bytes of gathers (the turn from forward to
+// backward), and is dropped otherwise. When the order changes (a branch, another sequence
+// length), the engine realigns to the recorded order where it can and otherwise fetches on
+// demand for the rest of the step, recording the new order for the next. Every decision is a
+// function of the sequence of calls, never of timing, so ranks that make the same calls issue
+// the same collectives.
+//
+// Every rank must create the engine with the same parameters and options and make the same
+// acquire_param/release_param/acquire_grad/grad_ready calls in the same order, from one thread
+// (the same model, the same backward): collectives are matched by order. STRATA_COMM_DEBUG=on
+// turns a disagreement into an error naming both calls; without it, a timeout naming the ranks.
 //
 // Checkpoints (save/load) hold each rank's slice plus the parameter map; load() accepts one
-// written at any world size, bucket size or alignment and reshards it, bitwise.
+// written at any world size, stage, bucket size or alignment and reshards it, bitwise.
 //
-// Errors: a failed collective (a dead peer, a timeout) fails grad_ready()/step() with the
-// Communicator's message on every rank; the engine then refuses further work (recreate it and
-// load the last checkpoint).
+// Errors: a failed collective (a dead peer, a timeout) fails acquire_param()/grad_ready()/step()
+// with the Communicator's message on every rank; the engine then refuses further work (recreate
+// it and load the last checkpoint).
 #pragma once
 
 #include <absl/status/statusor.h>
@@ -62,7 +85,7 @@ struct ZeroParam {
 };
 
 struct ZeroOptions {
-  uint32_t stage = 2;  // 1: optimizer states partitioned; 2: gradients too
+  uint32_t stage = 2;  // 1: optimizer states partitioned; 2: gradients too; 3: parameters too
   ParamType param_type = ParamType::kF16;
   GradType grad_type = GradType::kF16;
   // The most gradient bytes of one flat group (one reduce-scatter). A parameter larger than this
@@ -73,8 +96,22 @@ struct ZeroOptions {
   uint32_t gradient_buckets = 2;
   // Every group is padded to a multiple of ranks × alignment elements.
   uint32_t alignment = 64;
-  // Where the flat parameter tensors (and stage 1's gradients) are homed.
+  // Where the flat parameter tensors (and stage 1's gradients, stage 2–3's buckets) are homed.
+  // Stage 3: where each rank's parameter shards are homed, any tier (NVMe: each rank reads only
+  // its own shard from its own drives); the persistent parameters are then homed in the CPU tier
+  // (with an NVMe home) or here, the buckets in the GPU tier.
   TierKind param_home = TierKind::kGpu;
+  // Stage 3: parameters of fewer bytes than this stay whole on every rank (DeepSpeed's
+  // stage3_param_persistence_threshold, in bytes of param_type).
+  uint64_t persist_below_bytes = 128ULL << 10;
+  // Stage 3: gathered bytes fetched ahead of the group in use, along the recorded order.
+  uint64_t prefetch_bytes = 64ULL << 20;
+  // Stage 3: the most gathered bytes alive at once (in use, kept for reuse, prefetched). A use
+  // that cannot fit even after dropping every group not in use is ResourceExhausted.
+  uint64_t max_live_bytes = 1ULL << 30;
+  // Stage 3: a released group stays gathered when the order uses it again within this many
+  // gathered bytes (0: always dropped, every use gathers).
+  uint64_t reuse_window_bytes = 64ULL << 20;
   // Micro-steps per step (gradient accumulation): step() expects every parameter's gradient
   // this many times.
   uint32_t accumulation_steps = 1;
@@ -100,10 +137,11 @@ struct ZeroTensorView {
 // (TensorStore::info), indexed by TierKind: parameters, gradients (stage 1's full gradients or
 // the reduced shard), optimizer states (master and moments) and stage 2's buckets.
 struct ZeroMemory {
-  std::array<uint64_t, 3> params{};
+  std::array<uint64_t, 3> params{};  // stage 3: the shards and the persistent parameters
   std::array<uint64_t, 3> grads{};
   std::array<uint64_t, 3> optimizer_states{};
   std::array<uint64_t, 3> buckets{};
+  uint64_t gathered = 0;  // stage 3: gathered parameters alive now (GPU arena; not model states)
   uint64_t model_states() const;  // params + grads + optimizer states, all tiers
 };
 
@@ -120,6 +158,17 @@ struct ZeroStats {
   uint64_t last_step_wait_ns = 0;  // of which waiting for reduce-scatters still running
   uint64_t last_optimizer_ns = 0;  // of which the optimizer (statistics all-reduce included)
   uint64_t last_gather_ns = 0;     // of which the parameter all-gathers
+  // Stage 3 fetching, since create():
+  uint64_t fetches = 0;            // uses of a group (its first parameter acquired)
+  uint64_t gathers_on_demand = 0;  // gathered at its use: not prefetched, not kept
+  uint64_t gathers_prefetched = 0;
+  uint64_t prefetch_late = 0;           // used while its prefetched gather was still running
+  uint64_t reuses = 0;                  // used while still gathered from an earlier use
+  uint64_t gathers_dropped_unused = 0;  // prefetched, then dropped (order changed, room needed)
+  uint64_t order_changes = 0;           // uses that departed from the recorded order
+  uint64_t gathered_bytes = 0;          // gathered parameter bytes alive now
+  uint64_t gathered_peak_bytes = 0;
+  uint64_t fetch_wait_ns = 0;  // acquire_param() waiting for gathers (exposed communication)
 };
 
 class ZeroEngine {
@@ -139,12 +188,19 @@ class ZeroEngine {
   const ZeroLayout& layout() const;
   const ZeroOptions& options() const;
 
-  // The model's copy of a parameter. acquire_param()/release_param() wrap the store's
-  // acquire/release of its group tensor and add the offset.
+  // The model's copy of a parameter: stages 1–2 and stage 3's persistent parameters. Stage 3's
+  // partitioned parameters have none (FailedPrecondition): acquire them.
   absl::StatusOr<ZeroTensorView> param_view(ZeroParamId id) const;
+  // The parameter's elements in `tier`, for work on `stream`, until release_param(). Stages 1–2
+  // wrap the store's acquire of its group tensor. Stage 3 gathers the group first (or finds it
+  // gathered or prefetched); its partitioned parameters are read-only (kWrite: InvalidArgument),
+  // since the optimizer owns them. Acquire once, release once, per use.
   absl::StatusOr<void*> acquire_param(ZeroParamId id, TierKind tier, Stream& stream,
                                       AccessMode mode = AccessMode::kRead);
   absl::Status release_param(ZeroParamId id, Stream& stream);
+  // Stage 3: the order in which the next steps use the parameters (repeats allowed: forward then
+  // backward), replacing the recorded one. Every rank must give the same.
+  absl::Status set_fetch_order(std::span<const ZeroParamId> order);
 
   // This micro-step's gradient buffer of the parameter (count elements of grad_type): add the
   // gradient into it, with work on `stream` (or, from the host, after synchronizing `stream`:
@@ -156,8 +212,10 @@ class ZeroEngine {
   absl::Status grad_ready(ZeroParamId id, Stream& stream);
 
   // After `accumulation_steps` micro-steps: waits for the reduce-scatters, steps this rank's
-  // slices (clipping and overflow decided over all ranks) and all-gathers the parameters. On
-  // a skipped step (overflow) the parameters stay as they were and nothing is gathered.
+  // slices (clipping and overflow decided over all ranks) and all-gathers the parameters (stage
+  // 3: only the persistent ones; gathered groups are dropped, and the first groups of the order
+  // prefetched for the next step). No parameter may be acquired. On a skipped step (overflow)
+  // the parameters stay as they were.
   absl::StatusOr<StepResult> step();
   // Drops the gradients of the micro-steps since the last step (every rank must call it).
   absl::Status zero_grad();

@@ -2,7 +2,10 @@
 //
 // Parameters are packed in the order given into flat groups of at most `max_group_elements`
 // elements; a group holds parameters of one hyper-parameter group only. A parameter is never
-// split (its gradient is one buffer): one larger than a group gets a group of its own. Each group
+// split (its gradient is one buffer): one larger than a group gets a group of its own. Parameters
+// marked persistent (stage 3 keeps them whole on every rank) are packed, in order, into groups of
+// their own, so that every other group can be partitioned; without them the packing is the same
+// as when the flag did not exist (old checkpoints replan identically). Each group
 // is padded to a multiple of ranks × alignment elements, so that every rank owns an equal,
 // aligned, non-empty slice: rank r owns [r·shard, (r+1)·shard) of every group.
 //
@@ -25,6 +28,7 @@ struct ZeroLayoutParam {
   std::vector<int64_t> shape;
   uint64_t count = 0;       // product of shape
   uint32_t adam_group = 0;  // hyper-parameter group
+  bool persistent = false;  // stage 3: kept whole on every rank (in a group with its kind only)
 };
 
 // A run of one parameter's elements inside one flat group (a whole parameter in segments(); a
@@ -39,9 +43,10 @@ struct ZeroSegment {
 
 struct ZeroFlatGroup {
   uint32_t adam_group = 0;
-  uint64_t elements = 0;  // used (the segments')
-  uint64_t padded = 0;    // elements, a multiple of ranks × alignment
-  uint64_t shard = 0;     // padded / ranks: each rank's slice
+  bool persistent = false;  // holds persistent parameters only
+  uint64_t elements = 0;    // used (the segments')
+  uint64_t padded = 0;      // elements, a multiple of ranks × alignment
+  uint64_t shard = 0;       // padded / ranks: each rank's slice
   uint32_t first_segment = 0;
   uint32_t segment_count = 0;
 };
@@ -59,6 +64,7 @@ class ZeroLayout {
   uint64_t max_group_elements() const { return max_group_elements_; }
   const std::vector<ZeroLayoutParam>& params() const { return params_; }
   const std::vector<ZeroFlatGroup>& groups() const { return groups_; }
+  // One per parameter, in parameter order.
   const std::vector<ZeroSegment>& segments() const { return segments_; }
   std::span<const ZeroSegment> group_segments(uint32_t group) const;
   // Where a parameter lies (its one segment).
@@ -77,7 +83,8 @@ class ZeroLayout {
   uint64_t max_group_elements_ = 0;
   std::vector<ZeroLayoutParam> params_;
   std::vector<ZeroFlatGroup> groups_;
-  std::vector<ZeroSegment> segments_;
+  std::vector<ZeroSegment> segments_;        // by parameter
+  std::vector<ZeroSegment> group_segments_;  // the same, by group (each group's contiguous)
 };
 
 }  // namespace strata

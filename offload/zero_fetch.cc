@@ -1,0 +1,293 @@
+// Stage 3's parameters: each rank holds its shard of every partitioned group; a use gathers the
+// group into a transient tensor in the comm tier (the GPU arena, whose blocks come and go without
+// fragmenting it), ahead of need along the order recorded in the last step.
+//
+// Every decision here — what to gather, what to keep, what to drop for room — is a function of
+// the sequence of acquire/release calls and of the sizes, never of timing (whether a gather has
+// finished is not consulted), so ranks that make the same calls issue the same collectives.
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
+
+#include <algorithm>
+#include <set>
+
+#include "strata/base/log.h"
+#include "strata/base/mutex.h"
+#include "zero_engine_impl.h"
+
+namespace strata {
+namespace {
+
+// A prefetched gather whose wait took longer than this was late (a statistic only).
+constexpr absl::Duration kLateWait = absl::Microseconds(100);
+
+}  // namespace
+
+uint64_t ZeroEngine::Impl::gathered_bytes(uint32_t group) const {
+  return layout.groups()[group].padded * param_bytes;
+}
+
+TierKind ZeroEngine::Impl::whole_home() const {
+  return options.param_home == TierKind::kNvme ? TierKind::kCpu : options.param_home;
+}
+
+absl::Status ZeroEngine::Impl::start_gather(uint32_t group, bool prefetch) {
+  TensorStore& store = runtime.store();
+  Gathered& g = gathered[group];
+  const ZeroFlatGroup& fg = layout.groups()[group];
+  auto tensor = store.create(absl::StrCat("zero.group", group, ".gathered"), gathered_bytes(group),
+                             comm_tier);
+  if (!tensor.ok()) {
+    return absl::Status(tensor.status().code(),
+                        absl::StrCat("ZeroEngine: gathering parameter group ", group, ": ",
+                                     tensor.status().message(),
+                                     "; lower ZeroOptions.max_live_bytes or prefetch_bytes, or "
+                                     "enlarge the GPU tier"));
+  }
+  g.tensor = *tensor;
+  live_bytes += gathered_bytes(group);
+  {
+    MutexLock lock(&mu);
+    counters.gathered_bytes = live_bytes;
+    counters.gathered_peak_bytes = std::max(counters.gathered_peak_bytes, live_bytes);
+    ++counters.all_gathers;
+    ++(prefetch ? counters.gathers_prefetched : counters.gathers_on_demand);
+  }
+  g.prefetched = prefetch;
+  auto out = store.acquire(g.tensor, comm_tier, *gather_stream, AccessMode::kWrite);
+  if (!out.ok()) return out.status();
+  auto in = store.acquire(groups[group].shard_params, comm_tier, *gather_stream, AccessMode::kRead);
+  if (!in.ok()) {
+    (void)store.release(g.tensor, *gather_stream);
+    return in.status();
+  }
+  g.source = groups[group].shard_params;
+  auto co = collective_options(*gather_stream);
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> work =
+      co.ok() ? comm.all_gather(*in, *out, fg.shard, comm_type(options.param_type), *co)
+              : absl::StatusOr<std::unique_ptr<CollectiveWork>>(co.status());
+  if (!work.ok()) {
+    (void)store.release(g.source, *gather_stream);
+    (void)store.release(g.tensor, *gather_stream);
+    g.source = TensorHandle();
+    return work.status();
+  }
+  g.work = *std::move(work);
+  return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::Impl::finish_gather(uint32_t group) {
+  Gathered& g = gathered[group];
+  if (g.work == nullptr) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  absl::Status status = g.work->wait();
+  const absl::Duration waited = absl::Now() - start;
+  g.work.reset();
+  TensorStore& store = runtime.store();
+  // Work that used the two copies is ordered on gather_stream; later acquires wait for it.
+  for (TensorHandle t : {g.source, g.tensor}) {
+    if (auto st = store.release(t, *gather_stream); !st.ok() && status.ok()) status = st;
+  }
+  g.source = TensorHandle();
+  MutexLock lock(&mu);
+  counters.fetch_wait_ns += static_cast<uint64_t>(absl::ToInt64Nanoseconds(waited));
+  if (g.prefetched && waited > kLateWait) ++counters.prefetch_late;
+  return status;
+}
+
+absl::Status ZeroEngine::Impl::drop_gathered(uint32_t group) {
+  Gathered& g = gathered[group];
+  if (!g.tensor.valid()) return absl::OkStatus();
+  absl::Status status = finish_gather(group);
+  if (auto st = runtime.store().destroy(g.tensor); !st.ok() && status.ok()) status = st;
+  live_bytes -= gathered_bytes(group);
+  MutexLock lock(&mu);
+  if (g.prefetched) ++counters.gathers_dropped_unused;
+  counters.gathered_bytes = live_bytes;
+  g = Gathered();
+  return status;
+}
+
+uint64_t ZeroEngine::Impl::reuse_distance(uint32_t group) const {
+  if (!order_valid) return UINT64_MAX;
+  std::set<uint32_t> between;
+  uint64_t bytes = 0;
+  for (size_t q = order_at; q < order.size(); ++q) {
+    if (order[q] == group) return bytes;
+    if (between.insert(order[q]).second) bytes += gathered_bytes(order[q]);
+  }
+  return UINT64_MAX;
+}
+
+absl::Status ZeroEngine::Impl::make_room(uint32_t group) {
+  const uint64_t need = gathered_bytes(group);
+  while (live_bytes + need > options.max_live_bytes) {
+    // Drop the idle group used last (or never again) in the order.
+    int victim = -1;
+    uint64_t farthest = 0;
+    for (uint32_t g = 0; g < gathered.size(); ++g) {
+      if (!gathered[g].tensor.valid() || gathered[g].users > 0) continue;
+      const uint64_t d = reuse_distance(g);
+      if (victim < 0 || d > farthest) {
+        victim = static_cast<int>(g);
+        farthest = d;
+      }
+    }
+    if (victim < 0) {
+      std::string in_use;
+      for (uint32_t g = 0; g < gathered.size(); ++g) {
+        if (gathered[g].users > 0) absl::StrAppend(&in_use, in_use.empty() ? "" : ", ", g);
+      }
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "ZeroEngine: gathering parameter group %d (%d bytes) would take the gathered "
+          "parameters to %d bytes, above ZeroOptions.max_live_bytes = %d, and every gathered "
+          "group is in use (groups %s); raise max_live_bytes to at least %d or release "
+          "parameters sooner",
+          group, need, live_bytes + need, options.max_live_bytes, in_use, live_bytes + need));
+    }
+    if (auto st = drop_gathered(static_cast<uint32_t>(victim)); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+void ZeroEngine::Impl::note_use(uint32_t group) {
+  recording.push_back(group);
+  {
+    MutexLock lock(&mu);
+    ++counters.fetches;
+  }
+  if (!order_valid) return;
+  if (order_at < order.size() && order[order_at] == group) {
+    ++order_at;
+    return;
+  }
+  // The order changed: skip ahead to this use if the order has it, else fetch on demand for
+  // the rest of the step (the recording becomes the next step's order).
+  {
+    MutexLock lock(&mu);
+    ++counters.order_changes;
+  }
+  const auto next = std::find(order.begin() + static_cast<ptrdiff_t>(order_at), order.end(), group);
+  if (next != order.end()) {
+    order_at = static_cast<size_t>(next - order.begin()) + 1;
+    STRATA_LOG(kDebug, "ZeroEngine: group %d used out of the recorded order; realigned", group);
+  } else {
+    order_valid = false;
+    STRATA_LOG(kDebug,
+               "ZeroEngine: group %d is not in the rest of the recorded order; fetching on demand "
+               "until the step ends",
+               group);
+  }
+}
+
+absl::Status ZeroEngine::Impl::prefetch_ahead() {
+  if (!order_valid) return absl::OkStatus();
+  TensorStore& store = runtime.store();
+  const bool shard_moves = options.param_home != comm_tier;
+  std::set<uint32_t> seen;
+  uint64_t ahead = 0;
+  bool gathering = true;
+  for (size_t q = order_at; q < order.size(); ++q) {
+    const uint32_t g = order[q];
+    if (!seen.insert(g).second) continue;
+    // Gathers up to prefetch_bytes ahead; the shards' own moves (from NVMe, say) twice as far.
+    if (ahead >= options.prefetch_bytes) gathering = false;
+    if (ahead >= 2 * options.prefetch_bytes) break;
+    ahead += gathered_bytes(g);
+    if (gathered[g].tensor.valid()) continue;
+    if (gathering && live_bytes + gathered_bytes(g) <= options.max_live_bytes) {
+      if (auto st = start_gather(g, /*prefetch=*/true); !st.ok()) return st;
+      continue;
+    }
+    gathering = false;  // in order: a later group never overtakes one that did not fit
+    if (shard_moves) (void)store.prefetch(groups[g].shard_params, comm_tier);  // a hint only
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> ZeroEngine::Impl::acquire_gathered(uint32_t param, TierKind tier,
+                                                         Stream& stream) {
+  const uint32_t group = layout.param_segment(param).group;
+  MutexLock lock(&fetch_mu);
+  if (auto st = failure(); !st.ok()) return st;
+  Gathered& g = gathered[group];
+  if (g.users == 0) {
+    note_use(group);
+    if (g.tensor.valid() && !g.prefetched) {
+      MutexLock counters_lock(&mu);
+      ++counters.reuses;
+    }
+    if (!g.tensor.valid()) {
+      if (auto st = make_room(group); !st.ok()) return st;
+      if (auto st = start_gather(group, /*prefetch=*/false); !st.ok()) return fail(st);
+    }
+    if (auto st = prefetch_ahead(); !st.ok()) return fail(st);
+    if (auto st = finish_gather(group); !st.ok()) return fail(st);
+    g.prefetched = false;
+  }
+  auto data = runtime.store().acquire(g.tensor, tier, stream, AccessMode::kRead);
+  if (!data.ok()) return data.status();
+  ++g.users;
+  ++param_users[param];
+  return static_cast<std::byte*>(*data) + layout.param_segment(param).group_offset * param_bytes;
+}
+
+absl::Status ZeroEngine::Impl::release_gathered(uint32_t param, Stream& stream) {
+  const uint32_t group = layout.param_segment(param).group;
+  MutexLock lock(&fetch_mu);
+  Gathered& g = gathered[group];
+  if (param_users[param] == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "ZeroEngine::release_param: parameter '%s' is not acquired; release each acquire_param "
+        "once",
+        layout.params()[param].name));
+  }
+  if (auto st = runtime.store().release(g.tensor, stream); !st.ok()) return st;
+  --param_users[param];
+  if (--g.users > 0) return absl::OkStatus();
+  // Kept if the order uses it again soon (the turn from forward to backward), else dropped.
+  if (options.reuse_window_bytes > 0 && reuse_distance(group) <= options.reuse_window_bytes) {
+    return absl::OkStatus();
+  }
+  return drop_gathered(group);
+}
+
+absl::Status ZeroEngine::Impl::set_order(std::vector<uint32_t> groups_in_order) {
+  MutexLock lock(&fetch_mu);
+  order = std::move(groups_in_order);
+  order_at = 0;
+  order_valid = true;
+  return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::Impl::drop_all_gathered(std::string_view caller) {
+  MutexLock lock(&fetch_mu);
+  std::string in_use;
+  for (uint32_t p = 0; p < param_users.size(); ++p) {
+    if (param_users[p] > 0) {
+      absl::StrAppend(&in_use, in_use.empty() ? "" : ", ", layout.params()[p].name);
+    }
+  }
+  if (!in_use.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ZeroEngine::", std::string(caller), ": parameters ", in_use,
+                     " are still acquired; release_param() them first"));
+  }
+  absl::Status status;
+  for (uint32_t g = 0; g < gathered.size(); ++g) {
+    if (auto st = drop_gathered(g); !st.ok() && status.ok()) status = st;
+  }
+  return status;
+}
+
+absl::Status ZeroEngine::Impl::next_step_order() {
+  MutexLock lock(&fetch_mu);
+  if (!recording.empty()) order = std::move(recording);
+  recording.clear();
+  order_at = 0;
+  order_valid = !order.empty();
+  return prefetch_ahead();
+}
+
+}  // namespace strata
