@@ -9,9 +9,12 @@
 //                                           load IN, train steps FROM..FROM+MORE-1, compare with
 //                                           REF/expected.bin
 //   zero_rank fault OUT                     train 2 steps, save to OUT; in step 3 the last rank
-//                                           kills itself halfway through its gradients
+//                                           kills itself halfway through its gradients (stage 3:
+//                                           halfway through the forward's gathers)
 //
 // ZERO_RANK_STATES=nvme puts the optimizer states on NVMe (a temporary directory per process).
+// ZERO_RANK_STAGE=1|2|3 picks the stage (default 2); at stage 3 each step starts with a forward
+// that acquires and releases every parameter (gathers), and the shards live in the CPU tier.
 //
 // Every save also writes expected.bin (rank 0): every parameter's master and moments, gathered
 // — what any later load must reproduce bit for bit. Exit status 0, or 1 with a message.
@@ -70,6 +73,14 @@ absl::Status start(Job& job) {
   job.stream = *std::move(stream);
   ZeroOptions o;
   o.stage = 2;
+  if (const char* stage = std::getenv("ZERO_RANK_STAGE"); stage != nullptr) {
+    o.stage = static_cast<uint32_t>(std::atoi(stage));
+  }
+  if (o.stage == 3) {
+    o.param_home = TierKind::kCpu;
+    o.persist_below_bytes = 128;  // the norms and the bias stay whole
+    o.prefetch_bytes = 8 << 10;
+  }
   // Each world size gets its own layout too: groups and padding differ from the writer's.
   o.bucket_bytes = (5 + 2 * static_cast<uint64_t>(job.comm->size())) << 10;
   o.alignment = job.comm->size() % 2 == 0 ? 8 : 4;
@@ -83,10 +94,30 @@ absl::Status start(Job& job) {
   return absl::OkStatus();
 }
 
+// Stage 3's forward: every parameter acquired (gathered) and released, in order; the last rank
+// of a dying step kills itself after `die_after` of them.
+absl::Status forward(Job& job, int die_after = -1) {
+  for (uint32_t p = 0; p < job.model.params.size(); ++p) {
+    if (static_cast<int>(p) == die_after) {
+      std::fflush(nullptr);
+      raise(SIGKILL);
+    }
+    auto got = job.engine->acquire_param(ZeroParamId{p}, TierKind::kGpu, *job.stream);
+    if (!got.ok()) return got.status();
+    if (auto st = job.engine->release_param(ZeroParamId{p}, *job.stream); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status train(Job& job, uint64_t from, uint64_t steps, int die_in_step = -1) {
   const uint32_t rank = static_cast<uint32_t>(job.comm->rank());
   const bool dies = rank == static_cast<uint32_t>(job.comm->size() - 1);
+  const bool stage3 = job.engine->options().stage == 3;
   for (uint64_t step = from; step < from + steps; ++step) {
+    if (stage3) {
+      const bool dying = static_cast<int>(step) == die_in_step && dies;
+      if (auto st = forward(job, dying ? 3 : -1); !st.ok()) return st;
+    }
     if (static_cast<int>(step) == die_in_step && dies) {
       // Halfway through backward: some groups' reduce-scatters are issued, others are not.
       for (uint32_t p = static_cast<uint32_t>(job.model.params.size()) - 1; p >= 4; --p) {

@@ -409,10 +409,14 @@ TEST_CASE(
     "checkpoint loads",
     "[zero][failure]") {
   using namespace std::chrono_literals;
+  // Stage 2: killed halfway through its gradients; stage 3: halfway through the forward's
+  // gathers.
+  const std::string stage = GENERATE("2", "3");
+  INFO("stage " << stage);
   TempDir dir("strata-zero-fault");
   const std::string ckpt = dir.path() + "/ckpt";
-  const std::map<std::string, std::string> env = {{"STRATA_COMM_BACKEND", "gloo"},
-                                                  {"STRATA_COMM_TIMEOUT", "20s"}};
+  const std::map<std::string, std::string> env = {
+      {"STRATA_COMM_BACKEND", "gloo"}, {"STRATA_COMM_TIMEOUT", "20s"}, {"ZERO_RANK_STAGE", stage}};
   {
     testing::RankProcesses job({STRATA_ZERO_RANK, "fault", ckpt}, 3, {0, 1, 2},
                                testing::free_port(), env);
