@@ -181,10 +181,10 @@ void ZeroEngine::Impl::note_use(uint32_t group) {
   }
 }
 
-absl::Status ZeroEngine::Impl::prefetch_ahead() {
+absl::Status ZeroEngine::Impl::prefetch_ahead(bool shard_hints) {
   if (!order_valid) return absl::OkStatus();
   TensorStore& store = runtime.store();
-  const bool shard_moves = options.param_home != comm_tier;
+  const bool shard_moves = shard_hints && options.param_home != comm_tier;
   std::set<uint32_t> seen;
   uint64_t ahead = 0;
   bool gathering = true;
@@ -222,7 +222,7 @@ absl::StatusOr<void*> ZeroEngine::Impl::acquire_gathered(uint32_t param, TierKin
       if (auto st = make_room(group); !st.ok()) return st;
       if (auto st = start_gather(group, /*prefetch=*/false); !st.ok()) return fail(st);
     }
-    if (auto st = prefetch_ahead(); !st.ok()) return fail(st);
+    if (auto st = prefetch_ahead(/*shard_hints=*/true); !st.ok()) return fail(st);
     if (auto st = finish_gather(group); !st.ok()) return fail(st);
     g.prefetched = false;
   }
@@ -287,7 +287,9 @@ absl::Status ZeroEngine::Impl::next_step_order() {
   recording.clear();
   order_at = 0;
   order_valid = !order.empty();
-  return prefetch_ahead();
+  // Gathers only: a step leaves no shard move of its own in flight behind it (each hint is
+  // consumed by a gather of the same step), so its reads are its own.
+  return prefetch_ahead(/*shard_hints=*/false);
 }
 
 }  // namespace strata

@@ -330,8 +330,10 @@ TEST_CASE("Stage 3: (4+K)Ψ/N model-state bytes, 3Ψ per step, NVMe reads of the
                 << memory.params[1] << "/" << memory.params[2] << " grads " << memory.grads[1]
                 << " states " << memory.optimizer_states[1] << " buckets " << buckets);
   CHECK(std::fabs(model_states - formula) <= 0.05 * formula + 18 * padding);
+  // The engine's account agrees with the store's but for the arena's block rounding of each of
+  // the engine's tensors (5 per group: shard, gradient shard, master, two moments).
   CHECK(std::fabs(static_cast<double>(memory.model_states()) - model_states) <=
-        0.01 * model_states);
+        0.01 * model_states + 4096.0 * 5 * static_cast<double>(layout.groups().size()));
   CHECK(memory.params[static_cast<size_t>(home)] >= own_shard_bytes);
   CHECK(memory.gathered == 0);
 
