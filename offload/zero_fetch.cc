@@ -152,7 +152,9 @@ absl::Status ZeroEngine::Impl::make_room(uint32_t group) {
 }
 
 void ZeroEngine::Impl::note_use(uint32_t group) {
-  recording.push_back(group);
+  // A loop that never steps (evaluation) must not grow the recording without bound.
+  constexpr size_t kMaxRecorded = size_t{1} << 20;
+  if (recording.size() < kMaxRecorded) recording.push_back(group);
   {
     MutexLock lock(&mu);
     ++counters.fetches;
