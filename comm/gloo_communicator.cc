@@ -204,8 +204,7 @@ class GlooCommunicator final : public Communicator {
       : options_(options),
         monitor_(std::move(monitor)),
         context_(std::move(context)),
-        executor_(std::make_shared<OrderedExecutor>()) {
-  }
+        executor_(std::make_shared<OrderedExecutor>()) {}
 
   ~GlooCommunicator() override {
     // Runs what was issued (each bounded by the timeout): the tasks use this communicator, and
@@ -385,6 +384,33 @@ class GlooCommunicator final : public Communicator {
         algorithm.run();
       });
     };
+    if ((world & (world - 1)) != 0) {
+      // Not a power of two: Gloo's halving-doubling splits the ranks into binary blocks, and its
+      // exchange between blocks lost a rank's contribution now and then under ZeRO stage 3's
+      // interleaved traffic (a 3-rank test: the larger block summed zeros for rank 2's part).
+      // An all-reduce of the whole buffer (Gloo's ring, new API) is correct at twice the bytes.
+      uint8_t* buffer = const_cast<uint8_t*>(send);
+      if (!in_place) {
+        scratch_.assign(send, send + total * element);
+        buffer = scratch_.data();
+      }
+      const CombineFn combine =
+          combine_function(type, op == ReduceOp::kAverage ? ReduceOp::kSum : op);
+      with_storage_type(type, [&](auto zero) {
+        using T = decltype(zero);
+        gloo::AllreduceOptions opts(context_);
+        opts.setOutput(reinterpret_cast<T*>(buffer), total);
+        opts.setReduceFunction([combine, element](void* x, const void* a, const void* b, size_t n) {
+          if (x != a) std::memcpy(x, a, n * element);
+          combine(x, b, n);
+        });
+        opts.setTag(tag(c));
+        gloo::allreduce(opts);
+      });
+      uint8_t* own = buffer + offsets[rank()] * element;
+      if (mine > 0 && own != recv) std::memmove(recv, own, mine * element);
+      return;
+    }
     const bool any_empty =
         std::any_of(c.counts.begin(), c.counts.end(), [](uint64_t n) { return n == 0; });
     if (pieces == 1 && in_place && !any_empty) {

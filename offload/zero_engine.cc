@@ -10,6 +10,7 @@
 #include <deque>
 
 #include "optimizer_impl.h"
+#include "strata/base/log.h"
 #include "strata/base/mutex.h"
 #include "zero_engine_impl.h"
 
@@ -158,6 +159,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
       }
     }
   }
+  s.live_limit = options.max_live_bytes;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].initial.empty() && params[i].initial.size() != s.layout.params()[i].count) {
       return invalid(absl::StrFormat("parameter '%s' has %d initial values for %d elements",
@@ -197,6 +199,9 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
   }
   auto engine = std::make_unique<ZeroEngine>(std::move(impl));
   if (auto st = engine->impl_->create_tensors(params); !st.ok()) return st;
+  if (options.stage == 3) {
+    if (auto st = engine->impl_->bound_live_limit(); !st.ok()) return st;
+  }
   {
     MutexLock lock(&s.mu);
     s.comm_mark = comm.stats().total_bytes();
@@ -293,6 +298,49 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
   }
   if (auto st = drop_host_copies(); !st.ok()) return st;
   return runtime.device().synchronize(*gather_stream);
+}
+
+absl::Status ZeroEngine::Impl::bound_live_limit() {
+  // A gather that finds no room in the comm tier fails the step on that rank alone, and the
+  // ranks' collectives part ways: the limit every rank applies must fit. Other tenants of the
+  // tier (the trainer's own tensors) are the trainer's to leave room for.
+  TensorStore& store = runtime.store();
+  const uint64_t capacity = store.stats().tiers[static_cast<size_t>(comm_tier)].capacity;
+  uint64_t engine_bytes = 0;
+  auto add = [&](TensorHandle t) {
+    if (!t.valid()) return;
+    if (auto info = store.info(t); info.ok() && info->home == comm_tier) {
+      engine_bytes += info->bytes;
+    }
+  };
+  for (const Group& g : groups) {
+    add(g.params);
+    add(g.shard_params);
+  }
+  for (TensorHandle t : buckets) add(t);
+  // A quarter is left for block alignment and for the holes that pinned blocks (groups in use,
+  // gathers in flight) leave, which compaction cannot close.
+  const uint64_t room = capacity > engine_bytes ? (capacity - engine_bytes) / 4 * 3 : 0;
+  uint64_t largest = 0;
+  for (uint32_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].partitioned) largest = std::max(largest, gathered_bytes(g));
+  }
+  if (room < largest) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "ZeroEngine: the %s tier (%d bytes) cannot hold the largest gathered parameter group "
+        "(%d bytes) in three quarters of what the %d bytes of the engine's tensors homed there "
+        "(buckets, shards, persistent parameters) leave; raise STRATA_GPU_BYTES, or lower "
+        "bucket_bytes (smaller groups and buckets)",
+        to_string(comm_tier), capacity, largest, engine_bytes));
+  }
+  if (room < live_limit) {
+    live_limit = room;
+    log::warn_once(absl::StrFormat(
+        "ZeroEngine: max_live_bytes = %d is more than the %s tier can hold beside the engine's "
+        "own tensors; gathering at most %d bytes at once (set max_live_bytes to silence this)",
+        options.max_live_bytes, to_string(comm_tier), room));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ZeroEngine::Impl::drop_host_copies() {

@@ -105,6 +105,9 @@ struct ZeroEngine::Impl {
   bool order_valid ABSL_GUARDED_BY(fetch_mu) = false;           // this step follows `order`
   std::vector<uint32_t> recording ABSL_GUARDED_BY(fetch_mu);    // this step's uses
   uint64_t live_bytes ABSL_GUARDED_BY(fetch_mu) = 0;            // gathered tensors' bytes
+  // max_live_bytes, bounded by what the comm tier can hold beside the engine's own tensors
+  // homed there (set at creation; the same on every rank of a job configured alike).
+  uint64_t live_limit = 0;
 
   absl::Status check_param(ZeroParamId id) const;
   absl::Status failure() const;  // the sticky failure, or OK
@@ -116,6 +119,8 @@ struct ZeroEngine::Impl {
   absl::Status gather_params();  // in-place all-gather of every group's parameters
   absl::Status zero_tensor(TensorHandle tensor, uint64_t bytes);
   absl::Status drop_host_copies();
+  // Stage 3: bounds live_limit by what the comm tier can hold beside the engine's tensors.
+  absl::Status bound_live_limit();
   absl::StatusOr<GradStatistics> combine(const GradStatistics& local);
   // How a collective on buffers acquired on `stream` is ordered after them.
   absl::StatusOr<CollectiveOptions> collective_options(Stream& stream);

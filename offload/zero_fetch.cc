@@ -122,7 +122,7 @@ uint64_t ZeroEngine::Impl::reuse_distance(uint32_t group) const {
 
 absl::Status ZeroEngine::Impl::make_room(uint32_t group) {
   const uint64_t need = gathered_bytes(group);
-  while (live_bytes + need > options.max_live_bytes) {
+  while (live_bytes + need > live_limit) {
     // Drop the idle group used last (or never again) in the order.
     int victim = -1;
     uint64_t farthest = 0;
@@ -141,10 +141,11 @@ absl::Status ZeroEngine::Impl::make_room(uint32_t group) {
       }
       return absl::ResourceExhaustedError(absl::StrFormat(
           "ZeroEngine: gathering parameter group %d (%d bytes) would take the gathered "
-          "parameters to %d bytes, above ZeroOptions.max_live_bytes = %d, and every gathered "
-          "group is in use (groups %s); raise max_live_bytes to at least %d or release "
-          "parameters sooner",
-          group, need, live_bytes + need, options.max_live_bytes, in_use, live_bytes + need));
+          "parameters to %d bytes, above the live limit of %d (ZeroOptions.max_live_bytes = %d, "
+          "bounded by the GPU tier), and every gathered group is in use (groups %s); raise "
+          "max_live_bytes (and STRATA_GPU_BYTES) to at least %d or release parameters sooner",
+          group, need, live_bytes + need, live_limit, options.max_live_bytes, in_use,
+          live_bytes + need));
     }
     if (auto st = drop_gathered(static_cast<uint32_t>(victim)); !st.ok()) return st;
   }
@@ -198,7 +199,7 @@ absl::Status ZeroEngine::Impl::prefetch_ahead(bool shard_hints) {
     if (ahead >= 2 * options.prefetch_bytes) break;
     ahead += gathered_bytes(g);
     if (gathered[g].tensor.valid()) continue;
-    if (gathering && live_bytes + gathered_bytes(g) <= options.max_live_bytes) {
+    if (gathering && live_bytes + gathered_bytes(g) <= live_limit) {
       if (auto st = start_gather(g, /*prefetch=*/true); !st.ok()) return st;
       continue;
     }

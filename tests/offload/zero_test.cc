@@ -317,6 +317,42 @@ TEST_CASE("Stage 3 refuses misuse with a precise error", "[zero]") {
         absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("Stage 3's live limit is bounded by the GPU tier, so no rank's gather finds no room",
+          "[zero]") {
+  const auto model = testing::zero_model();
+  ZeroOptions o = small_options(3);  // max_live_bytes: the default 1 GiB
+  {
+    auto tiny = testing::zero_runtime("", "8KiB");
+    REQUIRE(tiny.ok());
+    auto engine = ZeroEngine::create(**tiny, lone(), model.params, o);
+    CHECK(engine.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(absl::StrContains(engine.status().message(), "raise STRATA_GPU_BYTES"));
+  }
+  auto runtime = testing::zero_runtime("", "40KiB");
+  REQUIRE(runtime.ok());
+  auto engine = ZeroEngine::create(**runtime, lone(), model.params, o);
+  INFO(engine.status().ToString());
+  REQUIRE(engine.ok());
+  auto stream = (*runtime)->device().create_stream();
+  REQUIRE(stream.ok());
+  const uint64_t capacity = (*runtime)->store().stats().tiers[0].capacity;
+  uint64_t buckets = 0;
+  for (uint64_t b : (*engine)->memory().buckets) buckets += b;
+  for (int step = 0; step < 3; ++step) {
+    for (uint32_t p = 0; p < model.params.size(); ++p) {
+      auto got = (*engine)->acquire_param(ZeroParamId{p}, TierKind::kGpu, **stream);
+      INFO(got.status().ToString());
+      REQUIRE(got.ok());
+      REQUIRE((*engine)->release_param(ZeroParamId{p}, **stream).ok());
+    }
+    REQUIRE(
+        testing::zero_micro_step(**engine, **stream, model, o.grad_type, step, 0, 0, false).ok());
+    REQUIRE((*engine)->step().ok());
+  }
+  CHECK((*engine)->stats().gathers_prefetched > 0);
+  CHECK((*engine)->stats().gathered_peak_bytes <= capacity - buckets);
+}
+
 TEST_CASE("A damaged ZeRO checkpoint is refused before anything changes", "[zero]") {
   TempDir dir("strata-zero-damaged");
   const auto model = testing::zero_model();

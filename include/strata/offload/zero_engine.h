@@ -107,7 +107,10 @@ struct ZeroOptions {
   // Stage 3: gathered bytes fetched ahead of the group in use, along the recorded order.
   uint64_t prefetch_bytes = 64ULL << 20;
   // Stage 3: the most gathered bytes alive at once (in use, kept for reuse, prefetched). A use
-  // that cannot fit even after dropping every group not in use is ResourceExhausted.
+  // that cannot fit even after dropping every group not in use is ResourceExhausted. Bounded
+  // at creation by 3/4 of what the GPU tier holds beside the engine's own tensors homed there
+  // (a warning says so), so that a gather never finds the arena full on one rank only; the
+  // trainer's own tensors in the GPU tier must fit in the rest.
   uint64_t max_live_bytes = 1ULL << 30;
   // Stage 3: a released group stays gathered when the order uses it again within this many
   // gathered bytes (0: always dropped, every use gathers).
