@@ -207,6 +207,14 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
 
   auto acquire_param = [&](strata::ZeroParamId id) -> absl::StatusOr<const float*> {
     auto data = engine.acquire_param(id, compute_tier, stream);
+    if (!data.ok() && stage3 && data.status().code() == absl::StatusCode::kResourceExhausted) {
+      // The engine names its options; the trainer's are the flags.
+      return absl::Status(data.status().code(),
+                          absl::StrCat("acquire_param: ", data.status().message(),
+                                       " (here: --max-live-bytes, --prefetch-bytes or "
+                                       "STRATA_GPU_BYTES; this model wants a 2MiB arena with "
+                                       "the defaults)"));
+    }
     if (!data.ok()) return annotate(data.status(), "acquire_param");
     if (auto st = device.synchronize(stream); !st.ok()) return annotate(st, "synchronize");
     return static_cast<const float*>(*data);
