@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model.h"
+#include "strata/offload/zero_engine.h"
 #include "strata/runtime/runtime.h"
 
 namespace cpp_trainer {
@@ -23,10 +24,19 @@ struct Args {
   strata::TierKind states = strata::TierKind::kNvme;
   float max_loss = 0.05F;
   double tolerance = 1e-3;
-  uint32_t zero_stage = 0;           // 0: one rank, OffloadOptimizer; 1, 2: ZeroEngine
+  uint32_t zero_stage = 0;           // 0: one rank, OffloadOptimizer; 1, 2, 3: ZeroEngine
   uint64_t bucket_bytes = 64 << 10;  // ZeroOptions::bucket_bytes
   uint32_t accumulation = 1;         // micro-steps per step
   std::string json;                  // "" none, "-" stdout, else a file (rank 0 writes)
+  // Stage 3 (ZeroOptions of the same names), sized for this model's 535 KiB of parameters: the
+  // biases stay whole, each weight is partitioned; one large layer is fetched ahead, and the
+  // gathered bytes stay under the two large layers plus the small ones.
+  strata::TierKind param_home = strata::TierKind::kCpu;  // where each rank's shards live
+  uint64_t prefetch_bytes = 256 << 10;
+  uint64_t max_live_bytes = 640 << 10;
+  uint64_t persist_below_bytes = 2 << 10;
+  uint64_t reuse_window_bytes = 256 << 10;
+  std::string stage3_flag;  // the first stage-3 flag given ("" none): only --zero-stage=3 has them
 };
 
 // Bytes of model states (parameters, gradients, optimizer states) this rank holds, by tier.
@@ -52,6 +62,13 @@ struct RunResult {
   // all-gathers left every rank the same copy), and whether every rank moved bytes between tiers.
   double replica_difference = 0;
   bool every_rank_moved = true;
+  // Stage 3: the engine's fetch statistics at the end of training (before the final weights
+  // are read), and the time compute waited for communication, summed over the run: the
+  // gathers' waits in acquire_param (ZeroStats::fetch_wait_ns) plus each step's wait for its
+  // reduce-scatters (ZeroStats::last_step_wait_ns).
+  strata::ZeroStats zero_stats;
+  uint64_t exposed_comm_ns = 0;
+  uint64_t partitioned_groups = 0;  // of `groups`, the ones whose parameters are sharded
 };
 
 // The samples [first, first + count) of the global batch that micro-step `micro` of rank `rank`
@@ -65,8 +82,17 @@ SampleRange samples(int rank, int ranks, uint32_t micro, uint32_t micro_steps);
 // `human`: where rank 0 writes its progress lines.
 absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, const Weights& init,
                                       const Weights& teacher, std::FILE* human);
-// ZeRO-DP stage 1 or 2 over the ranks of the job (strata-run, torchrun; alone: one rank).
+// ZeRO-DP stage 1, 2 or 3 over the ranks of the job (strata-run, torchrun; alone: one rank).
 absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const Weights& init,
                                    const Weights& teacher, std::FILE* human);
+// Stage 3: the bytes of the largest parameter group gathered whole, in the layout the engine
+// will plan at `ranks` (the least --max-live-bytes that works), with the parameter it starts
+// with; 0 when nothing is partitioned. InvalidArgument where the engine will reject the layout
+// (it then says why).
+struct LargestGather {
+  uint64_t bytes = 0;
+  std::string first_param;
+};
+absl::StatusOr<LargestGather> largest_gather(const Args& args, int ranks);
 
 }  // namespace cpp_trainer

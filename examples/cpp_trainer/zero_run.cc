@@ -1,7 +1,14 @@
-// --zero-stage=1|2: data parallel over the ranks of the job with a ZeroEngine. Each rank takes
+// --zero-stage=1|2|3: data parallel over the ranks of the job with a ZeroEngine. Each rank takes
 // its share of the global batch, adds its gradients into the engine's buffers layer by layer in
 // reverse (the engine reduce-scatters each group as it completes), and the engine steps this
-// rank's slice of the optimizer and all-gathers the parameters.
+// rank's slice of the optimizer and (stages 1, 2) all-gathers the parameters.
+//
+// Stage 3: each rank holds only its shard of every weight (--param-home: gpu, cpu or nvme). The
+// forward acquires each layer's parameters (the engine gathers the group, or finds it prefetched
+// along the order it recorded in the first step), computes and releases them; the backward
+// acquires them again, holds them while it computes the input gradient and adds the parameter
+// gradients into the engine's buffers, then releases them. Every rank makes the same calls in
+// the same order: they are collectives.
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
@@ -85,7 +92,55 @@ std::vector<strata::ZeroParam> zero_params(const Weights& init) {
   return params;
 }
 
+// What the engine is given: fp32 parameters and gradients (the maths is fp32, as the
+// reference's), homed in the CPU tier at stages 1 and 2 and computed on through the GPU arena, as
+// at stage 0; stage 3 homes the shards in --param-home.
+strata::ZeroOptions zero_options(const Args& args) {
+  strata::ZeroOptions options;
+  options.stage = args.zero_stage;
+  options.param_type = strata::ParamType::kF32;
+  options.grad_type = strata::GradType::kF32;
+  options.bucket_bytes = args.bucket_bytes;
+  options.accumulation_steps = args.accumulation;
+  options.param_home = args.zero_stage == 3 ? args.param_home : strata::TierKind::kCpu;
+  options.prefetch_bytes = args.prefetch_bytes;
+  options.max_live_bytes = args.max_live_bytes;
+  options.persist_below_bytes = args.persist_below_bytes;
+  options.reuse_window_bytes = args.reuse_window_bytes;
+  options.optimizer.state_home = args.states;
+  options.optimizer.defaults.lr = kLr;
+  options.optimizer.defaults.weight_decay = kWeightDecay;
+  return options;
+}
+
 }  // namespace
+
+absl::StatusOr<LargestGather> largest_gather(const Args& args, int ranks) {
+  // The engine's planning (ZeroEngine::create): parameters below the threshold are persistent,
+  // groups of at most bucket_bytes of gradients, padded to ranks x alignment elements.
+  const strata::ZeroOptions o = zero_options(args);
+  std::vector<strata::ZeroLayoutParam> lp;
+  const Weights init = random_weights(1);
+  for (const strata::ZeroParam& p : zero_params(init)) {
+    strata::ZeroLayoutParam l;
+    l.name = p.name;
+    l.shape = p.shape;
+    l.persistent = o.stage == 3 && p.initial.size_bytes() < o.persist_below_bytes;
+    lp.push_back(std::move(l));
+  }
+  auto layout =
+      strata::ZeroLayout::plan(std::move(lp), static_cast<uint32_t>(ranks),
+                               std::max<uint64_t>(1, o.bucket_bytes / sizeof(float)), o.alignment);
+  if (!layout.ok()) return layout.status();
+  LargestGather largest;
+  for (uint32_t g = 0; g < layout->groups().size(); ++g) {
+    const strata::ZeroFlatGroup& fg = layout->groups()[g];
+    if (fg.persistent || fg.padded * sizeof(float) <= largest.bytes) continue;
+    largest.bytes = fg.padded * sizeof(float);
+    largest.first_param = layout->params()[layout->group_segments(g).front().param].name;
+  }
+  return largest;
+}
 
 absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const Weights& init,
                                    const Weights& teacher, std::FILE* human) {
@@ -104,17 +159,7 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   const int ranks = comm.size();
   if (rank != 0) human = nullptr;
 
-  strata::ZeroOptions options;
-  options.stage = args.zero_stage;
-  options.param_type = strata::ParamType::kF32;  // the maths is fp32, as the reference's
-  options.grad_type = strata::GradType::kF32;
-  options.bucket_bytes = args.bucket_bytes;
-  options.accumulation_steps = args.accumulation;
-  // Homed in the CPU tier and computed on through the GPU arena, as at stage 0.
-  options.param_home = strata::TierKind::kCpu;
-  options.optimizer.state_home = args.states;
-  options.optimizer.defaults.lr = kLr;
-  options.optimizer.defaults.weight_decay = kWeightDecay;
+  const strata::ZeroOptions options = zero_options(args);
   const std::vector<strata::ZeroParam> params = zero_params(init);
   auto engine_or = strata::ZeroEngine::create(rt, comm, params, options);
   if (!engine_or.ok()) return annotate(engine_or.status(), "creating the ZeRO engine");
@@ -129,6 +174,11 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
     model.bias.push_back(*b);
   }
   const strata::ZeroLayout& layout = engine.layout();
+  const bool stage3 = args.zero_stage == 3;
+  uint64_t partitioned_groups = 0;
+  for (const strata::ZeroFlatGroup& g : layout.groups()) {
+    partitioned_groups += stage3 && !g.persistent ? 1 : 0;
+  }
   if (human != nullptr) {
     std::fprintf(
         human,
@@ -139,11 +189,32 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
         static_cast<double>(args.bucket_bytes) / 1024,
         static_cast<double>(rt.gpu().capacity()) / 1024,
         std::string(strata::to_string(args.states)).c_str());
+    if (stage3) {
+      std::fprintf(human,
+                   "stage 3: %llu groups partitioned, shards on %s; %zu whole on every rank "
+                   "(below %llu bytes); prefetch %.1f KiB ahead, at most %.1f KiB gathered, "
+                   "kept for reuse within %.1f KiB\n",
+                   static_cast<unsigned long long>(partitioned_groups),
+                   std::string(strata::to_string(args.param_home)).c_str(),
+                   layout.groups().size() - partitioned_groups,
+                   static_cast<unsigned long long>(args.persist_below_bytes),
+                   static_cast<double>(args.prefetch_bytes) / 1024,
+                   static_cast<double>(args.max_live_bytes) / 1024,
+                   static_cast<double>(args.reuse_window_bytes) / 1024);
+    }
     std::fflush(human);  // the header shows once training starts, also through a pipe
   }
 
   auto acquire_param = [&](strata::ZeroParamId id) -> absl::StatusOr<const float*> {
     auto data = engine.acquire_param(id, compute_tier, stream);
+    if (!data.ok() && stage3 && data.status().code() == absl::StatusCode::kResourceExhausted) {
+      // The engine names its options; the trainer's are the flags.
+      return absl::Status(data.status().code(),
+                          absl::StrCat("acquire_param: ", data.status().message(),
+                                       " (here: --max-live-bytes, --prefetch-bytes or "
+                                       "STRATA_GPU_BYTES; this model wants a 2MiB arena with "
+                                       "the defaults)"));
+    }
     if (!data.ok()) return annotate(data.status(), "acquire_param");
     if (auto st = device.synchronize(stream); !st.ok()) return annotate(st, "synchronize");
     return static_cast<const float*>(*data);
@@ -163,6 +234,7 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   const double outputs = static_cast<double>(kBatch) * kLayers[kDepth - 1].out;
   const float denominator = static_cast<float>(outputs / ranks);
   std::vector<double> squared_errors;  // this rank's, per step
+  uint64_t step_wait_ns = 0;           // step() waiting for reduce-scatters, summed
   std::mt19937 data_rng(3);
   strata::TensorStore& store = rt.store();
   for (int step = 1; step <= args.steps; ++step) {
@@ -192,21 +264,35 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
         const Layer& l = kLayers[k];
         auto w = acquire_param(model.weight[k]);
         if (!w.ok()) return annotate(w.status(), at);
+        // Stage 3 holds the layer's parameters across its gradients, as autograd holds a
+        // module's: the bias too (the order of uses is the engine's fetch schedule). Stages 1
+        // and 2 let the weight go first: the arena then holds both gradient buckets.
+        if (stage3) {
+          if (auto b = acquire_param(model.bias[k]); !b.ok()) return annotate(b.status(), at);
+        }
         std::vector<float> gw(weight_count(l)), gb(static_cast<size_t>(l.out)), dx;
         backward_layer(l, *w, k == kDepth - 1, r.count, acts[k], acts[k + 1], dy, gw.data(),
                        gb.data(), dx);
         dy.swap(dx);
-        if (auto st = engine.release_param(model.weight[k], stream); !st.ok()) {
-          return annotate(st, at);
+        if (!stage3) {
+          if (auto st = engine.release_param(model.weight[k], stream); !st.ok()) {
+            return annotate(st, at);
+          }
         }
         if (auto st = add_grad(model.weight[k], gw); !st.ok()) return annotate(st, at);
         if (auto st = add_grad(model.bias[k], gb); !st.ok()) return annotate(st, at);
+        if (stage3) {
+          for (auto id : {model.bias[k], model.weight[k]}) {
+            if (auto st = engine.release_param(id, stream); !st.ok()) return annotate(st, at);
+          }
+        }
       }
     }
     auto stepped = engine.step();
     if (!stepped.ok()) return annotate(stepped.status(), at + ": engine step");
     store.step_end();
     squared_errors.push_back(squared_error / outputs);
+    step_wait_ns += engine.stats().last_step_wait_ns;
   }
 
   // The report's figures, read before the collectives below add to the communicator's count.
@@ -215,6 +301,9 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   result.ranks = ranks;
   const strata::ZeroStats stats = engine.stats();
   result.comm_bytes_per_step = stats.last_step_comm_bytes;
+  result.zero_stats = stats;
+  result.exposed_comm_ns = stats.fetch_wait_ns + step_wait_ns;
+  result.partitioned_groups = partitioned_groups;
   const strata::ZeroMemory memory = engine.memory();
   for (size_t t = 0; t < 3; ++t) {
     result.model_states.by_tier[t] =

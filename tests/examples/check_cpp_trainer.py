@@ -8,7 +8,22 @@
       step, the model-state bytes by tier adding up to the total and less than an unpartitioned
       copy of the model states, and at stages 1 and 2 the communication of one step: a
       reduce-scatter and an all-gather of the padded parameters (2 x 4 bytes x elements) plus
-      the small statistics all-reduce.
+      the small statistics all-reduce. At stage 3 also the stage-3 fields: the options echoed,
+      the gathered peak within --max-live-bytes, the fetch counters consistent, the model-state
+      bytes (4+4+12) bytes per partitioned element / RANKS plus the whole persistent ones, the
+      shards in --param-home's tier, and between 2 and 3 x 4 bytes x elements communicated.
+
+  check_cpp_trainer.py json-tight STRATA_RUN TRAINER RANKS 3 [TRAINER ARGS...]
+      As json, for a --max-live-bytes of the largest gathered group: the gathered bytes reach
+      the limit and never pass it, and the limit made the engine drop what it would have kept or
+      prefetched: most gathers are on demand, and at most one group a step (the one at the turn
+      from forward to backward) is reused, where the default limit keeps two.
+
+  check_cpp_trainer.py stage3-below-stage2 STRATA_RUN TRAINER RANKS GPU_BYTES_2 GPU_BYTES_3
+                       [TRAINER ARGS...]
+      Runs the json check at stage 2 (STRATA_GPU_BYTES=GPU_BYTES_2) and at stage 3 (GPU_BYTES_3)
+      with the same arguments and checks that stage 3's model-state bytes per rank are below
+      stage 2's: the parameters are partitioned too.
 
   check_cpp_trainer.py dead-rank TRAINER
       Starts two ranks of --zero-stage=2 by hand (the launch variables, a free port), kills
@@ -36,24 +51,32 @@ FIELDS = {"ranks": int, "stage": int, "steps": int, "accumulation": int, "losses
           "model_state_bytes_per_rank": dict, "gradient_bucket_bytes_per_rank": int,
           "comm_bytes_per_step": int, "bucket_bytes": int, "groups": int, "states": str,
           "bytes_moved": int, "passed": bool}
+STAGE3_FIELDS = {"param_home": str, "prefetch_bytes": int, "max_live_bytes": int,
+                 "persist_below_bytes": int, "reuse_window_bytes": int,
+                 "partitioned_groups": int, "gathered_peak_bytes": int,
+                 "exposed_comm_seconds": NUMBER, "prefetch_late": int, "fetch": dict}
+FETCH_FIELDS = {"fetches", "gathers_on_demand", "gathers_prefetched", "reuses",
+                "gathers_dropped_unused", "order_changes"}
 
 
-def check_json(strata_run, trainer, ranks, stage, extra):
+def check_json(strata_run, trainer, ranks, stage, extra, env=None):
     launcher = [] if strata_run == "-" else [strata_run, "-n", str(ranks)]
     args = [*launcher, trainer, f"--zero-stage={stage}", *extra, "--json=-"]
-    run = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    run = subprocess.run(args, capture_output=True, text=True, timeout=240,
+                         env=dict(os.environ, **(env or {})))
     print(run.stderr, end="")
     if run.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {run.returncode}")
     assert run.stderr.endswith("\nPASS\n"), "the human report (stderr) does not end with PASS"
     doc = json.loads(run.stdout)  # fails if another rank also wrote to stdout
     print(json.dumps(doc, indent=2))
-    for field, kind in FIELDS.items():
+    fields = dict(FIELDS, **(STAGE3_FIELDS if stage == 3 else {}))
+    for field, kind in fields.items():
         assert field in doc, f"field '{field}' missing"
         value = doc[field]
         assert isinstance(value, kind) and (kind is bool or not isinstance(value, bool)), \
             f"'{field}' is {value!r}, not {kind}"
-    assert set(doc) == set(FIELDS), f"unexpected fields: {set(doc) - set(FIELDS)}"
+    assert set(doc) == set(fields), f"unexpected fields: {set(doc) - set(fields)}"
     steps = doc["steps"]
     assert doc["ranks"] == ranks and doc["stage"] == stage, doc
     assert len(doc["losses"]) == steps, f"{len(doc['losses'])} losses for {steps} steps"
@@ -75,7 +98,9 @@ def check_json(strata_run, trainer, ranks, stage, extra):
     if doc["states"] == "nvme":
         assert states["nvme"] >= 2 * 12 * ELEMENTS // ranks, states
     else:
-        assert doc["states"] == "cpu" and states["nvme"] == 0, states
+        # Only stage 3's shards homed on NVMe are there then.
+        assert doc["states"] == "cpu", doc["states"]
+        assert (states["nvme"] == 0) == (doc.get("param_home") != "nvme"), states
     unpartitioned = (4 + 4 + 4 + 12) * ELEMENTS
     if stage == 0:
         assert states["gpu"] == 0 and states["cpu"] == (4 + 4 + 4) * ELEMENTS + (
@@ -86,13 +111,94 @@ def check_json(strata_run, trainer, ranks, stage, extra):
         if doc["states"] == "cpu":
             assert states["total"] < unpartitioned, (states, unpartitioned)
         assert doc["bucket_bytes"] > 0 and doc["groups"] >= 2, doc
-        assert (doc["gradient_bucket_bytes_per_rank"] > 0) == (stage == 2), doc
+        assert (doc["gradient_bucket_bytes_per_rank"] > 0) == (stage >= 2), doc
         # Reduce-scatter (its full input) and all-gather (its output) of every group: at least
         # 2 x 4 bytes per element, at most that with each group padded by ranks x 64 elements,
-        # plus the statistics all-reduce (a few bytes).
+        # plus the statistics all-reduce (a few bytes). Stage 3 gathers the partitioned groups
+        # in forward and again in backward (less the ones kept between): up to 3 x 4 bytes.
         low = 2 * 4 * ELEMENTS
-        high = 2 * 4 * (ELEMENTS + doc["groups"] * ranks * 64) + 1024
+        high = (3 if stage == 3 else 2) * 4 * (ELEMENTS + doc["groups"] * ranks * 64) + 1024
         assert low <= doc["comm_bytes_per_step"] <= high, (doc["comm_bytes_per_step"], low, high)
+    if stage == 3:
+        check_stage3(doc, ranks, extra)
+    return doc
+
+
+def check_stage3(doc, ranks, extra):
+    # The options echoed: the flags given, else the trainer's defaults.
+    given = dict(a[2:].split("=", 1) for a in extra if a.startswith("--") and "=" in a)
+    defaults = {"param-home": "cpu", "prefetch-bytes": 256 << 10, "max-live-bytes": 640 << 10,
+                "persist-below-bytes": 2 << 10, "reuse-window-bytes": 256 << 10}
+    for flag, default in defaults.items():
+        want = given.get(flag, default)
+        if isinstance(default, int) and flag in given:
+            want = size(want)
+        assert doc[flag.replace("-", "_")] == want, (flag, doc[flag.replace("-", "_")], want)
+    # The parameters below --persist-below-bytes stay whole (fp32: 4 bytes an element).
+    counts = [c for i, o in LAYERS for c in (i * o, o)]
+    whole = sum(c for c in counts if 4 * c < doc["persist_below_bytes"])
+    parted = ELEMENTS - whole
+    assert 1 <= doc["partitioned_groups"] <= doc["groups"], doc
+    assert (doc["partitioned_groups"] < doc["groups"]) == (whole > 0), doc
+
+    assert 0 < doc["gathered_peak_bytes"] <= doc["max_live_bytes"], doc
+    assert doc["exposed_comm_seconds"] >= 0, doc
+    fetch = doc["fetch"]
+    assert set(fetch) == FETCH_FIELDS and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in fetch.values()), fetch
+    # Every step uses every partitioned group in forward and again in backward; a use finds its
+    # group gathered (prefetched or kept) or gathers it; the last step prefetches for a next one.
+    uses = 2 * doc["partitioned_groups"] * doc["steps"] * doc["accumulation"]
+    assert fetch["fetches"] >= uses, (fetch, uses)
+    gathers = fetch["gathers_on_demand"] + fetch["gathers_prefetched"]
+    assert fetch["fetches"] <= gathers + fetch["reuses"], fetch
+    assert doc["prefetch_late"] <= fetch["gathers_prefetched"], doc
+    assert fetch["gathers_dropped_unused"] <= fetch["gathers_prefetched"], fetch
+    assert fetch["order_changes"] == 0, fetch  # the trainer's order never changes
+    if doc["prefetch_bytes"] == 0:
+        assert fetch["gathers_prefetched"] == 0, fetch
+    if doc["reuse_window_bytes"] == 0:
+        assert fetch["reuses"] == 0, fetch
+
+    # Model states per rank: a 1/RANKS shard of each partitioned parameter with its gradient
+    # and (CPU) optimizer states, 4 + 4 + 12 bytes an element; the persistent parameters whole
+    # (4 bytes) beside their shards of gradient and states (4 + 12). Each of the groups may pad
+    # by up to RANKS x 64 elements.
+    states = doc["model_state_bytes_per_rank"]
+    home = doc["param_home"]
+    assert states[home] >= 4 * parted // ranks, (home, states, parted)
+    if doc["states"] == "cpu":
+        formula = (20 * parted + 16 * whole) / ranks + 4 * whole
+        slack = 24 * doc["groups"] * ranks * 64
+        assert abs(states["total"] - formula) <= slack, (states, formula, slack)
+
+
+def size(text):
+    """The trainer's size flags: a byte count with an optional binary unit (as the tests give)."""
+    for unit, scale in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)):
+        if text.endswith(unit):
+            return int(float(text[:-len(unit)]) * scale)
+    return int(text)
+
+
+def check_json_tight(strata_run, trainer, ranks, stage, extra):
+    assert stage == 3, "json-tight is a stage-3 check"
+    doc = check_json(strata_run, trainer, ranks, stage, extra)
+    fetch = doc["fetch"]
+    # The limit is the largest group: gathering it filled the limit exactly.
+    assert doc["gathered_peak_bytes"] == doc["max_live_bytes"], doc
+    assert fetch["gathers_on_demand"] > fetch["gathers_prefetched"], fetch
+    assert fetch["reuses"] <= doc["steps"] * doc["accumulation"], fetch
+    return 0
+
+
+def check_stage3_below_stage2(strata_run, trainer, ranks, gpu2, gpu3, extra):
+    totals = {}
+    for stage, gpu in ((2, gpu2), (3, gpu3)):
+        doc = check_json(strata_run, trainer, ranks, stage, extra, {"STRATA_GPU_BYTES": gpu})
+        totals[stage] = doc["model_state_bytes_per_rank"]["total"]
+    print(f"model-state bytes per rank at {ranks} ranks: stage 2 {totals[2]}, stage 3 {totals[3]}")
+    assert totals[3] < totals[2], totals
     return 0
 
 
@@ -143,8 +249,14 @@ def check_dead_rank(trainer):
 def main():
     mode = sys.argv[1]
     if mode == "json":
-        return check_json(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
-                          sys.argv[6:])
+        check_json(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:])
+        return 0
+    if mode == "json-tight":
+        return check_json_tight(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
+                                sys.argv[6:])
+    if mode == "stage3-below-stage2":
+        return check_stage3_below_stage2(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5],
+                                         sys.argv[6], sys.argv[7:])
     if mode == "dead-rank":
         return check_dead_rank(sys.argv[2])
     raise SystemExit(f"unknown mode {mode!r}")
