@@ -276,7 +276,7 @@ int run(int argc, const char* const* argv) {
   cli::Flag& layer_bytes_flag =
       flags.add_size("layer-bytes", &train.layer_bytes,
                      "train-step: bytes of each layer's weight and of its gradient; zero: fp16 "
-                     "parameter bytes of each layer, default 2MiB (a multiple of 4KiB)");
+                     "parameter bytes of each layer, default 1MiB (a multiple of 4KiB)");
   cli::Flag& steps_flag =
       flags.add_uint64("steps", &train.steps,
                        "train-step: measured steps per policy, after one warm-up step; zero: "

@@ -7,8 +7,9 @@ checks the document's "zero" object field by field.
   check_zero3_json.py - BENCH 1 HOME [auto]                alone
 
 HOME is the shards' home (gpu, cpu or nvme; nvme uses a temporary directory under TMPDIR, which
-must be gone afterwards). Without "auto" the run gives --prefetch-bytes and --max-live-bytes
-(1 and 3 layers); with it their defaults (2 and 4 layers). Only rank 0 writes: stdout is exactly
+must be gone afterwards). Without "auto" the run gives --prefetch-bytes, --max-live-bytes and
+--reuse-window-bytes (1, 3 and 1 layers); with it their defaults (2 and 4 layers, and the
+engine's 64 MiB). Only rank 0 writes: stdout is exactly
 one JSON document, and the human table (stderr) has one line per rank.
 
 No timing assertions (the machine may be busy): times must be non-negative, the derived figures
@@ -136,9 +137,10 @@ def check_zero(zero, ranks, home, auto):
     assert zero["gathered_layer_bytes"] == padded * 2, zero
     assert zero["shard_bytes"] == LAYERS * zero["shard_params"] * 2, zero
     layer = zero["gathered_layer_bytes"]
-    want = (2 * layer, 4 * layer) if auto else (LAYER_BYTES, 3 * LAYER_BYTES)
-    assert (zero["prefetch_bytes"], zero["max_live_bytes"]) == want, (zero, want)
-    assert zero["reuse_window_bytes"] > 0, zero
+    want = ((2 * layer, 4 * layer, 64 << 20) if auto else
+            (LAYER_BYTES, 3 * LAYER_BYTES, LAYER_BYTES))
+    got = (zero["prefetch_bytes"], zero["max_live_bytes"], zero["reuse_window_bytes"])
+    assert got == want, (zero, want)
     # The baselines: medians of their samples (every sample the slowest rank's).
     base = zero["baselines"]
     assert base["calls_per_sample"] >= 1, base
@@ -202,7 +204,8 @@ def main() -> int:
                 f"--layer-bytes={LAYER_BYTES}", "--layer-compute=200us", f"--steps={STEPS}",
                 f"--param-home={home}", "--json=-"]
         if not auto:
-            args += [f"--prefetch-bytes={LAYER_BYTES}", f"--max-live-bytes={3 * LAYER_BYTES}"]
+            args += [f"--prefetch-bytes={LAYER_BYTES}", f"--max-live-bytes={3 * LAYER_BYTES}",
+                     f"--reuse-window-bytes={LAYER_BYTES}"]
         run = subprocess.run(args, capture_output=True, text=True, env=env, timeout=240)
         if run.returncode != 0:
             raise AssertionError(f"{' '.join(args)} exited {run.returncode}:\n{run.stderr}")

@@ -23,6 +23,10 @@ std::optional<std::string> parse_auto_size(const std::string& flag, const std::s
     out->reset();
     return std::nullopt;
   }
+  if (trimmed == "0") {  // parse_size takes positive sizes only
+    *out = 0;
+    return std::nullopt;
+  }
   auto size = parse_size(trimmed);
   if (!size.ok()) {
     return absl::StrFormat("--%s=%s: %s; or 'auto'", flag, text,
@@ -45,6 +49,10 @@ std::vector<cli::Flag*> add_zero3_flags(cli::FlagSet& flags, Zero3FlagText* text
       &flags.add_string("max-live-bytes", &text->max_live_bytes,
                         "zero: the most gathered bytes alive at once (ZeroOptions::"
                         "max_live_bytes), a size of at least one layer's, or auto (4 layers)"),
+      &flags.add_string("reuse-window-bytes", &text->reuse_window_bytes,
+                        "zero: a released layer stays gathered when the order uses it again "
+                        "within this many gathered bytes (ZeroOptions::reuse_window_bytes), a "
+                        "size or auto (the engine's default); 0: every use gathers"),
       &flags.add_string("layer-compute", &text->layer_compute,
                         "zero: compute per layer in forward and again in backward, as a duration "
                         "(200us, 2ms, 0): real work on the host (y = a*x + y over fp32), its "
@@ -58,6 +66,10 @@ std::optional<std::string> parse_zero3_flags(const Zero3FlagText& text, Zero3Opt
     return error;
   }
   if (auto error = parse_auto_size("max-live-bytes", text.max_live_bytes, &out->max_live_bytes)) {
+    return error;
+  }
+  if (auto error = parse_auto_size("reuse-window-bytes", text.reuse_window_bytes,
+                                   &out->reuse_window_bytes)) {
     return error;
   }
   absl::Duration d;

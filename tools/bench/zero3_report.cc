@@ -91,7 +91,9 @@ std::string baselines_json(const Zero3Report& r) {
 
 std::string ms(double s) { return absl::StrFormat("%.3f ms", s * 1e3); }
 
-std::string percent(double fraction) { return absl::StrFormat("%.1f%%", fraction * 100); }
+std::string percent(double fraction, int digits = 1) {
+  return absl::StrFormat("%.*f%%", digits, fraction * 100);
+}
 
 void print_row(const Zero3Report& report, const std::string& label, double step,
                const Zero3Sample& s, std::ostream& out) {
@@ -111,10 +113,10 @@ std::string goal_text(const Zero3Report& report, const Zero3Sample& s) {
     return absl::StrFormat(
         "does not apply: compute %s is below the communication %s%s (exposed %s of the step)",
         ms(b.compute), ms(std::max(b.comm, b.shard_read)),
-        b.shard_read > b.comm ? " (the shard read)" : "", percent(s.exposed_fraction()));
+        b.shard_read > b.comm ? " (the shard read)" : "", percent(s.exposed_fraction(), 2));
   }
   return absl::StrFormat("%s: exposed %s of the step (compute %s >= communication %s)",
-                         g.met ? "met" : "NOT met", percent(s.exposed_fraction()), ms(b.compute),
+                         g.met ? "met" : "NOT met", percent(s.exposed_fraction(), 2), ms(b.compute),
                          ms(std::max(b.comm, b.shard_read)));
 }
 

@@ -95,6 +95,7 @@ struct Plan {
   uint64_t gathered_bytes = 0;  // one layer gathered
   uint64_t prefetch_bytes = 0;
   uint64_t max_live_bytes = 0;
+  uint64_t reuse_window_bytes = 0;
   uint64_t model_shard_bytes = 0;  // this rank's shard of every layer
 };
 
@@ -107,6 +108,7 @@ Plan plan_of(const Zero3Options& o, int ranks) {
   p.gathered_bytes = p.padded * kParamBytes;
   p.prefetch_bytes = o.prefetch_bytes.value_or(2 * p.gathered_bytes);
   p.max_live_bytes = o.max_live_bytes.value_or(4 * p.gathered_bytes);
+  p.reuse_window_bytes = o.reuse_window_bytes.value_or(ZeroOptions().reuse_window_bytes);
   p.model_shard_bytes = o.layers * p.shard * kParamBytes;
   return p;
 }
@@ -276,6 +278,7 @@ absl::StatusOr<RankRecord> run_steps(const Zero3Options& o, const Plan& plan, Ru
   options.persist_below_bytes = 0;  // every layer partitioned
   options.prefetch_bytes = plan.prefetch_bytes;
   options.max_live_bytes = plan.max_live_bytes;
+  options.reuse_window_bytes = plan.reuse_window_bytes;
   options.optimizer.state_home = TierKind::kCpu;
   options.optimizer.defaults = workload_hyper();
   Device& device = rt.device();
@@ -527,7 +530,7 @@ int run_zero3_workload(const Zero3Options& o, const cli::FlagSet& flags) {
   report.gathered_layer_bytes = plan.gathered_bytes;
   report.prefetch_bytes = plan.prefetch_bytes;
   report.max_live_bytes = plan.max_live_bytes;
-  report.reuse_window_bytes = ZeroOptions().reuse_window_bytes;
+  report.reuse_window_bytes = plan.reuse_window_bytes;
   report.shard_bytes = plan.model_shard_bytes;
   if (dirs.has_value()) report.nvme_dirs = dirs->describe();
   human << "offload-bench " << STRATA_VERSION << " workload zero (ZeRO stage 3): " << o.layers

@@ -41,13 +41,14 @@ namespace strata::bench {
 
 struct Zero3Options {
   uint64_t layers = 8;
-  uint64_t layer_bytes = uint64_t{2} << 20;              // fp16 parameters per layer
-  absl::Duration layer_compute = absl::Milliseconds(2);  // per layer, forward and backward each
-  std::string param_home = "cpu";                        // "gpu", "cpu" or "nvme"
-  std::optional<uint64_t> prefetch_bytes;                // nullopt: 2 layers' gathered bytes
-  std::optional<uint64_t> max_live_bytes;                // nullopt: 4 layers' gathered bytes
-  uint64_t steps = 5;                                    // timed, after one warm-up step
-  std::string json;                                      // "-": stdout; "": none
+  uint64_t layer_bytes = uint64_t{1} << 20;               // fp16 parameters per layer
+  absl::Duration layer_compute = absl::Milliseconds(10);  // per layer, forward and backward each
+  std::string param_home = "cpu";                         // "gpu", "cpu" or "nvme"
+  std::optional<uint64_t> prefetch_bytes;                 // nullopt: 2 layers' gathered bytes
+  std::optional<uint64_t> max_live_bytes;                 // nullopt: 4 layers' gathered bytes
+  std::optional<uint64_t> reuse_window_bytes;             // nullopt: ZeroOptions' default
+  uint64_t steps = 5;                                     // timed, after one warm-up step
+  std::string json;                                       // "-": stdout; "": none
 };
 
 // The flags only --workload=zero takes, as given (--layers, --layer-bytes, --steps, --zero-stage
@@ -56,10 +57,12 @@ struct Zero3FlagText {
   std::string param_home = "cpu";
   std::string prefetch_bytes = "auto";
   std::string max_live_bytes = "auto";
-  std::string layer_compute = "2ms";
+  std::string reuse_window_bytes = "auto";
+  std::string layer_compute = "10ms";
 };
 
-// Adds --param-home, --prefetch-bytes, --max-live-bytes and --layer-compute; returns them.
+// Adds --param-home, --prefetch-bytes, --max-live-bytes, --reuse-window-bytes and
+// --layer-compute; returns them.
 std::vector<cli::Flag*> add_zero3_flags(cli::FlagSet& flags, Zero3FlagText* text);
 
 // Parses the flags' text into `out`; a usage error names the flag.
