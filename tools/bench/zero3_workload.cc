@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <utility>
@@ -257,9 +258,13 @@ struct RankRecord {
 };
 
 // This rank's engine over the runtime and communicator: one warm-up step and --steps timed ones.
+// `beside_engine` runs with the engine created, before the warm-up step and after the last one
+// (the raw collectives: see run_zero3_workload).
 absl::StatusOr<RankRecord> run_steps(const Zero3Options& o, const Plan& plan, Runtime& rt,
                                      Communicator& comm, HostCompute& compute,
-                                     uint64_t compute_elements, std::ostream& human) {
+                                     uint64_t compute_elements,
+                                     const std::function<absl::Status()>& beside_engine,
+                                     std::ostream& human) {
   std::vector<ZeroParam> params;
   for (uint64_t l = 0; l < o.layers; ++l) {
     params.push_back(ZeroParam{.name = absl::StrFormat("layer%d", l),
@@ -308,6 +313,7 @@ absl::StatusOr<RankRecord> run_steps(const Zero3Options& o, const Plan& plan, Ru
     if (!id.ok()) return id.status();
     rig.ids.push_back(*id);
   }
+  if (absl::Status st = beside_engine(); !st.ok()) return st;
   human << absl::StrFormat("zero: 1 warm-up step (it records the order), %d timed\n", o.steps);
   human.flush();
   RankRecord record;
@@ -320,6 +326,7 @@ absl::StatusOr<RankRecord> run_steps(const Zero3Options& o, const Plan& plan, Ru
   }
   if (absl::Status st = device.synchronize(**stream); !st.ok()) return st;
   record.memory = (*engine)->memory();
+  if (absl::Status st = beside_engine(); !st.ok()) return st;
   return record;
 }
 
@@ -401,23 +408,17 @@ TierKind comm_tier_of(Runtime& rt, Communicator& comm) {
   return host_device || comm.backend() == CommBackendKind::kNccl ? TierKind::kGpu : TierKind::kCpu;
 }
 
-// The baselines on every rank, before the engine exists (the raw collectives again after it is
-// gone: see run_zero3_workload).
+// The baselines on every rank that come before the engine exists: the compute's calibration and
+// the raw shard read (the raw collectives run beside the engine: see run_zero3_workload).
 absl::Status run_baselines(const Zero3Options& o, const Plan& plan, const ResolvedConfig& config,
-                           const std::vector<std::string>& nvme_paths, Runtime& rt,
-                           Communicator& comm, HostCompute& compute, Zero3Report& report,
-                           std::ostream& human) {
-  human << "zero: baselines: calibrating the compute; raw all_gather and reduce_scatter of one "
-           "layer through the Communicator"
+                           const std::vector<std::string>& nvme_paths, Communicator& comm,
+                           HostCompute& compute, Zero3Report& report, std::ostream& human) {
+  human << "zero: baselines: calibrating the compute"
         << (nvme_paths.empty() ? "" : "; raw io_uring read of each rank's shard") << "\n";
   human.flush();
   auto calibration = compute.calibrate(comm, o.layer_compute);
   if (!calibration.ok()) return calibration.status();
   report.compute = *std::move(calibration);
-  auto raw = time_raw_collectives(rt, comm, comm_tier_of(rt, comm), plan.shard, kBaselineSamples,
-                                  kCallsPerSample);
-  if (!raw.ok()) return raw.status();
-  report.raw_comm = *std::move(raw);
   if (!nvme_paths.empty()) {
     auto read = time_raw_shard_read(comm, nvme_paths, plan.model_shard_bytes, config.io_block,
                                     config.io_depth, kBaselineSamples);
@@ -540,20 +541,35 @@ int run_zero3_workload(const Zero3Options& o, const cli::FlagSet& flags) {
   human.flush();
 
   HostCompute compute;
-  if (absl::Status s = run_baselines(o, plan, report.config, nvme_paths, **runtime, comm, compute,
-                                     report, human);
+  if (absl::Status s =
+          run_baselines(o, plan, report.config, nvme_paths, comm, compute, report, human);
       !s.ok()) {
     return fail(s);
   }
-  auto record =
-      run_steps(o, plan, **runtime, comm, compute, report.compute.elements_per_layer, human);
+  // The raw collectives, timed with the engine created (idle) before the warm-up step and after
+  // the last step, their samples together: so that a load that drifts during the run weighs on
+  // both sides, and the process is in the state the steps ran in. (That state matters here:
+  // until glibc's dynamic mmap threshold is raised — ZeroEngine::create raises it, freeing its
+  // initial values — every Gloo reduce-scatter maps and unmaps its buffers, which made one of
+  // a 1 MiB layer 25x slower on this machine; docs/bench.md.)
+  bool first = true;
+  auto raw_collectives = [&]() -> absl::Status {
+    human << "zero: raw all_gather and reduce_scatter of one layer through the Communicator\n";
+    human.flush();
+    auto raw = time_raw_collectives(**runtime, comm, comm_tier_of(**runtime, comm), plan.shard,
+                                    kBaselineSamples, kCallsPerSample);
+    if (!raw.ok()) return raw.status();
+    if (first) {
+      report.raw_comm = *std::move(raw);
+    } else {
+      merge(report.raw_comm, *raw);
+    }
+    first = false;
+    return absl::OkStatus();
+  };
+  auto record = run_steps(o, plan, **runtime, comm, compute, report.compute.elements_per_layer,
+                          raw_collectives, human);
   if (!record.ok()) return fail(record.status());
-  // The raw collectives again, now that the engine is gone: their samples before and after the
-  // steps together, so that a machine whose load drifts during the run weighs on both sides.
-  auto raw_after = time_raw_collectives(**runtime, comm, comm_tier_of(**runtime, comm), plan.shard,
-                                        kBaselineSamples, kCallsPerSample);
-  if (!raw_after.ok()) return fail(raw_after.status());
-  merge(report.raw_comm, *raw_after);
   if (absl::Status s = combine(comm, *record, o.steps, report); !s.ok()) return fail(s);
   if (!lead) return 0;
   human << "offload-bench on " << report.device << "\n" << render(report.config);
