@@ -46,7 +46,7 @@ ZERO_FIELDS = {"ranks", "stage", "backend", "param_home", "state_home", "layers"
                "layer_compute_seconds", "baselines", "step_seconds", "all_step_seconds",
                "slowest_rank", "per_rank"} | SAMPLE_FIELDS
 RANK_FIELDS = {"rank", "step_seconds", "all_step_seconds", "model_state_bytes",
-               "model_state_bytes_by_tier"} | SAMPLE_FIELDS
+               "model_state_bytes_by_tier", "mean_nvme_read_bytes"} | SAMPLE_FIELDS
 BOUND_FIELDS = {"compute_seconds", "gather_seconds", "reduce_scatter_seconds", "comm_seconds",
                 "shard_read_seconds", "optimizer_seconds", "seconds"}
 EPS = 2e-5  # seconds: each is rounded to 1e-6 and sums of up to a dozen of them are compared
@@ -92,9 +92,14 @@ def check_sample(s, zero, where):
     assert s["prefetch_late"] <= 2 * layers and s["order_changes"] == 0, f"{where}: {s}"
     assert s["all_gather_bytes"] == s["gathers"] * padded * 2, f"{where}: {s}"
     assert s["reduce_scatter_bytes"] == layers * padded * 2, f"{where}: {s}"
-    # ZeRO-Infinity: each rank reads its own shard from NVMe, once per step.
-    want_read = zero["shard_bytes"] if zero["param_home"] == "nvme" else 0
-    assert s["nvme_read_bytes"] == want_read, f"{where}: {s}"
+    # ZeRO-Infinity: each rank reads its own shard from NVMe, whole shards of layers, about
+    # once per step (the mean over the steps is checked per rank).
+    if zero["param_home"] == "nvme":
+        layer_shard = zero["shard_params"] * 2
+        assert s["nvme_read_bytes"] % layer_shard == 0, f"{where}: {s}"
+        assert 0 < s["nvme_read_bytes"] <= 2 * zero["shard_bytes"], f"{where}: {s}"
+    else:
+        assert s["nvme_read_bytes"] == 0, f"{where}: {s}"
     assert zero["gathered_layer_bytes"] <= s["gathered_peak_bytes"] <= zero["max_live_bytes"], \
         f"{where}: {s}"
     # The bound: max(compute, gathers x all_gather + layers x reduce_scatter, read) + optimizer.
@@ -192,6 +197,15 @@ def check_zero(zero, ranks, home, auto):
         assert tiers[home] >= 2 * shard_total, (r, shard_total)
         assert tiers["cpu"] >= 12 * shard_total, (r, shard_total)
         assert r["model_state_bytes"] >= 14 * shard_total, (r, shard_total)
+        # Each rank reads its own shard of the model from NVMe once per step: over the timed
+        # steps exactly, but for the reads the engine's prefetch hints (up to twice
+        # --prefetch-bytes of gathered layers ahead) start in the background at either end.
+        mean = r["mean_nvme_read_bytes"]
+        if home == "nvme":
+            hinted = 2 * zero["prefetch_bytes"] // ranks + zero["shard_params"] * 2
+            assert abs(mean - zero["shard_bytes"]) * STEPS <= 2 * hinted, (r, zero["shard_bytes"])
+        else:
+            assert mean == 0, r
 
 
 def main() -> int:

@@ -66,9 +66,11 @@ std::string rank_json(const Zero3Report& report, const Zero3RankSummary& r) {
   const auto& t = r.model_states_by_tier;
   return absl::StrFormat(
       R"({"rank": %d, "step_seconds": %s, "all_step_seconds": %s, %s, "model_state_bytes": %d, )"
-      R"("model_state_bytes_by_tier": {"gpu": %d, "cpu": %d, "nvme": %d}})",
+      R"("model_state_bytes_by_tier": {"gpu": %d, "cpu": %d, "nvme": %d}, )"
+      R"("mean_nvme_read_bytes": %.1f})",
       r.rank, seconds_json(r.median.step), list_json(r.all_step_seconds),
-      sample_fields(report, r.median), r.model_state_bytes, t[0], t[1], t[2]);
+      sample_fields(report, r.median), r.model_state_bytes, t[0], t[1], t[2],
+      r.mean_nvme_read_bytes);
 }
 
 std::string baselines_json(const Zero3Report& r) {
@@ -148,6 +150,14 @@ void print_zero3(const Zero3Report& r, std::ostream& out) {
   print_row(r, "job", r.step_seconds, r.median, out);
   for (const Zero3RankSummary& rank : r.per_rank) {
     print_row(r, absl::StrFormat("rank %d", rank.rank), rank.median.step, rank.median, out);
+  }
+  if (o.param_home == "nvme") {
+    out << "NVMe reads per step (mean over the steps; the own shard is "
+        << format_bytes(r.shard_bytes) << "):";
+    for (const Zero3RankSummary& rank : r.per_rank) {
+      out << " rank " << rank.rank << " " << format_bytes(whole(rank.mean_nvme_read_bytes));
+    }
+    out << "\n";
   }
   out << "\ngoal (exposed communication <= 10% of the step where compute >= communication), "
          "the job's median step (rank "

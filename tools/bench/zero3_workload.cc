@@ -365,6 +365,8 @@ absl::Status combine(Communicator& comm, const RankRecord& mine, uint64_t steps,
       summary.all_step_seconds.push_back(samples.back().step);
     }
     summary.median = samples[lower_median_index(summary.all_step_seconds)];
+    for (const Zero3Sample& s : samples) summary.mean_nvme_read_bytes += s.nvme_read_bytes;
+    summary.mean_nvme_read_bytes /= static_cast<double>(steps);
     const double* tail = all.data() + per_rank * static_cast<size_t>(r) + steps * kSampleDoubles;
     for (size_t t = 0; t < 3; ++t) summary.model_states_by_tier[t] = static_cast<uint64_t>(tail[t]);
     summary.model_state_bytes = static_cast<uint64_t>(tail[3]);

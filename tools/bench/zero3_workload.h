@@ -133,6 +133,9 @@ struct Zero3RankSummary {
   Zero3Sample median;  // this rank's step with the median time (the lower middle one)
   std::vector<double> all_step_seconds;
   std::array<uint64_t, 3> model_states_by_tier{};  // ZeroMemory params + grads + states
+  // NVMe bytes read per timed step, on average: the reads the engine's prefetch hints start in
+  // the background land in one step's window or the next, so one step's count varies.
+  double mean_nvme_read_bytes = 0;
   uint64_t model_state_bytes = 0;
 };
 
