@@ -39,7 +39,9 @@ COUNT_FIELDS = {"gathers", "gathers_on_demand", "gathers_prefetched", "reuses", 
                 "gathers_dropped_unused", "order_changes", "gathered_peak_bytes",
                 "all_gather_bytes", "reduce_scatter_bytes", "nvme_read_bytes"}
 SAMPLE_FIELDS = TIME_FIELDS | COUNT_FIELDS | {"exposed_comm_fraction", "overlap_bound_seconds",
-                                              "ratio", "bound", "goal"}
+                                              "ratio", "bound", "goal",
+                                              "exposed_with_grad_waits_seconds",
+                                              "exposed_with_grad_waits_fraction"}
 ZERO_FIELDS = {"ranks", "stage", "backend", "param_home", "state_home", "layers", "layer_bytes",
                "layer_params", "padded_params", "shard_params", "gathered_layer_bytes",
                "shard_bytes", "prefetch_bytes", "max_live_bytes", "reuse_window_bytes", "steps",
@@ -80,6 +82,11 @@ def check_sample(s, zero, where):
     fraction = s["exposed_comm_fraction"]
     assert 0 <= fraction <= 1, f"{where}: exposed fraction {fraction}"
     assert math.isclose(fraction, exposed / step, abs_tol=2e-4 + 2e-6 / step), f"{where}: {s}"
+    with_waits = exposed + s["acquire_grad_seconds"]
+    assert close(s["exposed_with_grad_waits_seconds"], with_waits, abs_tol=EPS), f"{where}: {s}"
+    assert 0 <= s["exposed_with_grad_waits_fraction"] <= 1, f"{where}: {s}"
+    assert math.isclose(s["exposed_with_grad_waits_fraction"], with_waits / step,
+                        abs_tol=2e-4 + 4e-6 / step), f"{where}: {s}"
     outside = max(0.0, step - s["compute_seconds"] - s["optimizer_seconds"])
     assert close(s["outside_compute_seconds"], outside, abs_tol=EPS), f"{where}: {s}"
     # Counts per step: every layer is used in forward and in backward; each use is a gather

@@ -108,6 +108,12 @@ struct Zero3Sample {
 
   double exposed() const { return fetch_wait + reduce_scatter_wait; }
   double exposed_fraction() const { return step > 0 ? exposed() / step : 0; }
+  // With the time acquire_grad spent (waiting for a gradient bucket to come back from its
+  // reduce-scatter: communication that ZeroStats does not count).
+  double exposed_with_grad_waits() const { return exposed() + acquire_grad; }
+  double exposed_with_grad_waits_fraction() const {
+    return step > 0 ? exposed_with_grad_waits() / step : 0;
+  }
   // The step's host time outside compute and the optimizer: the engine's calls (their waits for
   // communication included), the gradient copies and the step()'s own other work. An upper
   // bound of the exposed communication that does not rely on the engine's counters.
