@@ -14,14 +14,16 @@
 // order), then --steps timed ones, back to back: a step runs from the end of the previous
 // step() to the end of its own, so nothing the engine does between steps goes untimed.
 //
-// The baselines, measured on every rank before the engine exists: all_gather and reduce_scatter
-// of one layer through the Communicator called directly (the engine's buffers, tier and sizes),
-// and, with --param-home=nvme, an io_uring read of this rank's whole shard of the model
-// (bench/raw_io.h), every rank at once. The overlap bound of a step is
+// The baselines, on every rank at once: the compute's calibration and, with --param-home=nvme,
+// an io_uring read of this rank's whole shard of the model (bench/raw_io.h), before the engine
+// exists; all_gather and reduce_scatter of one layer through the Communicator called directly
+// (the engine's buffers, tier and sizes), with the engine created and idle, before the warm-up
+// step and after the last one. The overlap bound of a step is
 //   max(compute, gathers × all_gather + layers × reduce_scatter, shard read) + optimizer
 // (the optimizer: ZeroStats::last_optimizer_ns, the Adam step after backward, which no schedule
 // overlaps with this loop's compute); the exposed communication is the engine's
-// fetch_wait_ns + last_step_wait_ns of the step (docs/bench.md).
+// fetch_wait_ns + last_step_wait_ns of the step, also reported with the host time acquire_grad
+// waited for gradient buckets (docs/bench.md).
 #pragma once
 
 #include <absl/time/time.h>
