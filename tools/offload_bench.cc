@@ -19,6 +19,10 @@
 // --workload=collective, under strata-run -n N (or alone), times strata's collectives
 // (all_gather, reduce_scatter, all_reduce, broadcast) per --tensor-bytes size against Gloo called
 // directly in the same run (bench/collective_workload.cc, docs/bench.md).
+// --workload=zero, under strata-run -n N (or alone), times a ZeRO-DP stage 3 training step
+// (ZeroEngine: parameters partitioned, gathered by the recorded order) over --layers synthetic
+// layers with real host compute, against its overlap bound measured in the same run
+// (bench/zero3_workload.cc, docs/bench.md).
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <absl/strings/strip.h>
@@ -45,6 +49,7 @@
 #include "bench/store_paths.h"
 #include "bench/train_step.h"
 #include "bench/tune.h"
+#include "bench/zero3_workload.h"
 #include "bench/zero_workload.h"
 #include "cli.h"
 #include "strata/base/size.h"
@@ -221,7 +226,12 @@ int run(int argc, const char* const* argv) {
       "--workload=collective, run under strata-run -n N (or alone), times strata's all_gather, "
       "reduce_scatter, all_reduce and broadcast for each --tensor-bytes size (default 64KiB to "
       "64MiB; --bytes per sample, default 64MiB) against Gloo called directly, alternated in "
-      "the same run.");
+      "the same run.\n"
+      "--workload=zero, run under strata-run -n N (or alone), times a ZeRO-DP stage 3 step "
+      "(forward and backward over --layers layers of --layer-bytes, --layer-compute of host "
+      "compute per layer, shards in --param-home) against max(compute, gathers and "
+      "reduce-scatters timed through the Communicator directly, the shard read) + optimizer, and "
+      "reports the exposed communication.");
   cli::Flag& bytes_flag = flags.add_size(
       "bytes", &options.bytes, "bytes moved per path, tensor size and repetition (--tune: 64MiB)");
   std::string tensor_text = "64MiB";
@@ -248,21 +258,34 @@ int run(int argc, const char* const* argv) {
       "STRATA_IO_ENGINE (io_uring,psync) on cpu-nvme and nvme-cpu and print the export line "
       "for the least pinned memory within 3% of the best");
   std::string workload = "swap";
-  flags.add_enum("workload", &workload, {"swap", "paths", "train-step", "optimizer", "collective"},
-                 "swap: tier-to-tier bandwidth per path (paths: the same, its old name); "
-                 "train-step: a synthetic training step against its overlap bound "
-                 "(docs/train-step.md); optimizer: the CPU optimizer step against the "
-                 "memory-bandwidth floor (docs/bench.md); collective: strata's collectives "
-                 "against Gloo called directly, under strata-run -n N (docs/bench.md)");
+  flags.add_enum(
+      "workload", &workload, {"swap", "paths", "train-step", "optimizer", "collective", "zero"},
+      "swap: tier-to-tier bandwidth per path (paths: the same, its old name); "
+      "train-step: a synthetic training step against its overlap bound "
+      "(docs/train-step.md); optimizer: the CPU optimizer step against the "
+      "memory-bandwidth floor (docs/bench.md); collective: strata's collectives "
+      "against Gloo called directly, under strata-run -n N (docs/bench.md); zero: a ZeRO-DP "
+      "stage 3 step against its overlap bound, under strata-run -n N (docs/bench.md)");
   TrainStepOptions train;
   std::string policies_text = absl::StrJoin(train.policies, ",");
-  // Only meaningful with --workload=train-step; checked below.
+  // Shared by --workload=train-step and zero (which has its own defaults).
+  cli::Flag& layers_flag =
+      flags.add_uint64("layers", &train.layers,
+                       "train-step: layers (a weight, an activation and a gradient each); zero: "
+                       "layers (one fp16 parameter each), default 8");
+  cli::Flag& layer_bytes_flag =
+      flags.add_size("layer-bytes", &train.layer_bytes,
+                     "train-step: bytes of each layer's weight and of its gradient; zero: fp16 "
+                     "parameter bytes of each layer, default 1MiB (a multiple of 4KiB)");
+  cli::Flag& steps_flag =
+      flags.add_uint64("steps", &train.steps,
+                       "train-step: measured steps per policy, after one warm-up step; zero: "
+                       "measured steps, after one warm-up step, default 5");
+  // Only meaningful with --workload=train-step (the first three with zero too); checked below.
   const std::vector<cli::Flag*> train_flags = {
-      &flags.add_uint64("layers", &train.layers,
-                        "train-step: layers (a weight, an activation and a gradient each)"),
-      &flags.add_size("layer-bytes", &train.layer_bytes,
-                      "train-step: bytes of each layer's weight and of its gradient (a multiple of "
-                      "4KiB)"),
+      &layers_flag,
+      &layer_bytes_flag,
+      &steps_flag,
       &flags.add_size("activation-bytes", &train.activation_bytes,
                       "train-step: bytes of each layer's saved activation, written in forward and "
                       "read in backward (a multiple of 4KiB; 0: none)"),
@@ -284,8 +307,6 @@ int run(int argc, const char* const* argv) {
       &flags.add_double("link-gbps", &train.link_gbps,
                         "train-step: HostDevice H2D/D2H throttle in GB/s (below PCIe, so the link "
                         "limits the step); 0 = unthrottled; ignored on CUDA"),
-      &flags.add_uint64("steps", &train.steps,
-                        "train-step: measured steps per policy, after one warm-up step"),
       &flags.add_bool("sync-each-layer", &train.sync_each_layer,
                       "train-step: the host waits for each layer's compute before the next "
                       "acquire (no run-ahead: only prefetching hides transfers); "
@@ -298,6 +319,11 @@ int run(int argc, const char* const* argv) {
   OptimizerOptions optimizer;
   std::string params_text = "32M";  // OptimizerOptions::params
   uint64_t zero_stage = 0;          // not given
+  cli::Flag& zero_stage_flag = flags.add_uint64(
+      "zero-stage", &zero_stage,
+      "optimizer: time the ZeRO-DP partitioned step (ZeroEngine) at this stage, 1 (optimizer "
+      "states) or 2 (gradients too), against the single-rank step / ranks; the default under "
+      "strata-run -n N with N > 1 is 2. zero: 3, the only stage it times");
   // Only meaningful with --workload=optimizer; checked below.
   const std::vector<cli::Flag*> optimizer_flags = {
       &flags.add_string("params", &params_text,
@@ -306,20 +332,53 @@ int run(int argc, const char* const* argv) {
       &flags.add_enum("dtype", &optimizer.dtype, {"fp16", "bf16", "fp32"},
                       "optimizer: dtype of the gradients and the parameter copies (fp32 master "
                       "weights and moments either way)"),
-      &flags.add_uint64("zero-stage", &zero_stage,
-                        "optimizer: time the ZeRO-DP partitioned step (ZeroEngine) at this stage, "
-                        "1 (optimizer states) or 2 (gradients too), against the single-rank step "
-                        "/ ranks; the default under strata-run -n N with N > 1 is 2"),
+      &zero_stage_flag,
   };
+  Zero3FlagText zero3_text;
+  const std::vector<cli::Flag*> zero3_flags = add_zero3_flags(flags, &zero3_text);
   std::vector<std::string> positional;
   if (auto exit_code = flags.parse_or_exit(argc, argv, &positional)) return *exit_code;
   if (!positional.empty()) return flags.usage_error("unexpected argument '" + positional[0] + "'");
   if (workload != "optimizer") {
     for (const cli::Flag* flag : optimizer_flags) {
-      if (flag->was_set()) {
+      if (flag->was_set() && !(workload == "zero" && flag == &zero_stage_flag)) {
         return flags.usage_error("--" + flag->name() + " applies to --workload=optimizer only");
       }
     }
+  }
+  if (workload != "zero") {
+    for (const cli::Flag* flag : zero3_flags) {
+      if (flag->was_set()) {
+        return flags.usage_error("--" + flag->name() + " applies to --workload=zero only");
+      }
+    }
+  }
+  if (workload == "zero") {
+    const std::vector<cli::Flag*> other_flags = {&bytes_flag,    &tensor_flag, &repeat_flag,
+                                                 &baseline_flag, &paths_flag,  &csv_flag,
+                                                 &svg_flag,      &tune_flag};
+    for (const cli::Flag* flag : other_flags) {
+      if (flag->was_set()) {
+        return flags.usage_error("--" + flag->name() + " applies to --workload=swap, not zero");
+      }
+    }
+    for (const cli::Flag* flag : train_flags) {
+      if (flag->was_set() && flag != &layers_flag && flag != &layer_bytes_flag &&
+          flag != &steps_flag) {
+        return flags.usage_error("--" + flag->name() + " applies to --workload=train-step only");
+      }
+    }
+    Zero3Options zero;
+    if (layers_flag.was_set()) zero.layers = train.layers;
+    if (layer_bytes_flag.was_set()) zero.layer_bytes = train.layer_bytes;
+    if (steps_flag.was_set()) zero.steps = train.steps;
+    if (zero_stage_flag.was_set()) {
+      if (auto error = parse_zero3_stage(zero_stage)) return flags.usage_error(*error);
+    }
+    if (auto error = parse_zero3_flags(zero3_text, &zero)) return flags.usage_error(*error);
+    zero.json = options.json;
+    if (auto error = validate(zero)) return flags.usage_error(*error);
+    return run_zero3_workload(zero, flags);
   }
   if (workload == "collective") {
     const std::vector<cli::Flag*> other_flags = {&baseline_flag, &paths_flag, &csv_flag, &svg_flag,

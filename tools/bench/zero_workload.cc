@@ -428,7 +428,7 @@ std::optional<std::string> parse_zero_stage(uint64_t value, uint32_t* out) {
         "--zero-stage=%d: must be 1 (optimizer states partitioned) or 2 (gradients too)%s", value,
         value == 0 ? "; leave the flag out (and run without strata-run) for the single-rank "
                      "workload"
-                   : "; stage 3 (parameters partitioned too) is not implemented");
+                   : "; stage 3 (parameters partitioned too) is timed by --workload=zero");
   }
   *out = static_cast<uint32_t>(value);
   return std::nullopt;

@@ -1,0 +1,224 @@
+#include "bench/zero3_steps.h"
+
+#include <absl/strings/str_format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "bench/optimizer_baselines.h"
+
+namespace strata::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+absl::Status with_context(const absl::Status& status, std::string_view what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrFormat("zero: %s: %s", std::string(what),
+                                                     std::string(status.message())));
+}
+
+double since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double seconds(uint64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+// What a step needs besides the engine.
+struct Rig {
+  ZeroEngine& engine;
+  Runtime& runtime;
+  Communicator& comm;
+  Stream& stream;
+  HostCompute& compute;
+  std::vector<ZeroParamId> ids;
+  uint64_t compute_elements = 0;  // per layer and pass
+  const PinnedHostMemory& gradient;
+  uint64_t layer_bytes = 0;
+};
+
+template <typename F>
+auto timed(double& into, F&& f) {
+  const Clock::time_point start = Clock::now();
+  auto result = f();
+  into += since(start);
+  return result;
+}
+
+uint64_t nvme_reads(const StoreStats& s) {
+  uint64_t bytes = 0;
+  for (size_t to = 0; to < 3; ++to)
+    bytes += s.moves[static_cast<size_t>(TierKind::kNvme)][to].bytes;
+  return bytes;
+}
+
+// One training step from `start` (the end of the previous step()) to the end of its step().
+absl::StatusOr<Zero3Sample> one_step(Rig& r, Clock::time_point start) {
+  ZeroEngine& engine = r.engine;
+  Stream& stream = r.stream;
+  const ZeroStats z0 = engine.stats();
+  const CommStats c0 = r.comm.stats();
+  const StoreStats t0 = r.runtime.store().stats();
+  Zero3Sample s;
+  for (const ZeroParamId& id : r.ids) {
+    auto p =
+        timed(s.acquire_param, [&] { return engine.acquire_param(id, TierKind::kGpu, stream); });
+    if (!p.ok()) return with_context(p.status(), "forward: acquire_param");
+    s.compute += r.compute.run(r.compute_elements);
+    if (auto st = timed(s.release_param, [&] { return engine.release_param(id, stream); });
+        !st.ok()) {
+      return with_context(st, "forward: release_param");
+    }
+  }
+  const Clock::time_point forward_end = Clock::now();
+  s.forward = std::chrono::duration<double>(forward_end - start).count();
+  for (auto it = r.ids.rbegin(); it != r.ids.rend(); ++it) {
+    const ZeroParamId id = *it;
+    auto p =
+        timed(s.acquire_param, [&] { return engine.acquire_param(id, TierKind::kGpu, stream); });
+    if (!p.ok()) return with_context(p.status(), "backward: acquire_param");
+    s.compute += r.compute.run(r.compute_elements);
+    auto grad =
+        timed(s.acquire_grad, [&] { return engine.acquire_grad(id, TierKind::kGpu, stream); });
+    if (!grad.ok()) return with_context(grad.status(), "backward: acquire_grad");
+    // The buffer starts each micro-step at zero: writing the gradient adds it.
+    if (auto st = timed(s.grad_copy,
+                        [&] {
+                          return r.runtime.device().copy_async(*grad, r.gradient.data(),
+                                                               r.layer_bytes,
+                                                               CopyKind::kHostToDevice, stream);
+                        });
+        !st.ok()) {
+      return with_context(st, "backward: writing a gradient");
+    }
+    if (auto st = timed(s.grad_ready, [&] { return engine.grad_ready(id, stream); }); !st.ok()) {
+      return with_context(st, "backward: grad_ready");
+    }
+    if (auto st = timed(s.release_param, [&] { return engine.release_param(id, stream); });
+        !st.ok()) {
+      return with_context(st, "backward: release_param");
+    }
+  }
+  const Clock::time_point backward_end = Clock::now();
+  s.backward = std::chrono::duration<double>(backward_end - forward_end).count();
+  auto result = timed(s.step_call, [&] { return engine.step(); });
+  if (!result.ok()) return with_context(result.status(), "step()");
+  if (result->skipped) {
+    return absl::InternalError(
+        "zero: step() was skipped for an inf/nan gradient; the workload's gradients are finite, "
+        "so this is a bug");
+  }
+  s.step = since(start);
+  const ZeroStats z1 = engine.stats();
+  const CommStats c1 = r.comm.stats();
+  const StoreStats t1 = r.runtime.store().stats();
+  auto delta = [](uint64_t a, uint64_t b) { return static_cast<double>(b - a); };
+  s.optimizer = seconds(z1.last_optimizer_ns);
+  s.fetch_wait = seconds(z1.fetch_wait_ns - z0.fetch_wait_ns);
+  s.reduce_scatter_wait = seconds(z1.last_step_wait_ns);
+  s.gathers_on_demand = delta(z0.gathers_on_demand, z1.gathers_on_demand);
+  s.gathers_prefetched = delta(z0.gathers_prefetched, z1.gathers_prefetched);
+  s.gathers = s.gathers_on_demand + s.gathers_prefetched;
+  s.reuses = delta(z0.reuses, z1.reuses);
+  s.prefetch_late = delta(z0.prefetch_late, z1.prefetch_late);
+  s.dropped_unused = delta(z0.gathers_dropped_unused, z1.gathers_dropped_unused);
+  s.order_changes = delta(z0.order_changes, z1.order_changes);
+  s.gathered_peak_bytes = static_cast<double>(z1.gathered_peak_bytes);
+  s.all_gather_bytes =
+      delta(c0[CollectiveKind::kAllGather].bytes, c1[CollectiveKind::kAllGather].bytes);
+  s.reduce_scatter_bytes =
+      delta(c0[CollectiveKind::kReduceScatter].bytes, c1[CollectiveKind::kReduceScatter].bytes);
+  s.nvme_read_bytes = delta(nvme_reads(t0), nvme_reads(t1));
+  return s;
+}
+
+}  // namespace
+
+Zero3Plan plan_of(const Zero3Options& o, int ranks) {
+  Zero3Plan p;
+  const uint64_t unit = static_cast<uint64_t>(ranks) * kZero3Alignment;
+  p.layer_params = o.layer_bytes / kZero3ParamBytes;
+  p.padded = (p.layer_params + unit - 1) / unit * unit;
+  p.shard = p.padded / static_cast<uint64_t>(ranks);
+  p.gathered_bytes = p.padded * kZero3ParamBytes;
+  p.prefetch_bytes = o.prefetch_bytes.value_or(2 * p.gathered_bytes);
+  p.max_live_bytes = o.max_live_bytes.value_or(4 * p.gathered_bytes);
+  p.reuse_window_bytes = o.reuse_window_bytes.value_or(ZeroOptions().reuse_window_bytes);
+  p.model_shard_bytes = o.layers * p.shard * kZero3ParamBytes;
+  return p;
+}
+
+absl::StatusOr<Zero3RankRecord> run_zero3_steps(const Zero3Options& o, const Zero3Plan& plan,
+                                                Runtime& rt, Communicator& comm,
+                                                HostCompute& compute, uint64_t compute_elements,
+                                                const std::function<absl::Status()>& beside_engine,
+                                                std::ostream& human) {
+  std::vector<ZeroParam> params;
+  for (uint64_t l = 0; l < o.layers; ++l) {
+    params.push_back(ZeroParam{.name = absl::StrFormat("layer%d", l),
+                               .shape = {static_cast<int64_t>(plan.layer_params)},
+                               .initial = {}});
+  }
+  ZeroOptions options;
+  options.stage = 3;
+  options.param_type = ParamType::kF16;
+  options.grad_type = GradType::kF16;
+  options.bucket_bytes = o.layer_bytes;  // one group per layer
+  options.alignment = kZero3Alignment;
+  options.param_home = o.param_home == "gpu"   ? TierKind::kGpu
+                       : o.param_home == "cpu" ? TierKind::kCpu
+                                               : TierKind::kNvme;
+  options.persist_below_bytes = 0;  // every layer partitioned
+  options.prefetch_bytes = plan.prefetch_bytes;
+  options.max_live_bytes = plan.max_live_bytes;
+  options.reuse_window_bytes = plan.reuse_window_bytes;
+  options.optimizer.state_home = TierKind::kCpu;
+  options.optimizer.defaults = workload_hyper();
+  Device& device = rt.device();
+  // Declared before the engine: destroyed after it.
+  auto stream = device.create_stream();
+  if (!stream.ok()) return stream.status();
+  auto gradient = device.allocate_pinned(o.layer_bytes, "zero gradient pattern");
+  if (!gradient.ok()) return gradient.status();
+  fill_values(static_cast<std::byte*>((*gradient)->data()), plan.layer_params, "fp16", 1e-2F,
+              /*seed=*/1);
+  human << absl::StrFormat("zero: creating the engine (%d layers, shards in %s)\n", o.layers,
+                           o.param_home);
+  human.flush();
+  auto engine = ZeroEngine::create(rt, comm, params, options);
+  if (!engine.ok()) return with_context(engine.status(), "creating the engine");
+  Rig rig{.engine = **engine,
+          .runtime = rt,
+          .comm = comm,
+          .stream = **stream,
+          .compute = compute,
+          .ids = {},
+          .compute_elements = compute_elements,
+          .gradient = **gradient,
+          .layer_bytes = o.layer_bytes};
+  for (const ZeroParam& p : params) {
+    auto id = (*engine)->find(p.name);
+    if (!id.ok()) return id.status();
+    rig.ids.push_back(*id);
+  }
+  if (absl::Status st = beside_engine(); !st.ok()) return st;
+  human << absl::StrFormat("zero: 1 warm-up step (it records the order), %d timed\n", o.steps);
+  human.flush();
+  Zero3RankRecord record;
+  Clock::time_point start = Clock::now();
+  for (uint64_t s = 0; s <= o.steps; ++s) {
+    auto sample = one_step(rig, start);
+    if (!sample.ok()) return sample.status();
+    start = Clock::now();
+    if (s > 0) record.samples.push_back(*sample);
+  }
+  if (absl::Status st = device.synchronize(**stream); !st.ok()) return st;
+  record.memory = (*engine)->memory();
+  if (absl::Status st = beside_engine(); !st.ok()) return st;
+  return record;
+}
+
+}  // namespace strata::bench
