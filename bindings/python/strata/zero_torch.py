@@ -181,8 +181,10 @@ class ZeroModule(nn.Module):
         param_name = _dtype_name(param_dtype, "param_dtype")
         grad_name = _dtype_name(grad_dtype, "grad_dtype")
 
-        # Units and their parameters, in module order; each parameter registered once (under
-        # its first name), unit by unit.
+        # Units and their parameters, in module order. Each parameter is registered once (under
+        # its first name) in module order, which should be the order forward uses them: stage
+        # 2-3 buckets are filled in the reverse order (backward's), and a group whose gradients
+        # arrive out of that order holds a bucket until its last one.
         owners = _unit_owners(module, units)
         modules = dict(module.named_modules())
         unit_params: dict[str, list] = {}
@@ -195,10 +197,8 @@ class ZeroModule(nn.Module):
                     unit_params[owner].append(p)
                 first_names.setdefault(id(p), f"{name}.{pname}" if name else pname)
         ordered = []
-        for owner, params in unit_params.items():
-            for p in params:
-                if all(q is not p for q in ordered):
-                    ordered.append(p)
+        for p in module.parameters():  # module order, each once
+            ordered.append(p)
         if not ordered:
             raise ValueError("the module has no parameters")
 
