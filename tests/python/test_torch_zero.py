@@ -88,8 +88,16 @@ def test_gradients_reach_the_engine_during_backward(runtime, comm):
     model = st.zero_shard(make_mlp(), comm, stage=2, bucket_bytes="4KiB", **HYPER)
     groups = model.engine.layout()["groups"]
     before = model.stats()["reduce_scatters"]
+    seen = []
+
+    def probe(module, inputs, output):  # the first layer's backward is the last to run
+        output.register_hook(lambda grad: seen.append(model.stats()["reduce_scatters"]))
+
+    model.module[0].register_forward_hook(probe)
     nn.functional.mse_loss(model(x), y).backward()
-    # Every group was reduce-scattered by backward itself (stage 2's buckets), before step().
+    # Groups were reduce-scattered during backward, as their gradients came (the later layers'
+    # before the first layer's backward began), every one of them before step().
+    assert before < seen[0] < before + groups
     assert model.stats()["reduce_scatters"] - before == groups
     assert model.step()["step"] == 1
     model.close()

@@ -93,7 +93,7 @@ class _Param:
         self.backward_held = False  # acquired for backward, released when its gradient is in
         self.grad_seen = False  # this micro-step's gradient went to the engine
         self.placeholder = placeholder
-        self.accumulator = None  # torch < 2.1: the AccumulateGrad node our hook is on
+        self.accumulator = None  # the AccumulateGrad node our hook is on
 
 
 class _Unit:
@@ -378,13 +378,13 @@ class ZeroModule(nn.Module):
         # Before the gradient is accumulated: the parameter must be its real memory then
         # (AccumulateGrad lays the gradient out as the parameter).
         self._hooks.append(p.register_hook(lambda grad, prm=prm: self._before_accumulate(prm)))
-        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
-            self._hooks.append(p.register_post_accumulate_grad_hook(
-                lambda param, prm=prm: self._after_accumulate(prm)))
-        else:  # torch < 2.1: a hook on the parameter's AccumulateGrad node, kept alive here
-            prm.accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-            self._hooks.append(prm.accumulator.register_hook(
-                lambda grad_inputs, grad_outputs, prm=prm: self._after_accumulate(prm)))
+        # After it: a hook on the parameter's AccumulateGrad node, kept alive here (as FSDP1
+        # does; torch 1.13 has no register_post_accumulate_grad_hook, and one path for every
+        # version is the tested one). The node checks gradients against the parameter's shape
+        # when it is made, which is why __init__ gives the parameter its shape meanwhile.
+        prm.accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+        self._hooks.append(prm.accumulator.register_hook(
+            lambda grad_inputs, grad_outputs, prm=prm: self._after_accumulate(prm)))
 
     def _before_accumulate(self, prm: _Param):
         self._begin_backward()
