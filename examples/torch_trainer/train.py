@@ -29,11 +29,10 @@ likewise; stage 3 gathers each layer's parameters for its forward and again for 
 at most --max-live-bytes at once. Rank 0 also trains the reference, torch.optim.AdamW on the
 whole global batch in one process, and checks every step's loss (the mean of the ranks' losses)
 against it within --tolerance; every rank checks that all ranks hold the same parameters, and
-rank 0 that they are the reference's within 1e-3 (relative L2 over the whole model). The
-ranks' gradients are summed in another
-order than one process's over the whole batch, so the runs are not bitwise equal: the losses
-agree to about 1e-6 relative over 30 steps (the default tolerance, 1e-4, leaves a margin for
-other CPUs and torch builds; tests/CMakeLists runs it at 1e-5).
+rank 0 that they are the reference's within 1e-3 (relative L2 over the whole model). The ranks'
+gradients are summed in another order than one process's over the whole batch, so the runs are
+not bitwise equal: the losses agree to within 3.3e-7 relative over 30 steps (measured on 1, 2
+and 3 ranks, stages 1-3); CTest holds them to 1e-6 (issue 15's rule for fp32).
 --save-sharded=DIR writes the sharded checkpoint after the last step; --load-sharded=DIR starts
 from one (saved at any world size and stage) and trains the remaining steps up to --steps,
 checked against a reference that trained all of them.
