@@ -273,3 +273,52 @@ def test_zero_shard_errors(runtime, comm):
     train(model, model.step, 1, x, y)
     assert model.stats()["order_changes"] == first["order_changes"]
     model.close()
+
+
+def test_backward_never_reads_released_parameters(runtime, comm):
+    # Stage 3 with nothing kept: after forward every gathered group is dropped. The memory the
+    # forward used is then filled with NaN and held (so that backward's gathers land
+    # elsewhere): any autograd reference to it (nn.Linear's saved transposed weight) would
+    # produce NaN. The saved-tensor hooks make backward read the parameters it gathers again.
+    x, y = data()
+    reference = make_mlp()
+    model = st.zero_shard(copy.deepcopy(reference), comm, stage=3, persist_below_bytes=0,
+                          bucket_bytes="4KiB", reuse_window_bytes=0, prefetch_bytes=0, **HYPER)
+    used = []
+
+    def probe(module, inputs):  # after the wrapper's pre-hook: the gathered weight
+        used.append((module.weight.data_ptr(), module.weight.numel() * 4))
+
+    for layer in (model.module[0], model.module[2], model.module[4]):
+        layer.register_forward_pre_hook(probe)
+    loss = nn.functional.mse_loss(model(x), y)
+    assert model.memory()["gathered"] == 0
+    held, spare = [], []
+    for size in (16384, 256, 16):
+        while True:
+            try:
+                t = runtime.create(f"poison{len(held) + len(spare)}", (size,), "float32",
+                                   home="gpu")
+            except strata.ResourceExhaustedError:
+                break
+            with t.acquire("gpu", "w") as view:
+                data_ = torch.from_dlpack(view)
+                data_.fill_(float("nan"))
+                lo, hi = data_.data_ptr(), data_.data_ptr() + 4 * data_.numel()
+                covers = any(lo < p + n and p < hi for p, n in used)
+                del data_
+            (held if covers else spare).append(t)
+    assert held  # the forward's memory is poisoned and taken
+    for t in spare:
+        t.destroy()
+    loss.backward()
+    result = model.step()
+    want = nn.functional.mse_loss(reference(x), y)
+    want.backward()
+    assert math.isfinite(result["grad_norm"])
+    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in reference.parameters()))
+    assert result["grad_norm"] == pytest.approx(norm.item(), rel=1e-5)
+    assert loss.item() == want.item()
+    for t in held:
+        t.destroy()
+    model.close()
