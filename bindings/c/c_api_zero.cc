@@ -85,10 +85,11 @@ strata_grad_type_t grad_type_to_c(GradType type) {
 
 absl::StatusOr<ZeroOptions> options_from(const strata_zero_options_t& o) {
   ZeroOptions options;
-  if (o.stage != 1 && o.stage != 2) {
+  if (o.stage < 1 || o.stage > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->stage is ", o.stage,
-                     ": use 1 (optimizer states partitioned) or 2 (gradients partitioned too)"));
+                     ": use 1 (optimizer states partitioned), 2 (gradients partitioned too) or "
+                     "3 (parameters partitioned too)"));
   }
   options.stage = o.stage;
   auto param_type = param_type_from(o.param_type, "options->param_type");
@@ -97,10 +98,12 @@ absl::StatusOr<ZeroOptions> options_from(const strata_zero_options_t& o) {
   if (!grad_type.ok()) return grad_type.status();
   auto home = tier_from(o.param_home, "options->param_home");
   if (!home.ok()) return home.status();
-  if (*home == TierKind::kNvme) {
-    return absl::InvalidArgumentError(
-        "options->param_home is STRATA_TIER_NVME: the flat parameter tensors are homed in "
-        "STRATA_TIER_GPU or STRATA_TIER_CPU (optimizer.state_home puts the states on NVMe)");
+  if (*home == TierKind::kNvme && o.stage != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options->param_home is STRATA_TIER_NVME at stage ", o.stage,
+        ": the flat parameter tensors of stages 1 and 2 are homed in STRATA_TIER_GPU or "
+        "STRATA_TIER_CPU (stage 3 homes each rank's shard on NVMe; optimizer.state_home puts "
+        "the states there)"));
   }
   if (o.groups == nullptr && o.group_count > 0) {
     return null_argument("options->groups (with group_count > 0)");
@@ -114,6 +117,10 @@ absl::StatusOr<ZeroOptions> options_from(const strata_zero_options_t& o) {
   options.alignment = o.alignment;
   options.param_home = *home;
   options.accumulation_steps = o.accumulation_steps;
+  options.persist_below_bytes = o.persist_below_bytes;
+  options.prefetch_bytes = o.prefetch_bytes;
+  options.max_live_bytes = o.max_live_bytes;
+  options.reuse_window_bytes = o.reuse_window_bytes;
   for (size_t i = 0; i < o.group_count; ++i) options.groups.push_back(group_from(o.groups[i]));
   options.optimizer = *std::move(optimizer);
   return options;
@@ -176,6 +183,10 @@ strata_status_t strata_zero_options_init(strata_zero_options_t* options) {
     options->groups = nullptr;
     options->group_count = 0;
     options->optimizer = optimizer_options_to_c(d.optimizer);
+    options->persist_below_bytes = d.persist_below_bytes;
+    options->prefetch_bytes = d.prefetch_bytes;
+    options->max_live_bytes = d.max_live_bytes;
+    options->reuse_window_bytes = d.reuse_window_bytes;
     return absl::OkStatus();
   });
 }
@@ -360,6 +371,27 @@ strata_status_t strata_zero_engine_release_param(strata_zero_engine_t* engine,
   });
 }
 
+strata_status_t strata_zero_engine_set_fetch_order(strata_zero_engine_t* engine,
+                                                   const strata_zero_param_t* order, size_t count) {
+  return boundary("strata_zero_engine_set_fetch_order", [&]() -> absl::Status {
+    Call call;
+    auto state = engine_of(call, engine);
+    if (!state.ok()) return state.status();
+    if (order == nullptr && count > 0) return null_argument("order (with count > 0)");
+    std::vector<ZeroParamId> ids;
+    ids.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      auto id = param_of(**state, order[i]);
+      if (!id.ok()) {
+        return absl::Status(id.status().code(),
+                            absl::StrCat("order[", i, "]: ", id.status().message()));
+      }
+      ids.push_back(*id);
+    }
+    return (*state)->engine->set_fetch_order(ids);
+  });
+}
+
 strata_status_t strata_zero_engine_acquire_grad(strata_zero_engine_t* engine,
                                                 strata_zero_param_t param, strata_tier_t tier,
                                                 strata_stream_t* stream, void** out) {
@@ -474,6 +506,7 @@ strata_status_t strata_zero_engine_memory(strata_zero_engine_t* engine, strata_z
       out->buckets[t] = m.buckets[t];
     }
     out->model_states = m.model_states();
+    out->gathered = m.gathered;
     return absl::OkStatus();
   });
 }
@@ -493,7 +526,17 @@ strata_status_t strata_zero_engine_stats(strata_zero_engine_t* engine, strata_ze
                                s.last_step_ns,
                                s.last_step_wait_ns,
                                s.last_optimizer_ns,
-                               s.last_gather_ns};
+                               s.last_gather_ns,
+                               s.fetches,
+                               s.gathers_on_demand,
+                               s.gathers_prefetched,
+                               s.prefetch_late,
+                               s.reuses,
+                               s.gathers_dropped_unused,
+                               s.order_changes,
+                               s.gathered_bytes,
+                               s.gathered_peak_bytes,
+                               s.fetch_wait_ns};
     return absl::OkStatus();
   });
 }

@@ -89,8 +89,11 @@ void Acquisition::release(const py::handle& stream) {
   {
     py::gil_scoped_release unlocked;
     Device& device = rt.device();
+    const auto give_back = [&](Stream& s) {
+      return release_with ? release_with(s) : rt.store().release(tensor->handle, s);
+    };
     if (streams.size() == 1) {
-      status = rt.store().release(tensor->handle, *streams.front());
+      status = give_back(*streams.front());
     } else {
       // Several consumers (or none): strata's stream joins them, and the store records there.
       for (Stream* s : streams) {
@@ -103,7 +106,7 @@ void Acquisition::release(const py::handle& stream) {
         if (status.ok()) status = device.wait(rt.stream(), **done);
         if (!status.ok()) break;
       }
-      absl::Status released_status = rt.store().release(tensor->handle, rt.stream());
+      absl::Status released_status = give_back(rt.stream());
       if (status.ok()) status = released_status;
     }
   }

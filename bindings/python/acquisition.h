@@ -14,6 +14,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,10 @@ class Acquisition {
   std::unique_ptr<Event> ready;      // recorded on strata's stream; null for the CPU tier
   std::vector<uintptr_t> consumers;  // streams that waited at __dlpack__, by native handle
   bool released = false;
+  // Gives the memory back, ordered after the work on the stream (called without the GIL).
+  // Unset: the store's release of tensor->handle. A ZeroEngine's acquisitions set it
+  // (release_param, grad_ready).
+  std::function<absl::Status(Stream&)> release_with;
 };
 
 std::shared_ptr<Acquisition> acquire(const std::shared_ptr<PyTensor>& tensor,

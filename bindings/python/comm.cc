@@ -48,7 +48,7 @@ ReduceOp parse_op(const std::string& op) {
 }
 
 // A numpy array's element type as the communicator's.
-DataType data_type(const py::array& a) {
+DataType data_type(const py::array& a, const std::string& caller) {
   const py::dtype dt = a.dtype();
   const char kind = dt.kind();
   const auto size = dt.itemsize();
@@ -59,7 +59,7 @@ DataType data_type(const py::array& a) {
   if (kind == 'i' && size == 8) return DataType::kInt64;
   if (kind == 'u' && size == 1) return DataType::kUInt8;
   raise(absl::StatusCode::kInvalidArgument,
-        "all_reduce: numpy dtype " + py::str(py::object(dt)).cast<std::string>() +
+        caller + ": numpy dtype " + py::str(py::object(dt)).cast<std::string>() +
             " is not one the communicator reduces: use float16, float32, float64, int32, int64 "
             "or uint8");
 }
@@ -75,7 +75,7 @@ py::array all_reduce(PyCommunicator& c, const py::array& input, const std::strin
   const ReduceOp op = parse_op(op_text);
   py::array data = py::array::ensure(input, py::array::c_style);
   if (!data) throw py::error_already_set();
-  const DataType type = data_type(data);
+  const DataType type = data_type(data, "all_reduce");
   // A copy: the input stays as it was, and the result is this call's own buffer.
   py::array result(data.dtype(),
                    std::vector<py::ssize_t>(data.shape(), data.shape() + data.ndim()));
@@ -84,6 +84,35 @@ py::array all_reduce(PyCommunicator& c, const py::array& input, const std::strin
   const auto count = static_cast<uint64_t>(data.size());
   unlocked_check([&]() -> absl::Status {
     auto work = c.comm->all_reduce(buffer, buffer, count, type, op);
+    if (!work.ok()) return work.status();
+    return (*work)->synchronize();
+  });
+  return result;
+}
+
+// root's `array` on every rank: a new numpy array of the same shape and dtype.
+py::array broadcast(PyCommunicator& c, const py::array& input, int root) {
+  if (c.comm->backend() != CommBackendKind::kGloo) {
+    raise(absl::StatusCode::kFailedPrecondition,
+          "broadcast: numpy arrays are host memory, which only the Gloo backend moves; this "
+          "communicator is " +
+              std::string(to_string(c.comm->backend())));
+  }
+  if (root < 0 || root >= c.comm->size()) {
+    raise(absl::StatusCode::kInvalidArgument, "broadcast: root " + std::to_string(root) +
+                                                  " is not a rank of this job (0.." +
+                                                  std::to_string(c.comm->size() - 1) + ")");
+  }
+  py::array data = py::array::ensure(input, py::array::c_style);
+  if (!data) throw py::error_already_set();
+  const DataType type = data_type(data, "broadcast");
+  py::array result(data.dtype(),
+                   std::vector<py::ssize_t>(data.shape(), data.shape() + data.ndim()));
+  std::memcpy(result.mutable_data(), data.data(), static_cast<size_t>(data.nbytes()));
+  void* buffer = result.mutable_data();
+  const auto count = static_cast<uint64_t>(data.size());
+  unlocked_check([&]() -> absl::Status {
+    auto work = c.comm->broadcast(buffer, count, type, root);
     if (!work.ok()) return work.status();
     return (*work)->synchronize();
   });
@@ -130,6 +159,9 @@ comm_backend="gloo", comm_debug=True); None unsets.)doc")
       .def("all_reduce", &all_reduce, py::arg("array"), py::arg("op") = "sum",
            "A new numpy array: `array` reduced over the ranks (sum, average, max, min); Gloo "
            "only. Every rank calls it with the same shape and dtype.")
+      .def("broadcast", &broadcast, py::arg("array"), py::arg("root") = 0,
+           "A new numpy array: rank `root`'s `array` on every rank; Gloo only. Every rank calls "
+           "it with the same shape and dtype.")
       .def(
           "barrier",
           [](PyCommunicator& c) {

@@ -66,7 +66,8 @@ const DType& dtype_of(ParamType type) {
   return dtypes().front();
 }
 
-uint64_t size_of(const py::object& value, const char* what) {
+// A byte count: an int or a size string ("32MiB"); 0 only where `allow_zero`.
+uint64_t size_of(const py::object& value, const char* what, bool allow_zero = false) {
   if (py::isinstance<py::str>(value)) {
     absl::StatusOr<uint64_t> bytes = parse_size(value.cast<std::string>());
     if (!bytes.ok())
@@ -75,9 +76,10 @@ uint64_t size_of(const py::object& value, const char* what) {
     return *bytes;
   }
   const auto n = value.cast<int64_t>();
-  if (n <= 0) {
+  if (n < 0 || (n == 0 && !allow_zero)) {
     raise(absl::StatusCode::kInvalidArgument,
-          std::string(what) + "=" + std::to_string(n) + ": a positive byte count (or '32MiB')");
+          std::string(what) + "=" + std::to_string(n) + ": a " +
+              (allow_zero ? "byte count >= 0" : "positive byte count") + " (or '32MiB')");
   }
   return static_cast<uint64_t>(n);
 }
@@ -125,6 +127,8 @@ std::shared_ptr<PyZeroEngine> make_engine(
     const py::iterable& params, uint32_t stage, const py::object& param_dtype,
     const py::object& grad_dtype, const py::object& bucket_bytes, uint32_t gradient_buckets,
     uint32_t alignment, const std::string& param_home, uint32_t accumulation_steps,
+    const py::object& persist_below_bytes, const py::object& prefetch_bytes,
+    const py::object& max_live_bytes, const py::object& reuse_window_bytes,
     const std::string& state_home, float lr, std::pair<float, float> betas, float eps,
     float weight_decay, bool decoupled, float max_grad_norm, float loss_scale,
     bool dynamic_loss_scale, bool skip_on_overflow, uint64_t chunk_elements,
@@ -141,8 +145,12 @@ std::shared_ptr<PyZeroEngine> make_engine(
   o.bucket_bytes = size_of(bucket_bytes, "bucket_bytes");
   o.gradient_buckets = gradient_buckets;
   o.alignment = alignment;
-  o.param_home = parse_tier(param_home, /*allow_nvme=*/false);
+  o.param_home = parse_tier(param_home, /*allow_nvme=*/true);  // NVMe: stage 3 (the engine checks)
   o.accumulation_steps = accumulation_steps;
+  o.persist_below_bytes = size_of(persist_below_bytes, "persist_below_bytes", true);
+  o.prefetch_bytes = size_of(prefetch_bytes, "prefetch_bytes", true);
+  o.max_live_bytes = size_of(max_live_bytes, "max_live_bytes");
+  o.reuse_window_bytes = size_of(reuse_window_bytes, "reuse_window_bytes", true);
   OffloadOptimizerOptions& opt = o.optimizer;
   opt.state_home = parse_tier(state_home, /*allow_nvme=*/true);
   opt.defaults = {.lr = lr,
@@ -229,20 +237,44 @@ py::array_t<float> read_param(PyZeroEngine& e, const py::handle& p) {
   return out;
 }
 
-// A DLPack-able Acquisition of the parameter (its own shape and dtype, zero copy).
-std::shared_ptr<Acquisition> acquire_param(PyZeroEngine& e, const py::handle& p,
-                                           const std::string& tier_text,
+// Records an event on strata's stream where `tier`'s memory is ready: consumers wait on it at
+// __dlpack__ (as Tensor.acquire()), the host for stream=None on the host backend.
+absl::StatusOr<std::unique_ptr<Event>> ready_event(PyRuntime& rt) {
+  absl::StatusOr<std::unique_ptr<Event>> event = rt.device().create_event();
+  if (!event.ok()) return event.status();
+  if (absl::Status s = rt.device().record(**event, rt.stream()); !s.ok()) return s;
+  return event;
+}
+
+// A PyTensor that describes a parameter's memory for an Acquisition (its shape and `dtype`);
+// `handle` is its group tensor where it has a view, else none (stage 3's gathered copy, a
+// gradient buffer): either way acquire, prefetch, evict and destroy are refused.
+std::shared_ptr<PyTensor> engine_tensor(PyZeroEngine& e, ZeroParamId id, const DType& dtype,
+                                        const std::string& suffix) {
+  const ZeroLayoutParam& lp = layout_param(e, id);
+  TensorHandle handle;
+  if (suffix.empty()) {
+    if (absl::StatusOr<ZeroTensorView> view = e.engine->param_view(id); view.ok()) {
+      handle = view->tensor;
+    }
+  }
+  auto tensor =
+      std::make_shared<PyTensor>(e.rt, handle, lp.name + suffix, lp.shape, dtype,
+                                 lp.count * dtype.itemsize, e.engine->options().param_home);
+  tensor->engine_view = true;
+  return tensor;
+}
+
+// A DLPack-able Acquisition of the parameter (its own shape and dtype, zero copy); released
+// through the engine (stage 3: the gathered group may then be dropped).
+std::shared_ptr<Acquisition> acquire_param(const std::shared_ptr<PyZeroEngine>& engine,
+                                           const py::handle& p, const std::string& tier_text,
                                            const std::string& mode_text) {
+  PyZeroEngine& e = *engine;
   const ZeroParamId id = param_id(e, p);
   const TierKind tier = parse_tier(tier_text, /*allow_nvme=*/false);
   const AccessMode mode = parse_mode(mode_text);
-  const ZeroLayoutParam& lp = layout_param(e, id);
-  const ZeroTensorView view = check(e.engine->param_view(id));
-  const DType& dtype = dtype_of(e.engine->options().param_type);
-  auto tensor =
-      std::make_shared<PyTensor>(e.rt, view.tensor, lp.name, lp.shape, dtype,
-                                 lp.count * dtype.itemsize, e.engine->options().param_home);
-  tensor->engine_view = true;
+  auto tensor = engine_tensor(e, id, dtype_of(e.engine->options().param_type), "");
   PyRuntime& rt = *e.rt;
   absl::StatusOr<void*> data;
   std::unique_ptr<Event> ready;
@@ -250,21 +282,68 @@ std::shared_ptr<Acquisition> acquire_param(PyZeroEngine& e, const py::handle& p,
     py::gil_scoped_release unlocked;
     data = e.engine->acquire_param(id, tier, rt.stream(), mode);
     if (data.ok() && tier == TierKind::kGpu) {
-      // As Tensor.acquire(): consumers wait on this event at __dlpack__, not the host here.
-      absl::StatusOr<std::unique_ptr<Event>> event = rt.device().create_event();
-      absl::Status recorded = event.status();
-      if (recorded.ok()) recorded = rt.device().record(**event, rt.stream());
-      if (recorded.ok()) {
+      absl::StatusOr<std::unique_ptr<Event>> event = ready_event(rt);
+      if (event.ok()) {
         ready = *std::move(event);
       } else {
         (void)e.engine->release_param(id, rt.stream());
-        data = recorded;
+        data = event.status();
       }
     }
   }
   void* address = check(std::move(data));
   tensor->acquired++;
-  return std::make_shared<Acquisition>(tensor, address, tier, mode, std::move(ready));
+  auto acquisition = std::make_shared<Acquisition>(tensor, address, tier, mode, std::move(ready));
+  acquisition->release_with = [engine, id](Stream& stream) {
+    return engine->engine->release_param(id, stream);
+  };
+  return acquisition;
+}
+
+const DType& dtype_of(GradType type) {
+  return dtype_of(type == GradType::kF32   ? ParamType::kF32
+                  : type == GradType::kF16 ? ParamType::kF16
+                                           : ParamType::kBF16);
+}
+
+// This micro-step's gradient buffer of the parameter as a writable Acquisition (the parameter's
+// shape, grad dtype): add the gradient into it; its release marks the gradient ready
+// (grad_ready, ordered after the work on the releasing stream).
+std::shared_ptr<Acquisition> acquire_grad(const std::shared_ptr<PyZeroEngine>& engine,
+                                          const py::handle& p, const std::string& tier_text) {
+  PyZeroEngine& e = *engine;
+  const ZeroParamId id = param_id(e, p);
+  const TierKind tier = parse_tier(tier_text, /*allow_nvme=*/false);
+  auto tensor = engine_tensor(e, id, dtype_of(e.engine->options().grad_type), ".grad");
+  PyRuntime& rt = *e.rt;
+  absl::StatusOr<void*> data;
+  std::unique_ptr<Event> ready;
+  {
+    py::gil_scoped_release unlocked;
+    data = e.engine->acquire_grad(id, tier, rt.stream());
+    // The buffer may still be read by the previous reduce-scatter's copies on the stream: the
+    // GPU tier's consumers wait on an event; the CPU tier's (the host) wait here.
+    absl::Status status = data.status();
+    if (status.ok() && tier == TierKind::kGpu) {
+      absl::StatusOr<std::unique_ptr<Event>> event = ready_event(rt);
+      status = event.status();
+      if (event.ok()) ready = *std::move(event);
+    } else if (status.ok()) {
+      status = rt.device().synchronize(rt.stream());
+    }
+    if (data.ok() && !status.ok()) {
+      (void)e.engine->grad_ready(id, rt.stream());
+      data = status;
+    }
+  }
+  void* address = check(std::move(data));
+  tensor->acquired++;
+  auto acquisition =
+      std::make_shared<Acquisition>(tensor, address, tier, AccessMode::kWrite, std::move(ready));
+  acquisition->release_with = [engine, id](Stream& stream) {
+    return engine->engine->grad_ready(id, stream);
+  };
+  return acquisition;
 }
 
 // Adds `g` (count values) into a gradient buffer of `type`, each element rounded once.
@@ -324,6 +403,7 @@ py::dict memory_dict(const ZeroMemory& m) {
   d["optimizer_states"] = by_tier(m.optimizer_states);
   d["buckets"] = by_tier(m.buckets);
   d["model_states"] = m.model_states();
+  d["gathered"] = m.gathered;
   return d;
 }
 
@@ -338,6 +418,16 @@ py::dict stats_dict(const ZeroStats& s) {
   d["last_step_wait_ns"] = s.last_step_wait_ns;
   d["last_optimizer_ns"] = s.last_optimizer_ns;
   d["last_gather_ns"] = s.last_gather_ns;
+  d["fetches"] = s.fetches;
+  d["gathers_on_demand"] = s.gathers_on_demand;
+  d["gathers_prefetched"] = s.gathers_prefetched;
+  d["prefetch_late"] = s.prefetch_late;
+  d["reuses"] = s.reuses;
+  d["gathers_dropped_unused"] = s.gathers_dropped_unused;
+  d["order_changes"] = s.order_changes;
+  d["gathered_bytes"] = s.gathered_bytes;
+  d["gathered_peak_bytes"] = s.gathered_peak_bytes;
+  d["fetch_wait_ns"] = s.fetch_wait_ns;
   return d;
 }
 
@@ -362,16 +452,22 @@ void bind_zero(py::module_& m) {
   const ZeroOptions d;
   const OffloadOptimizerOptions& od = d.optimizer;
   py::class_<PyZeroEngine, std::shared_ptr<PyZeroEngine>>(m, "ZeroEngine", R"doc(
-ZeRO-DP stages 1 and 2 over strata's tiers: each of the communicator's ranks keeps the fp32
-master weights and Adam moments of 1/N of the parameters (stage 1), and only the reduced
-gradients of that slice (stage 2). Every rank creates it with the same parameters and options
-and adds the gradients of the same parameters in the same order.)doc")
+ZeRO-DP stages 1, 2 and 3 over strata's tiers: each of the communicator's ranks keeps the fp32
+master weights and Adam moments of 1/N of the parameters (stage 1), only the reduced gradients of
+that slice (stage 2), and only its shard of the parameters (stage 3: acquire_param gathers a
+parameter's group for its use, ahead of need along the recorded order). Every rank creates it
+with the same parameters and options and makes the same acquire/release/gradient calls in the
+same order (they are collectives).)doc")
       .def(py::init(&make_engine), py::arg("runtime"), py::arg("comm"), py::arg("params"),
            py::arg("stage") = d.stage, py::arg("param_dtype") = "float16",
            py::arg("grad_dtype") = "float16", py::arg("bucket_bytes") = d.bucket_bytes,
            py::arg("gradient_buckets") = d.gradient_buckets, py::arg("alignment") = d.alignment,
            py::arg("param_home") = "gpu", py::arg("accumulation_steps") = d.accumulation_steps,
-           py::arg("state_home") = "cpu", py::arg("lr") = od.defaults.lr,
+           py::arg("persist_below_bytes") = d.persist_below_bytes,
+           py::arg("prefetch_bytes") = d.prefetch_bytes,
+           py::arg("max_live_bytes") = d.max_live_bytes,
+           py::arg("reuse_window_bytes") = d.reuse_window_bytes, py::arg("state_home") = "cpu",
+           py::arg("lr") = od.defaults.lr,
            py::arg("betas") = std::pair<float, float>(od.defaults.beta1, od.defaults.beta2),
            py::arg("eps") = od.defaults.eps, py::arg("weight_decay") = od.defaults.weight_decay,
            py::arg("decoupled") = od.defaults.decoupled,
@@ -384,7 +480,9 @@ and adds the gradients of the same parameters in the same order.)doc")
 params: [(name, shape), (name, shape, initial), (name, shape, initial, group), ...]; initial is
 fp32 values (numpy, torch, any buffer; None: zeros), the same on every rank; group indexes
 `groups`, a list of dicts of lr/betas/eps/weight_decay/decoupled over the defaults (None: one
-group of the keyword defaults). bucket_bytes: an int or a size ("32MiB").)doc")
+group of the keyword defaults). bucket_bytes and the stage-3 byte counts (persist_below_bytes,
+prefetch_bytes, max_live_bytes, reuse_window_bytes): an int or a size ("32MiB"). param_home: gpu
+or cpu; at stage 3 also nvme (each rank's parameter shards).)doc")
       .def(
           "find",
           [](PyZeroEngine& e, const std::string& name) {
@@ -409,6 +507,8 @@ group of the keyword defaults). bucket_bytes: an int or a size ("32MiB").)doc")
             info["shape"] = shape_tuple(lp);
             info["count"] = lp.count;
             info["group"] = lp.adam_group;
+            // Stage 3: whole on every rank (below persist_below_bytes), or partitioned.
+            info["partitioned"] = e.engine->options().stage == 3 && !lp.persistent;
             return info;
           },
           py::arg("param"))
@@ -417,7 +517,27 @@ group of the keyword defaults). bucket_bytes: an int or a size ("32MiB").)doc")
       .def("acquire_param", &acquire_param, py::arg("param"), py::arg("tier") = "cpu",
            py::arg("mode") = "r",
            "The parameter's memory (its shape and param dtype) as an Acquisition, as "
-           "Tensor.acquire() gives: a DLPack view until release() or the end of the `with`.")
+           "Tensor.acquire() gives: a DLPack view until release() or the end of the `with`. "
+           "Stage 3 gathers the parameter's group (a collective) and the view is read-only: "
+           "mode 'w' is refused, and writes through it are lost when the group is dropped "
+           "(and may differ between ranks). Release every parameter before step().")
+      .def("acquire_grad", &acquire_grad, py::arg("param"), py::arg("tier") = "cpu",
+           "This micro-step's gradient buffer of the parameter (its shape, grad dtype) as a "
+           "writable Acquisition: add (+=) the gradient into it through DLPack; its release "
+           "(or the end of the `with`) marks the gradient ready, ordered after the work on the "
+           "stream given to release() (or seen at __dlpack__). A group whose every gradient is "
+           "ready is reduce-scattered at once.")
+      .def(
+          "set_fetch_order",
+          [](PyZeroEngine& e, const py::iterable& order) {
+            std::vector<ZeroParamId> ids;
+            for (const py::handle p : order) ids.push_back(param_id(e, p));
+            unlocked_check([&] { return e.engine->set_fetch_order(ids); });
+          },
+          py::arg("order"),
+          "Stage 3: the parameters (names or ids) in the order the next steps use them, repeats "
+          "allowed (forward, then backward), replacing the recorded order; every rank gives the "
+          "same.")
       .def("add_grad", &add_grad, py::arg("param"), py::arg("gradient"),
            "Adds this micro-step's gradient of the parameter (numpy, torch; its element count) "
            "into the engine's buffer, rounded to grad_dtype, and marks it ready.")

@@ -1,6 +1,6 @@
-// strata.ZeroEngine: ZeRO-DP stages 1 and 2 (include/strata/offload/zero_engine.h) for Python:
+// strata.ZeroEngine: ZeRO-DP stages 1, 2 and 3 (include/strata/offload/zero_engine.h) for Python:
 // parameters given as numpy arrays, read back as copies or acquired as DLPack views, gradients
-// added from numpy arrays.
+// added from numpy arrays or written through acquire_grad() views.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -1,5 +1,5 @@
 /* strata's C API, data-parallel training: the communicator (the ranks of a job) and the ZeRO-DP
- * engine (stages 1 and 2) over a runtime's tiers. Included by strata/strata.h, whose
+ * engine (stages 1, 2 and 3) over a runtime's tiers. Included by strata/strata.h, whose
  * conventions (status codes, strata_last_error(), handles) hold here; see docs/c_api.md.
  *
  *   strata_communicator_t* comm;            // RANK, WORLD_SIZE, ... (none: a job of one rank)
@@ -83,15 +83,18 @@ STRATA_API strata_status_t strata_communicator_stats(strata_communicator_t* comm
 /* Returns once every rank of the job has called it (or with the communicator's error). */
 STRATA_API strata_status_t strata_communicator_barrier(strata_communicator_t* comm);
 
-/* ---- ZeRO-DP engine (stages 1 and 2) ----------------------------------------------------------
+/* ---- ZeRO-DP engine (stages 1, 2 and 3) -------------------------------------------------------
  */
 
 /* Data-parallel training with ZeRO's partitioning (include/strata/offload/zero_engine.h): each
  * rank keeps the optimizer states of 1/N of the parameters (stage 1), and only the reduced
  * gradients of that slice too (stage 2), in the tiers of its offload optimizer options; the
- * parameters are flat tensors of the runtime, all-gathered after every step. Every rank creates
- * it with the same parameters and options, and announces gradients in the same order. Belongs
- * to one runtime. */
+ * parameters are flat tensors of the runtime, all-gathered after every step. At stage 3 each
+ * rank holds only its shard of the parameters too (homed in any tier, NVMe included), and
+ * strata_zero_engine_acquire_param() gathers a parameter's group for its use, ahead of need
+ * along the order the first step recorded (or strata_zero_engine_set_fetch_order() gave).
+ * Every rank creates it with the same parameters and options, and makes the same acquire,
+ * release and gradient calls in the same order. Belongs to one runtime. */
 typedef struct strata_zero_engine strata_zero_engine_t; /* opaque */
 
 typedef struct strata_zero_param {
@@ -109,21 +112,32 @@ typedef struct strata_zero_param_spec {
   const float* initial;
 } strata_zero_param_spec_t;
 
+/* Fields are appended at the end as the engine grows: fill the struct with
+ * strata_zero_options_init() before setting fields, so that a program written before a field
+ * existed gets its default. */
 typedef struct strata_zero_options {
-  uint32_t stage; /* 1: optimizer states partitioned; 2: gradients too */
+  uint32_t stage; /* 1: optimizer states partitioned; 2: gradients too; 3: parameters too */
   strata_param_type_t param_type;
   strata_grad_type_t grad_type;
   /* The most gradient bytes of one flat group (one reduce-scatter); 32 MiB by default. */
   uint64_t bucket_bytes;
-  uint32_t gradient_buckets;   /* stage 2: buckets in use at once, >= 1 */
-  uint32_t alignment;          /* every group is padded to a multiple of ranks x alignment */
-  strata_tier_t param_home;    /* the flat parameter tensors: STRATA_TIER_GPU or _CPU */
+  uint32_t gradient_buckets; /* stage 2: buckets in use at once, >= 1 */
+  uint32_t alignment;        /* every group is padded to a multiple of ranks x alignment */
+  /* Stages 1-2: the flat parameter tensors, STRATA_TIER_GPU or _CPU. Stage 3: each rank's
+   * parameter shards, any tier (STRATA_TIER_NVME: each rank reads only its own shard). */
+  strata_tier_t param_home;
   uint32_t accumulation_steps; /* micro-steps per step */
   /* `group_count` hyper-parameter groups (NULL when 0: one, optimizer.defaults). */
   const strata_adam_group_t* groups;
   size_t group_count;
   /* Each rank's optimizer of its slice: state home, defaults, clipping, loss scaling. */
   strata_optimizer_options_t optimizer;
+  /* Stage 3 (ignored at stages 1-2). Bytes are of param_type. */
+  uint64_t persist_below_bytes; /* parameters smaller than this stay whole on every rank */
+  uint64_t prefetch_bytes;      /* gathered bytes fetched ahead of the group in use */
+  uint64_t max_live_bytes;      /* the most gathered bytes alive at once (in use, kept, ahead) */
+  uint64_t reuse_window_bytes;  /* a released group stays gathered when the order uses it again
+                                 * within this many gathered bytes (0: always dropped) */
 } strata_zero_options_t;
 
 /* Where a parameter lives: `count` elements of param_type at byte `offset` in `tensor`. */
@@ -158,6 +172,7 @@ typedef struct strata_zero_memory {
   uint64_t optimizer_states[STRATA_TIER_COUNT];
   uint64_t buckets[STRATA_TIER_COUNT];
   uint64_t model_states; /* params + grads + optimizer states, all tiers */
+  uint64_t gathered;     /* stage 3: gathered parameters alive now (not model states) */
 } strata_zero_memory_t;
 
 typedef struct strata_zero_stats {
@@ -170,10 +185,22 @@ typedef struct strata_zero_stats {
   uint64_t last_step_wait_ns; /* of which waiting for reduce-scatters still running */
   uint64_t last_optimizer_ns; /* of which the optimizer (statistics all-reduce included) */
   uint64_t last_gather_ns;    /* of which the parameter all-gathers */
+  /* Stage 3 fetching, since create: */
+  uint64_t fetches;                /* uses of a group (its first parameter acquired) */
+  uint64_t gathers_on_demand;      /* gathered at its use: not prefetched, not kept */
+  uint64_t gathers_prefetched;     /* gathered ahead of its use */
+  uint64_t prefetch_late;          /* used while its prefetched gather was still running */
+  uint64_t reuses;                 /* used while still gathered from an earlier use */
+  uint64_t gathers_dropped_unused; /* prefetched, then dropped (order changed, room needed) */
+  uint64_t order_changes;          /* uses that departed from the recorded order */
+  uint64_t gathered_bytes;         /* gathered parameter bytes alive now */
+  uint64_t gathered_peak_bytes;
+  uint64_t fetch_wait_ns; /* acquire_param waiting for gathers (exposed communication) */
 } strata_zero_stats_t;
 
 /* The C++ defaults: stage 2, fp16 parameters and gradients, 32 MiB buckets, 2 buckets, alignment
- * 64, parameters homed on the GPU tier, one micro-step, strata_optimizer_options_init()'s. */
+ * 64, parameters homed on the GPU tier, one micro-step, strata_optimizer_options_init()'s; stage
+ * 3: persistent below 128 KiB, 64 MiB prefetched, 1 GiB live, a 64 MiB reuse window. */
 STRATA_API strata_status_t strata_zero_options_init(strata_zero_options_t* options);
 
 /* Lays out the `count` parameters, creates their flat tensors in the runtime and this rank's
@@ -199,7 +226,12 @@ STRATA_API strata_status_t strata_zero_engine_layout(strata_zero_engine_t* engin
                                                      strata_zero_layout_t* out);
 
 /* The model's copy of a parameter: a view into its group's flat tensor, or that tensor acquired
- * (as strata_tensor_acquire(), the offset added) until strata_zero_engine_release_param(). */
+ * (as strata_tensor_acquire(), the offset added) until strata_zero_engine_release_param().
+ * Stage 3: a partitioned parameter has no view (FAILED_PRECONDITION); acquire_param gathers its
+ * group (a collective: every rank acquires the same parameters in the same order) and returns
+ * the whole parameter, read-only (STRATA_ACCESS_WRITE is INVALID_ARGUMENT: the optimizer owns
+ * its values; writes through the pointer are lost and may differ between ranks). Acquire once
+ * and release once per use; release every parameter before step(). */
 STRATA_API strata_status_t strata_zero_engine_param_view(strata_zero_engine_t* engine,
                                                          strata_zero_param_t param,
                                                          strata_zero_view_t* out);
@@ -211,6 +243,12 @@ STRATA_API strata_status_t strata_zero_engine_acquire_param(strata_zero_engine_t
 STRATA_API strata_status_t strata_zero_engine_release_param(strata_zero_engine_t* engine,
                                                             strata_zero_param_t param,
                                                             strata_stream_t* stream);
+/* Stage 3: the order in which the next steps use the parameters (`count` of them; repeats
+ * allowed: forward, then backward), replacing the one the engine recorded; every rank gives the
+ * same. Stages 1-2: FAILED_PRECONDITION. */
+STRATA_API strata_status_t strata_zero_engine_set_fetch_order(strata_zero_engine_t* engine,
+                                                              const strata_zero_param_t* order,
+                                                              size_t count);
 
 /* This micro-step's gradient buffer of the parameter in `tier` (its count elements of
  * grad_type): add (+=) the gradient into it, then strata_zero_engine_grad_ready(). Stage 2 may
@@ -225,7 +263,8 @@ STRATA_API strata_status_t strata_zero_engine_grad_ready(strata_zero_engine_t* e
                                                          strata_zero_param_t param,
                                                          strata_stream_t* stream);
 /* After accumulation_steps micro-steps: this rank's Adam step (clipping and overflow decided
- * over all ranks), then the parameters' all-gather. `out` may be NULL. */
+ * over all ranks), then the parameters' all-gather (stage 3: the persistent ones only; the
+ * gathered groups are dropped). No parameter may be acquired. `out` may be NULL. */
 STRATA_API strata_status_t strata_zero_engine_step(strata_zero_engine_t* engine,
                                                    strata_step_result_t* out);
 /* Drops the gradients of the micro-steps since the last step (every rank calls it). */

@@ -55,6 +55,10 @@ TEST_CASE("c_api: ZeRO engine create with bad arguments", "[c_api][zero]") {
   CHECK(defaults.accumulation_steps == 1);
   CHECK(defaults.groups == nullptr);
   CHECK(defaults.optimizer.state_home == STRATA_TIER_CPU);
+  CHECK(defaults.persist_below_bytes == 128U << 10);
+  CHECK(defaults.prefetch_bytes == 64U << 20);
+  CHECK(defaults.max_live_bytes == 1ULL << 30);
+  CHECK(defaults.reuse_window_bytes == 64U << 20);
 
   expect(strata_zero_engine_create(r, comm, specs.data(), specs.size(), nullptr, nullptr),
          "out is NULL");
@@ -76,8 +80,11 @@ TEST_CASE("c_api: ZeRO engine create with bad arguments", "[c_api][zero]") {
   const int64_t zero_dim[] = {3, 0};
   expect(create_with(r, comm, [&](auto&, Specs& s) { s[0].shape = zero_dim; }),
          "params[0] ('layer.weight'): shape[1] is 0: dimensions must be > 0");
-  expect(create_with(r, comm, [](strata_zero_options_t& o, auto&) { o.stage = 3; }),
-         "options->stage is 3: use 1 (optimizer states partitioned) or 2");
+  expect(create_with(r, comm, [](strata_zero_options_t& o, auto&) { o.stage = 4; }),
+         "options->stage is 4: use 1 (optimizer states partitioned), 2 (gradients partitioned "
+         "too) or 3 (parameters partitioned too)");
+  expect(create_with(r, comm, [](strata_zero_options_t& o, auto&) { o.stage = 0; }),
+         "options->stage is 0: use 1");
   expect(create_with(r, comm, [](strata_zero_options_t& o, auto&) { o.param_type = 7; }),
          "options->param_type is 7: use STRATA_PARAM_F32");
   expect(create_with(r, comm, [](strata_zero_options_t& o, auto&) { o.grad_type = -1; }),
@@ -86,7 +93,13 @@ TEST_CASE("c_api: ZeRO engine create with bad arguments", "[c_api][zero]") {
          "options->param_home is 9: use STRATA_TIER_GPU (0)");
   expect(create_with(r, comm,
                      [](strata_zero_options_t& o, auto&) { o.param_home = STRATA_TIER_NVME; }),
-         "options->param_home is STRATA_TIER_NVME");
+         "options->param_home is STRATA_TIER_NVME at stage 2: the flat parameter tensors of "
+         "stages 1 and 2");
+  // Stage 3 takes an NVMe home, which needs an NVMe tier (the runtime's message).
+  CHECK(create_with(r, comm, [](strata_zero_options_t& o, auto&) {
+          o.stage = 3;
+          o.param_home = STRATA_TIER_NVME;
+        }) != STRATA_OK);
   expect(create_with(r, comm, [](strata_zero_options_t& o, auto&) { o.group_count = 2; }),
          "options->groups (with group_count > 0) is NULL");
   expect(create_with(r, comm, [](strata_zero_options_t& o, auto&) { o.optimizer.state_home = 7; }),
@@ -215,6 +228,14 @@ TEST_CASE("c_api: ZeRO engine calls with bad arguments", "[c_api][zero]") {
                "strata_zero_engine_memory: out is NULL");
   expect_error(strata_zero_engine_stats(e, nullptr), STRATA_INVALID_ARGUMENT,
                "strata_zero_engine_stats: out is NULL");
+  expect_error(strata_zero_engine_set_fetch_order(e, nullptr, 2), STRATA_INVALID_ARGUMENT,
+               "strata_zero_engine_set_fetch_order: order (with count > 0) is NULL");
+  const strata_zero_param_t order[] = {p, bad};
+  expect_error(strata_zero_engine_set_fetch_order(e, order, 2), STRATA_NOT_FOUND,
+               "strata_zero_engine_set_fetch_order: order[1]: " + no_param);
+  // Only stage 3 fetches: the engine's message.
+  expect_error(strata_zero_engine_set_fetch_order(e, order, 1), STRATA_FAILED_PRECONDITION,
+               "strata_zero_engine_set_fetch_order: ZeroEngine::set_fetch_order: only stage 3");
   expect_error(strata_zero_engine_step(nullptr, nullptr), STRATA_INVALID_ARGUMENT,
                "strata_zero_engine_step: engine is NULL");
   expect_error(strata_zero_engine_step(reinterpret_cast<strata_zero_engine_t*>(comm), nullptr),

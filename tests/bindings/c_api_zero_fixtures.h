@@ -89,6 +89,8 @@ inline strata_zero_options_t tiny_options(uint32_t stage) {
   options.bucket_bytes = 16 * 4;  // 16 fp32 gradients a group
   options.alignment = 4;
   options.param_home = STRATA_TIER_CPU;
+  // Stage 3: the scalar (4 bytes) stays whole on every rank, the others are partitioned.
+  options.persist_below_bytes = 8;
   options.optimizer.defaults.lr = 0.01F;
   options.optimizer.defaults.weight_decay = 0.01F;
   return options;

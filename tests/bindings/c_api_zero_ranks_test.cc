@@ -1,9 +1,11 @@
 // Every rank of a strata-run job (CTest: c_api.zero_ranks_2, `strata-run -n 2`) trains the same
-// tiny model through the C API at ZeRO stages 1 and 2, each rank with gradients of its own, and
+// tiny model through the C API at ZeRO stages 1, 2 and 3 (stage 3 with the parameter shards in
+// the CPU tier and again on NVMe), each rank with gradients of its own, and
 // checks that its parameters and optimizer states are bitwise those of a one-rank engine (a job
 // of its own, in the same process) fed the ranks' averaged gradients in the order the stage
 // reduces them. Every rank checking against the same one-rank run is the ranks agreeing. Then
 // a checkpoint saved by the job loads into the one-rank engine (resharding from 2 ranks to 1).
+// At stage 3 every read of a parameter gathers it from the ranks' shards (a collective).
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
@@ -15,6 +17,7 @@
 #include "c_api_fixtures.h"
 #include "c_api_zero_fixtures.h"
 #include "strata/strata.h"
+#include "temp_dir.h"
 
 namespace strata::testing {
 namespace {
@@ -47,7 +50,10 @@ TEST_CASE("c_api: ZeRO over the ranks of a job matches one rank, bitwise", "[c_a
     return;
   }
   // The job, and a one-rank job of its own (on another port) for the reference.
-  TestRuntime job_rt(Vars{{"STRATA_CPU_BYTES", "16MiB"}});
+  TempDir swap("strata-c-zero-ranks-nvme");
+  Vars job_vars = nvme_vars(swap.path());
+  job_vars.emplace_back("STRATA_CPU_BYTES", "16MiB");
+  TestRuntime job_rt(job_vars);
   TestRuntime ref_rt(Vars{{"STRATA_CPU_BYTES", "16MiB"}});
   strata_communicator_t* comm = nullptr;
   strata_communicator_t* solo = nullptr;
@@ -72,14 +78,18 @@ TEST_CASE("c_api: ZeRO over the ranks of a job matches one rank, bitwise", "[c_a
        ("strata-c-zero-ranks-" + std::string(std::getenv("MASTER_PORT"))))
           .string();
 
-  for (uint32_t stage : {1U, 2U}) {
+  const std::pair<uint32_t, strata_tier_t> rounds[] = {
+      {1U, STRATA_TIER_CPU}, {2U, STRATA_TIER_CPU}, {3U, STRATA_TIER_CPU}, {3U, STRATA_TIER_NVME}};
+  for (const auto& [stage, home] : rounds) {
     const uint32_t micro_steps = 2;
-    INFO("rank " << rank << " of " << ranks << ", stage " << stage);
+    INFO("rank " << rank << " of " << ranks << ", stage " << stage << ", param_home " << home);
     strata_zero_options_t options = tiny_options(stage);
     options.accumulation_steps = micro_steps;
+    options.param_home = home;
     REQUIRE_OK(strata_zero_engine_create(job_rt.runtime, comm, specs.data(), n_params, &options,
                                          &job.engine));
     options.accumulation_steps = 1;  // the reference gets each step's reduced gradient at once
+    options.param_home = STRATA_TIER_CPU;
     REQUIRE_OK(strata_zero_engine_create(ref_rt.runtime, solo, specs.data(), n_params, &options,
                                          &ref.engine));
     for (size_t step = 1; step <= 4; ++step) {
@@ -90,7 +100,7 @@ TEST_CASE("c_api: ZeRO over the ranks of a job matches one rank, bitwise", "[c_a
         const auto w = read_param(job.engine, id, job.stream, count);
         REQUIRE(same_bits(w, read_param(ref.engine, id, ref.stream, count)));
         // What the job's reduction computes, before its division by the rank count (exact):
-        // stage 1 reduces each rank's sum over the micro-steps; stage 2 sums the reductions.
+        // stage 1 reduces each rank's sum over the micro-steps; stages 2-3 sum the reductions.
         std::vector<float> sum(count, 0.0F);
         if (stage == 1) {
           for (int r = 0; r < ranks; ++r) {
@@ -152,6 +162,25 @@ TEST_CASE("c_api: ZeRO over the ranks of a job matches one rank, bitwise", "[c_a
     REQUIRE_OK(strata_zero_engine_stats(job.engine, &stats));
     CHECK(stats.steps == 4);
     CHECK(stats.last_step_comm_bytes > 0);
+    if (stage == 3) {
+      // Each rank holds half of the partitioned parameters: less than the reference's whole.
+      strata_zero_memory_t ref_memory;
+      REQUIRE_OK(strata_zero_engine_memory(ref.engine, &ref_memory));
+      CHECK(memory.params[home] > 0);
+      uint64_t mine = 0;
+      uint64_t whole = 0;
+      for (int t = 0; t < STRATA_TIER_COUNT; ++t) {
+        mine += memory.params[t];
+        whole += ref_memory.params[t];
+      }
+      CHECK(mine < whole);
+      CHECK(stats.fetches > 0);
+      CHECK(stats.gathers_on_demand + stats.gathers_prefetched > 0);
+      CHECK(stats.gathered_peak_bytes > 0);
+      CHECK(stats.gathered_peak_bytes <= options.max_live_bytes);
+    } else {
+      CHECK(stats.fetches == 0);
+    }
 
     // Saved by the ranks, loaded by one rank: the reference (retrained a step further) gets
     // the job's state back.
@@ -180,7 +209,7 @@ TEST_CASE("c_api: ZeRO over the ranks of a job matches one rank, bitwise", "[c_a
   REQUIRE_OK(strata_communicator_stats(comm, &stats));
   CHECK(stats.by_kind[STRATA_COLLECTIVE_REDUCE_SCATTER].calls > 0);
   CHECK(stats.by_kind[STRATA_COLLECTIVE_ALL_GATHER].calls > 0);
-  CHECK(stats.by_kind[STRATA_COLLECTIVE_BARRIER].calls == 2);
+  CHECK(stats.by_kind[STRATA_COLLECTIVE_BARRIER].calls == 4);
 }
 
 }  // namespace

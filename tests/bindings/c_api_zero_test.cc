@@ -130,7 +130,8 @@ std::vector<float> gradient(size_t p, size_t step, size_t count) {
 TEST_CASE("c_api: a ZeRO engine of one rank steps as the offload optimizer does", "[c_api][zero]") {
   const auto [stage, param_type] =
       GENERATE(std::pair{1U, STRATA_PARAM_F32}, std::pair{2U, STRATA_PARAM_F32},
-               std::pair{2U, STRATA_PARAM_F16});
+               std::pair{2U, STRATA_PARAM_F16}, std::pair{3U, STRATA_PARAM_F32},
+               std::pair{3U, STRATA_PARAM_F16});
   INFO("stage " << stage << ", param type " << param_type);
   TestRuntime rt;
   strata_runtime_t* r = rt.runtime;
@@ -307,6 +308,141 @@ TEST_CASE("c_api: ZeRO engine checkpoints, layout, memory and parameter views", 
   rt.runtime = nullptr;
   expect_error(strata_zero_engine_step(engine, nullptr), STRATA_NOT_FOUND,
                "strata_zero_engine_step: engine was destroyed");
+}
+
+TEST_CASE("c_api: a ZeRO stage 3 engine gathers its parameters from any tier", "[c_api][zero]") {
+  const strata_tier_t home =
+      GENERATE(as<strata_tier_t>{}, STRATA_TIER_GPU, STRATA_TIER_CPU, STRATA_TIER_NVME);
+  INFO("param_home " << home);
+  TempDir dir("strata-c-zero3");
+  TestRuntime rt(home == STRATA_TIER_NVME ? nvme_vars(dir.path()) : Vars{});
+  strata_runtime_t* r = rt.runtime;
+  strata_stream_t* s = nullptr;
+  REQUIRE_OK(strata_stream_create(r, &s));
+  strata_communicator_t* comm = nullptr;
+  REQUIRE_OK(make_solo_comm(r, &comm));
+  const TinyModel model;
+  const auto specs = model.specs();
+  strata_zero_options_t options = tiny_options(3);
+  options.param_home = home;
+  options.prefetch_bytes = 64;      // one group (16 fp32) ahead
+  options.max_live_bytes = 3 * 64;  // three groups gathered at most
+  options.reuse_window_bytes = 64;
+  strata_zero_engine_t* engine = nullptr;
+  REQUIRE_OK(strata_zero_engine_create(r, comm, specs.data(), specs.size(), &options, &engine));
+  const strata_zero_param_t weight{0};
+  const strata_zero_param_t bias{1};
+  const strata_zero_param_t scale{2};
+
+  // Partitioned parameters have no view and are read-only; the persistent scalar is as at
+  // stage 2.
+  strata_zero_view_t view;
+  expect_error(strata_zero_engine_param_view(engine, weight, &view), STRATA_FAILED_PRECONDITION,
+               "strata_zero_engine_param_view: ZeroEngine::param_view: at stage 3 parameter "
+               "'layer.weight' exists whole only while gathered");
+  REQUIRE_OK(strata_zero_engine_param_view(engine, scale, &view));
+  CHECK(view.count == 1);
+  void* data = nullptr;
+  expect_error(
+      strata_zero_engine_acquire_param(engine, bias, STRATA_TIER_GPU, s, STRATA_ACCESS_WRITE,
+                                       &data),
+      STRATA_INVALID_ARGUMENT,
+      "strata_zero_engine_acquire_param: ZeroEngine::acquire_param: parameter 'layer.bias' is "
+      "partitioned (stage 3)");
+  CHECK(data == nullptr);
+  // Gathered whole, from the shard in its home: the initial values.
+  for (uint32_t p = 0; p < 3; ++p) {
+    CHECK(
+        same_bits(read_param(engine, strata_zero_param_t{p}, s, model.count(p)), model.initial[p]));
+  }
+  strata_zero_memory_t memory;
+  REQUIRE_OK(strata_zero_engine_memory(engine, &memory));
+  CHECK(memory.params[home] > 0);
+  CHECK(memory.gathered <= options.max_live_bytes);
+  strata_zero_layout_t layout;
+  REQUIRE_OK(strata_zero_engine_layout(engine, &layout));
+  CHECK(layout.groups >= 3);  // the weight's two groups, the bias's, the scalar's own
+
+  // A trainer's step: forward uses every parameter, backward each again in reverse, adding its
+  // gradient; then step().
+  const auto train = [&](size_t step) {
+    for (uint32_t p = 0; p < 3; ++p) (void)read_param(engine, strata_zero_param_t{p}, s, 1);
+    for (uint32_t p = 3; p-- > 0;) {
+      const strata_zero_param_t id{p};
+      REQUIRE_OK(strata_zero_engine_acquire_param(engine, id, STRATA_TIER_GPU, s,
+                                                  STRATA_ACCESS_READ, &data));
+      add_grad(engine, id, s, gradient(p, step, model.count(p)));
+      REQUIRE_OK(strata_zero_engine_release_param(engine, id, s));
+    }
+    strata_step_result_t result{};
+    REQUIRE_OK(strata_zero_engine_step(engine, &result));
+    CHECK(result.step == step);
+  };
+  // A parameter still acquired blocks step(), with the engine's message.
+  REQUIRE_OK(strata_zero_engine_acquire_param(engine, bias, STRATA_TIER_CPU, s, STRATA_ACCESS_READ,
+                                              &data));
+  CHECK(strata_zero_engine_step(engine, nullptr) == STRATA_FAILED_PRECONDITION);
+  CHECK(std::string(strata_last_error()).find("layer.bias") != std::string::npos);
+  REQUIRE_OK(strata_zero_engine_release_param(engine, bias, s));
+  train(1);
+  strata_zero_stats_t first;
+  REQUIRE_OK(strata_zero_engine_stats(engine, &first));
+  train(2);  // along the order step 1 recorded: prefetched
+  strata_zero_stats_t stats;
+  REQUIRE_OK(strata_zero_engine_stats(engine, &stats));
+  CHECK(stats.steps == 2);
+  CHECK(stats.fetches > first.fetches);
+  CHECK(stats.gathers_prefetched > first.gathers_prefetched);
+  CHECK(stats.gathered_peak_bytes > 0);
+  CHECK(stats.gathered_peak_bytes <= options.max_live_bytes);
+  CHECK(stats.gathered_bytes <= options.max_live_bytes);
+  CHECK(stats.gathers_on_demand + stats.gathers_prefetched <= stats.all_gathers);
+  CHECK(stats.order_changes == first.order_changes);  // the same order both steps
+
+  // The order given up front: backward only, then forward. The next step departs from it and
+  // realigns without an error.
+  const strata_zero_param_t order[] = {scale, bias, weight};
+  REQUIRE_OK(strata_zero_engine_set_fetch_order(engine, order, 3));
+  train(3);
+  REQUIRE_OK(strata_zero_engine_stats(engine, &stats));
+  CHECK(stats.order_changes > first.order_changes);
+  // Stage 3 steps as stage 2 would: the masters match a stage-2 engine fed the same gradients.
+  strata_zero_options_t two = tiny_options(2);
+  TestRuntime rt2;
+  strata_communicator_t* comm2 = nullptr;
+  REQUIRE_OK(make_solo_comm(rt2.runtime, &comm2));
+  strata_stream_t* s2 = nullptr;
+  REQUIRE_OK(strata_stream_create(rt2.runtime, &s2));
+  strata_zero_engine_t* ref = nullptr;
+  REQUIRE_OK(strata_zero_engine_create(rt2.runtime, comm2, specs.data(), specs.size(), &two, &ref));
+  for (size_t step = 1; step <= 3; ++step) {
+    for (uint32_t p = 3; p-- > 0;) {
+      add_grad(ref, strata_zero_param_t{p}, s2, gradient(p, step, model.count(p)));
+    }
+    REQUIRE_OK(strata_zero_engine_step(ref, nullptr));
+  }
+  for (uint32_t p = 0; p < 3; ++p) {
+    const size_t n = model.count(p);
+    std::vector<float> m(n), v(n), rm(n), rv(n);
+    REQUIRE_OK(strata_zero_engine_read_state(engine, strata_zero_param_t{p}, m.data(), v.data(),
+                                             nullptr, n));
+    REQUIRE_OK(strata_zero_engine_read_state(ref, strata_zero_param_t{p}, rm.data(), rv.data(),
+                                             nullptr, n));
+    CHECK(same_bits(m, rm));
+    CHECK(same_bits(v, rv));
+    CHECK(same_bits(read_param(engine, strata_zero_param_t{p}, s, n), m));
+  }
+  // A stage-3 checkpoint loads into the stage-2 engine (and back).
+  const std::string ckpt = dir.path() + "/ckpt";
+  REQUIRE_OK(strata_zero_engine_save(engine, ckpt.c_str()));
+  train(4);
+  REQUIRE_OK(strata_zero_engine_load(engine, ckpt.c_str()));
+  REQUIRE_OK(strata_zero_engine_load(ref, ckpt.c_str()));
+  for (uint32_t p = 0; p < 3; ++p) {
+    const size_t n = model.count(p);
+    CHECK(same_bits(read_param(engine, strata_zero_param_t{p}, s, n),
+                    read_param(ref, strata_zero_param_t{p}, s2, n)));
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 """strata.Communicator and strata.ZeroEngine in one process (a job of one rank): the engine
-steps as strata.OffloadOptimizer does, bitwise; checkpoints, views, accounting and errors.
+steps as strata.OffloadOptimizer does, bitwise, at stages 1, 2 and 3; checkpoints, views,
+stage 3's gathered parameters and fetching, accounting and errors.
 Several ranks: zero_ranks.py (CTest python.zero_ranks_2, under strata-run)."""
 
 import numpy as np
@@ -24,9 +25,13 @@ def test_communicator_alone(runtime):
     np.testing.assert_array_equal(got, x)
     assert got is not x
     np.testing.assert_array_equal(comm.all_reduce(np.array([3, -1]), op="max"), [3, -1])
+    got = comm.broadcast(x)
+    np.testing.assert_array_equal(got, x)
+    assert got is not x and got.shape == (2, 3)
     comm.barrier()
     stats = comm.stats()
     assert stats["all_reduce"]["calls"] == 2 and stats["barrier"]["calls"] == 1
+    assert stats["broadcast"]["calls"] == 1
     assert stats["all_reduce"]["bytes"] == x.nbytes + 16
 
 
@@ -51,6 +56,8 @@ def test_communicator_errors(runtime):
         comm.all_reduce(np.zeros(2, np.float32), op="prod")
     with pytest.raises(ValueError, match=r"complex64 is not one the communicator reduces"):
         comm.all_reduce(np.zeros(2, np.complex64))
+    with pytest.raises(ValueError, match=r"broadcast: root 1 is not a rank of this job \(0..0\)"):
+        comm.broadcast(np.zeros(2, np.float32), root=1)
 
 
 def model_params():
@@ -64,8 +71,9 @@ HYPER = dict(lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
 
 
 def tiny_engine(runtime, comm, **options):
+    # Stage 3: the scalar (below 8 bytes) stays whole, the others are partitioned.
     kwargs = dict(stage=2, param_dtype="float32", grad_dtype="float32", bucket_bytes=64,
-                  alignment=4, param_home="cpu", **HYPER)
+                  alignment=4, param_home="cpu", persist_below_bytes=8, **HYPER)
     kwargs.update(options)
     return strata.ZeroEngine(runtime, comm, model_params(), **kwargs)
 
@@ -94,6 +102,8 @@ def gradient(p, step, micro, count):
     (2, "float32", "float32", 2, "cpu"),
     (1, "float16", "float16", 2, "nvme"),
     (2, "bfloat16", "bfloat16", 1, "cpu"),
+    (3, "float32", "float32", 2, "cpu"),
+    (3, "float16", "float16", 1, "nvme"),
 ])
 def test_zero_engine_steps_as_the_offload_optimizer(runtime, comm, stage, param_dtype,
                                                     grad_dtype, accumulation, state_home):
@@ -179,7 +189,9 @@ def test_zero_engine_accounting(runtime, comm):
     assert layout["padded_elements"] % 4 == 0 and layout["shard_elements"] == layout[
         "padded_elements"]
     memory = engine.memory()
-    assert set(memory) == {"params", "grads", "optimizer_states", "buckets", "model_states"}
+    assert set(memory) == {"params", "grads", "optimizer_states", "buckets", "model_states",
+                           "gathered"}
+    assert memory["gathered"] == 0  # stage 3 only
     assert set(memory["params"]) == {"gpu", "cpu", "nvme"}
     assert memory["params"]["cpu"] >= 4 * layout["padded_elements"]
     assert memory["params"]["gpu"] == 0
@@ -228,9 +240,13 @@ def test_zero_engine_errors(runtime, comm):
         (dict(bucket_bytes="12XB"), r"bucket_bytes='12XB' is not a size"),
         (dict(bucket_bytes=0), r"bucket_bytes=0: a positive byte count"),
         (dict(state_home="tape"), r"'tape' is not a tier: use gpu, cpu or nvme"),
-        (dict(param_home="nvme"), r"'nvme' is not a tier: use gpu or cpu"),
+        (dict(param_home="tape"), r"'tape' is not a tier: use gpu, cpu or nvme"),
+        (dict(param_home="nvme"), r"param_home is the NVMe tier; at stages 1 and 2"),
         (dict(groups=[{"lr": 0.1, "bogus": 1}]), r"'bogus' is not a group setting"),
-        (dict(stage=3), r"stage"),
+        (dict(stage=4), r"stage 4 is not a ZeRO stage"),
+        (dict(prefetch_bytes=-1), r"prefetch_bytes=-1: a byte count >= 0"),
+        (dict(max_live_bytes=0), r"max_live_bytes=0: a positive byte count"),
+        (dict(reuse_window_bytes="lots"), r"reuse_window_bytes='lots' is not a size"),
         (dict(alignment=0), r"alignment"),
     ]
     for options, message in bad_options:
@@ -256,3 +272,90 @@ def test_zero_engine_errors(runtime, comm):
     for p, name in enumerate(engine.params):
         engine.add_grad(name, gradient(p, 1, 0, engine.param_info(name)["count"]))
     assert engine.step()["step"] == 1
+
+
+@pytest.mark.parametrize("param_home", ["gpu", "cpu", "nvme"])
+def test_zero_stage3_gathers_parameters(runtime, comm, param_home):
+    engine = tiny_engine(runtime, comm, stage=3, param_home=param_home, prefetch_bytes=64,
+                         max_live_bytes=3 * 64, reuse_window_bytes=64)
+    assert engine.stage == 3
+    assert [engine.param_info(n)["partitioned"] for n in engine.params] == [True, True, False]
+    assert engine.memory()["params"][param_home] > 0
+    initial = [np.asarray(v, np.float32).reshape(-1) if v is not None else np.zeros(1, np.float32)
+               for _, _, v in model_params()]
+    # Gathered whole, read-only: a torch view of the parameter's shape and dtype.
+    with engine.acquire_param("layer.weight", "gpu") as view:
+        assert view.shape == (3, 5) and view.dtype == "float32" and view.mode == "r"
+        t = torch.from_dlpack(view)
+        np.testing.assert_array_equal(t.reshape(-1).numpy(), initial[0])
+        assert engine.memory()["gathered"] > 0
+        with pytest.raises(strata.FailedPreconditionError, match=r"is a ZeroEngine parameter"):
+            view.tensor.acquire("cpu")
+        del t
+    assert view.released
+    with pytest.raises(ValueError, match=r"parameter 'layer.bias' is partitioned \(stage 3\): "
+                                         r"its gathered copy is read-only"):
+        engine.acquire_param("layer.bias", "gpu", "w")
+    np.testing.assert_array_equal(engine.read_param("layer.bias"), initial[1])
+
+    def train(step):
+        # A trainer's step: forward uses every parameter; backward each again in reverse, its
+        # gradient added through a writable view of the engine's buffer.
+        for name in engine.params:
+            with engine.acquire_param(name, "gpu"):
+                pass
+        for p in reversed(range(len(engine))):
+            with engine.acquire_param(p, "gpu"):
+                with engine.acquire_grad(p, "gpu") as buffer:
+                    assert buffer.mode == "w" and buffer.dtype == "float32"
+                    g = torch.from_dlpack(buffer)
+                    g.add_(torch.from_numpy(gradient(p, step, 0, g.numel())).reshape(g.shape))
+                    del g
+        return engine.step()
+
+    held = engine.acquire_param("layer.bias", "cpu")
+    with pytest.raises(strata.FailedPreconditionError, match=r"layer.bias are still acquired"):
+        engine.step()
+    held.release()
+    assert train(1)["step"] == 1
+    first = engine.stats()
+    assert train(2)["step"] == 2  # along the order step 1 recorded: prefetched
+    stats = engine.stats()
+    assert stats["fetches"] > first["fetches"]
+    assert stats["gathers_prefetched"] > first["gathers_prefetched"]
+    assert 0 < stats["gathered_peak_bytes"] <= 3 * 64
+    assert stats["order_changes"] == first["order_changes"]
+    for key in ("gathers_on_demand", "prefetch_late", "reuses", "gathers_dropped_unused",
+                "gathered_bytes", "fetch_wait_ns"):
+        assert key in stats
+    # An order given up front (backward only); the next step departs from it and realigns.
+    engine.set_fetch_order(["scale", 1, "layer.weight"])
+    assert train(3)["step"] == 3
+    assert engine.stats()["order_changes"] > first["order_changes"]
+
+    # Stage 3 steps as stage 2 does: bitwise the same masters (another runtime: one engine
+    # per runtime).
+    other = strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="8MiB", nvme_paths=None)
+    two = tiny_engine(other, solo_communicator(other), stage=2)
+    for step in range(1, 4):
+        for p in reversed(range(len(two))):
+            two.add_grad(p, gradient(p, step, 0, two.param_info(p)["count"]))
+        two.step()
+    for name in engine.params:
+        for mine, theirs in zip(engine.read_state(name), two.read_state(name)):
+            np.testing.assert_array_equal(mine, theirs)
+        np.testing.assert_array_equal(engine.read_param(name), two.read_param(name))
+
+
+def test_zero_stage3_errors(runtime, comm):
+    engine = tiny_engine(runtime, comm, stage=2)
+    with pytest.raises(strata.FailedPreconditionError, match=r"only stage 3 fetches"):
+        engine.set_fetch_order(["layer.weight"])
+    with pytest.raises(KeyError, match=r"nope"):
+        engine.set_fetch_order(["nope"])
+    # acquire_grad's release is grad_ready: a second release is refused.
+    grad = engine.acquire_grad("layer.bias")
+    torch.from_dlpack(grad).add_(1.0)
+    grad.release()
+    with pytest.raises(strata.FailedPreconditionError, match=r"already released"):
+        grad.release()

@@ -1,9 +1,12 @@
 """Every rank of a strata-run job (CTest python.zero_ranks_2:
 `strata-run -n 2 python3 -m pytest tests/python/zero_ranks.py`) trains a linear regression with
-strata.ZeroEngine at stages 1 and 2, each rank on its half of the batch, and checks its losses
-and parameters against a one-rank run in the same process (a job of its own) fed the ranks'
-averaged gradient: bitwise, so every rank agrees with the others too (also checked through the
-communicator). Not collected by the one-process run (the name is not test_*.py)."""
+strata.ZeroEngine at stages 1, 2 and 3, each rank on its half of the batch, and checks its
+losses and parameters against a one-rank run in the same process (a job of its own) fed the
+ranks' averaged gradient: bitwise, so every rank agrees with the others too (also checked
+through the communicator). Then strata.torch.zero_shard() at stages 2 and 3: an MLP trained on
+each rank's half of the batch has the losses of torch's AdamW on the whole batch in one process,
+and its sharded checkpoint loads into a one-rank ZeroModule. Not collected by the one-process
+run (the name is not test_*.py)."""
 
 import os
 import shutil
@@ -59,14 +62,15 @@ def loss(w, b, x, y):
 
 
 def engine_for(comm, stage, w0):
+    # Stage 3: both parameters partitioned (no persistence threshold).
     return strata.ZeroEngine(comm.runtime, comm,
                              [("w", (FEATURES, OUTPUTS), w0), ("b", (OUTPUTS,), None)],
                              stage=stage, param_dtype="float32", grad_dtype="float32",
                              bucket_bytes=64, alignment=4, param_home="cpu", lr=0.05,
-                             betas=(0.9, 0.99), weight_decay=0.01)
+                             betas=(0.9, 0.99), weight_decay=0.01, persist_below_bytes=0)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_ranks_match_one_rank(job, solo, stage):
     rank, ranks = job.rank, job.size
     assert ranks == int(os.environ["WORLD_SIZE"]) == 2
@@ -104,6 +108,9 @@ def test_ranks_match_one_rank(job, solo, stage):
         np.testing.assert_array_equal(job.all_reduce(mine, "min"), mine)
     assert engine.layout()["ranks"] == 2
     assert engine.stats()["last_step_comm_bytes"] > 0
+    if stage == 3:  # each rank holds half of the parameters, gathered for each read
+        assert engine.memory()["params"]["cpu"] < reference.memory()["params"]["cpu"]
+        assert engine.stats()["fetches"] > 0
     assert engine.memory()["optimizer_states"]["cpu"] < reference.memory()[
         "optimizer_states"]["cpu"]
 
@@ -117,6 +124,65 @@ def test_ranks_match_one_rank(job, solo, stage):
     reference.load(directory)
     for name in ("w", "b"):
         np.testing.assert_array_equal(reference.read_param(name), engine.read_param(name))
+    job.barrier()  # every rank has read it
+    if rank == 0:
+        shutil.rmtree(directory)
+
+
+def make_mlp():
+    import torch
+    from torch import nn
+    torch.manual_seed(1234)
+    return nn.Sequential(nn.Linear(FEATURES, 32), nn.Tanh(), nn.Linear(32, 16), nn.GELU(),
+                         nn.Linear(16, OUTPUTS))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_shard_matches_torch_on_the_whole_batch(job, solo, stage):
+    import torch
+    from torch import nn
+    import strata.torch as st
+    rank, ranks = job.rank, job.size
+    x, y, _ = data()
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    half = BATCH // ranks
+    mine = slice(rank * half, (rank + 1) * half)
+    hyper = dict(lr=0.01, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)
+    reference = make_mlp()
+    reference_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **hyper)
+    model = st.zero_shard(make_mlp(), job, stage=stage, bucket_bytes=1024, alignment=4,
+                          persist_below_bytes=0, max_live_bytes=8 << 10, **hyper)
+    for step in range(STEPS):
+        loss = nn.functional.mse_loss(model(x[mine]), y[mine])
+        loss.backward()
+        assert model.step()["step"] == step + 1
+        total = job.all_reduce(np.array([loss.item()], np.float64))[0] / ranks
+        want = nn.functional.mse_loss(reference(x), y)
+        want.backward()
+        reference_opt.step()
+        reference_opt.zero_grad()
+        # The ranks' gradients are summed in another order than one process's: not bitwise.
+        assert total == pytest.approx(want.item(), rel=1e-5), f"step {step}"
+    if stage == 3:
+        assert 0 < model.stats()["gathered_peak_bytes"] <= 8 << 10
+    full = model.full_state_dict()
+    if rank == 0:
+        for name, value in reference.state_dict().items():
+            torch.testing.assert_close(full[name], value, rtol=1e-4, atol=1e-6)
+    else:
+        assert full == {}
+
+    # Saved at two ranks, loaded at one: the same parameters.
+    directory = os.path.join(tempfile.gettempdir(),
+                             f"strata-py-zero-shard-{os.environ['MASTER_PORT']}-{stage}")
+    model.save_sharded(directory)
+    one = st.zero_shard(make_mlp(), solo, stage=3, persist_below_bytes=0)
+    one.load_sharded(directory)
+    for prm_name, _ in make_mlp().named_parameters():
+        np.testing.assert_array_equal(one.read_parameter(prm_name).numpy(),
+                                      model.read_parameter(prm_name).numpy())
+    one.close()
+    model.close()
     job.barrier()  # every rank has read it
     if rank == 0:
         shutil.rmtree(directory)

@@ -1,4 +1,6 @@
-"""strata.torch: train a torch nn.Module whose parameters live in strata.
+"""strata.torch: train a torch nn.Module whose parameters live in strata (one process), or
+data-parallel over several ranks with ZeRO-DP stages 1-3 (zero_shard(), ZeroModule: in
+zero_torch.py, imported here).
 
     import strata, strata.torch
     rt = strata.Runtime()
@@ -45,7 +47,7 @@ from torch import nn
 
 import strata
 
-__all__ = ["Offloaded", "OffloadAdamW", "offload"]
+__all__ = ["Offloaded", "OffloadAdamW", "offload", "ZeroModule", "zero_shard"]
 
 _DTYPES = {
     torch.float32: "float32",
@@ -403,3 +405,7 @@ class OffloadAdamW:
                 with open(path, "wb") as f:
                     f.write(data)
             self._opt.load(directory)
+
+
+# The data-parallel path (ZeRO-DP stages 1-3 over strata's Communicator): its own file.
+from .zero_torch import ZeroModule, zero_shard  # noqa: E402

@@ -1,0 +1,539 @@
+"""strata.torch's data-parallel path: an nn.Module trained with ZeRO-DP stages 1, 2 or 3 over
+strata's Communicator (imported by strata.torch; docs/python.md has the details).
+
+    # strata-run -n 4 python3 train.py   (or any launcher setting RANK, WORLD_SIZE, MASTER_*)
+    import strata, strata.torch as st
+    rt = strata.Runtime()
+    comm = strata.Communicator.from_environment(rt)
+    model = st.zero_shard(MyModel(), comm, stage=3, lr=1e-3, weight_decay=0.01)
+    for x, y in my_slice_of_each_global_batch:
+        loss_fn(model(x), y).backward()   # gradients reduce-scatter as backward produces them
+        result = model.step()             # strata's Adam on this rank's slice; the same on all
+    model.save_sharded("/shared/ckpt")   # loads at any world size; full_state_dict() on rank 0
+
+How it works:
+  - Units (as FSDP's fully_shard): by default every module with parameters of its own;
+    `units=` names module classes (or a predicate) whose whole subtree is one unit. Every
+    parameter is registered once with one strata.ZeroEngine (stage 1, 2 or 3), in unit order,
+    and the torch parameter becomes a 0-element placeholder.
+  - Forward: a unit's forward pre-hook acquires its parameters from the engine (stage 3
+    gathers them from the ranks' shards, prefetching along the recorded order) and points
+    `param.data` at them through DLPack, zero copy; the forward post-hook releases them.
+    Autograd does not keep the released memory: while the wrapper's forward runs, saved-tensor
+    hooks replace a parameter (or a view of one, as nn.Linear's transposed weight) by a
+    reference that backward resolves against the parameter's memory of the moment.
+  - Backward: a hook on each unit's outputs acquires the unit's parameters again before its
+    backward runs (a backward pre-hook that torch 1.13 lacks); as soon as a parameter's gradient
+    is accumulated, a post-accumulate hook adds it into the engine's gradient buffer
+    (acquire_grad; stage 2-3: a bucket, reduce-scattered when its group is complete, during
+    the rest of backward), clears `param.grad` and releases the parameter. When backward ends,
+    parameters backward did not reach get a zero gradient (the engine takes every parameter's
+    gradient every micro-step) and whatever is still acquired is released.
+  - Every rank makes the same engine calls in the same order (the model and its graph are the
+    same), which is what the engine's collectives need. Collectives go through strata's
+    Communicator only (torch.distributed is not used).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from torch import nn
+
+import strata
+
+__all__ = ["ZeroModule", "zero_shard"]
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_BUFFERS_FILE = "strata_torch_buffers.pt"
+_FORMAT = "strata.torch.ZeroModule/1"
+
+
+def _dtype_name(dtype, what: str) -> str:
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"{what}={dtype}: use torch.float32, torch.float16 or torch.bfloat16")
+    return _DTYPE_NAMES[dtype]
+
+
+def _stream_of(tensor):
+    """torch's current stream for a CUDA tensor (strata orders its next use of the memory
+    after the work there); None for CPU tensors, whose work is done when the call returns."""
+    if tensor.is_cuda:
+        return torch.cuda.current_stream(tensor.device)
+    return None
+
+
+def _tensors_in(value):
+    """The tensors in a module's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item)
+
+
+class _Param:
+    """One torch parameter registered with the engine."""
+
+    __slots__ = ("name", "param", "pid", "dtype", "acquisitions", "backward_held", "grad_seen",
+                 "placeholder", "accumulator")
+
+    def __init__(self, name, param, pid, dtype, placeholder):
+        self.name = name
+        self.param = param
+        self.pid = pid
+        self.dtype = dtype  # the module's original dtype (full state dicts give it back)
+        self.acquisitions = []  # param.data is the acquired memory while this is not empty
+        self.backward_held = False  # acquired for backward, released when its gradient is in
+        self.grad_seen = False  # this micro-step's gradient went to the engine
+        self.placeholder = placeholder
+        self.accumulator = None  # the AccumulateGrad node our hook is on
+
+
+class _Unit:
+    __slots__ = ("name", "module", "params")
+
+    def __init__(self, name, module, params):
+        self.name = name
+        self.module = module
+        self.params = params  # every parameter its forward uses directly (shared ones too)
+
+
+class _Saved:
+    """What autograd keeps instead of a parameter, or of a view of one, while it is released."""
+
+    __slots__ = ("prm", "view")
+
+    def __init__(self, prm, view):
+        self.prm = prm
+        self.view = view  # None: the parameter itself; else (size, stride, storage offset)
+
+
+def _unit_owners(module: nn.Module, units):
+    """{module name: unit module name} for the modules with parameters, and the units' names in
+    module order. units=None: every module with parameters of its own; a tuple of classes or a
+    predicate (name, module) -> bool: those modules' subtrees (nested units apart), the root
+    module holding the rest."""
+    named = list(module.named_modules())
+    if units is None:
+        is_unit = lambda name, m: name == "" or any(True for _ in m.parameters(recurse=False))  # noqa: E731
+    elif isinstance(units, type) or (isinstance(units, tuple) and units
+                                     and all(isinstance(u, type) for u in units)):
+        classes = units
+        is_unit = lambda name, m: name == "" or isinstance(m, classes)  # noqa: E731
+    elif callable(units):
+        predicate = units
+        is_unit = lambda name, m: name == "" or bool(predicate(name, m))  # noqa: E731
+    else:
+        raise TypeError(f"units={units!r}: use None, a module class, a tuple of module classes "
+                        "or a predicate (name, module) -> bool")
+    unit_names = {name for name, m in named if is_unit(name, m)}
+    owners = {}
+    for name, _ in named:
+        owner = name
+        while owner not in unit_names:
+            owner = owner.rpartition(".")[0]
+        owners[name] = owner
+    return owners
+
+
+class ZeroModule(nn.Module):
+    """An nn.Module trained data-parallel with a strata.ZeroEngine (see the module docstring).
+
+    Engine keywords (`**options`, as strata.ZeroEngine's): bucket_bytes, gradient_buckets,
+    alignment, param_home (gpu or cpu; stage 3 also nvme), accumulation_steps,
+    persist_below_bytes, prefetch_bytes, max_live_bytes, reuse_window_bytes, state_home, lr,
+    betas, eps, weight_decay, decoupled, max_grad_norm, loss_scale, dynamic_loss_scale,
+    skip_on_overflow, chunk_elements.
+    """
+
+    def __init__(self, module: nn.Module, comm: "strata.Communicator", stage: int = 3,
+                 units=None, tier: str = "gpu", param_dtype=torch.float32,
+                 grad_dtype=torch.float32, sync_module_states: bool = True,
+                 order: str = "record", **options):
+        super().__init__()
+        if comm.runtime is None:
+            raise ValueError("the Communicator has no Runtime: create it with "
+                             "strata.Communicator.from_environment(runtime)")
+        if order not in ("record", "module"):
+            raise ValueError(f"order={order!r}: use 'record' (the first step records the "
+                             "order of use) or 'module' (units in module order, then reversed)")
+        if "groups" in options:
+            raise ValueError("groups: ZeroModule gives every trainable parameter the keyword "
+                             "hyper-parameters (frozen ones a group of lr 0)")
+        self.module = module
+        self.comm = comm
+        self.runtime = comm.runtime
+        self.tier = tier
+        self.param_dtype = param_dtype
+        self._params: list[_Param] = []
+        self._units: list[_Unit] = []
+        self._by_param: dict[int, _Param] = {}
+        self._hooks = []
+        self._forward_depth = 0
+        self._in_backward = False
+        param_name = _dtype_name(param_dtype, "param_dtype")
+        grad_name = _dtype_name(grad_dtype, "grad_dtype")
+
+        # Units and their parameters, in module order. Each parameter is registered once (under
+        # its first name) in module order, which should be the order forward uses them: stage
+        # 2-3 buckets are filled in the reverse order (backward's), and a group whose gradients
+        # arrive out of that order holds a bucket until its last one.
+        owners = _unit_owners(module, units)
+        modules = dict(module.named_modules())
+        unit_params: dict[str, list] = {}
+        first_names = {}
+        for name, sub in module.named_modules():
+            for pname, p in sub.named_parameters(recurse=False):
+                owner = owners[name]
+                unit_params.setdefault(owner, [])
+                if all(q is not p for q in unit_params[owner]):
+                    unit_params[owner].append(p)
+                first_names.setdefault(id(p), f"{name}.{pname}" if name else pname)
+        ordered = []
+        for p in module.parameters():  # module order, each once
+            ordered.append(p)
+        if not ordered:
+            raise ValueError("the module has no parameters")
+
+        # Initial values: rank 0's (sync_module_states), so that every rank starts the same.
+        flat = np.concatenate([p.detach().to("cpu", torch.float32).reshape(-1).numpy()
+                               for p in ordered]).astype(np.float32, copy=False)
+        if sync_module_states and comm.size > 1:
+            flat = comm.broadcast(flat, 0)
+        frozen = any(not p.requires_grad for p in ordered)
+        specs = []
+        at = 0
+        for p in ordered:
+            n = p.numel()
+            specs.append((first_names[id(p)], tuple(p.shape), flat[at:at + n],
+                          0 if p.requires_grad else 1))
+            at += n
+        if frozen:
+            options["groups"] = [{}, {"lr": 0.0, "weight_decay": 0.0}]
+        self.engine = strata.ZeroEngine(self.runtime, comm, specs, stage=stage,
+                                        param_dtype=param_name, grad_dtype=grad_name, **options)
+
+        with torch.enable_grad():
+            for pid, p in enumerate(ordered):
+                placeholder = torch.empty(0, dtype=param_dtype, device=p.device)
+                prm = _Param(first_names[id(p)], p, pid, p.dtype, placeholder)
+                # The parameter's dtype, device and shape (one element, expanded) while its
+                # gradient accumulator is made: autograd checks gradients against them. Later
+                # data of the same dtype and device keeps the accumulator.
+                p.data = torch.zeros((), dtype=param_dtype, device=p.device).expand(p.shape)
+                self._params.append(prm)
+                self._by_param[id(p)] = prm
+                if p.requires_grad:
+                    self._register_grad_hooks(prm)
+                p.data = placeholder
+        for owner, params in unit_params.items():
+            unit = _Unit(owner, modules[owner], [self._by_param[id(p)] for p in params])
+            self._units.append(unit)
+            self._hooks.append(unit.module.register_forward_pre_hook(
+                lambda mod, inputs, unit=unit: self._pre_forward(unit)))
+            self._hooks.append(unit.module.register_forward_hook(
+                lambda mod, inputs, output, unit=unit: self._post_forward(unit, output)))
+        if order == "module":
+            forward = [prm.pid for unit in self._units for prm in unit.params]
+            self.engine.set_fetch_order(forward + forward[::-1])
+
+    # ---- the training step -----------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return self.module(*args, **kwargs)
+        self._forward_depth += 1
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                return self.module(*args, **kwargs)
+        except BaseException:
+            self.release_all()
+            raise
+        finally:
+            self._forward_depth -= 1
+
+    def step(self) -> dict:
+        """After accumulation_steps backward passes: strata's step on every rank (clipping and
+        the overflow check over all ranks; stage 1-2: the parameters all-gathered). Returns
+        its result (skipped, grad_norm, clip_coef, params_updated, step, loss_scale), the same
+        on every rank. Collective."""
+        self.release_all()
+        return self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drops the gradients of the micro-steps since the last step (collective)."""
+        self.release_all()
+        self.engine.zero_grad()
+        for prm in self._params:
+            prm.param.grad = None
+            prm.grad_seen = False
+
+    @property
+    def loss_scale(self) -> float:
+        """Multiply the loss by this before backward when loss scaling is on (loss_scale=,
+        dynamic_loss_scale=); strata divides it out of the gradients."""
+        return self.engine.loss_scale
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.size
+
+    # ---- acquisitions ----------------------------------------------------------------------
+
+    def _acquire(self, prm: _Param) -> None:
+        acquisition = self.engine.acquire_param(prm.pid, self.tier, "r")
+        if not prm.acquisitions:
+            prm.param.data = torch.from_dlpack(acquisition)
+        prm.acquisitions.append(acquisition)
+
+    def _release(self, prm: _Param) -> None:
+        acquisition = prm.acquisitions.pop()
+        stream = _stream_of(prm.param.data)
+        if not prm.acquisitions:
+            prm.param.data = prm.placeholder  # drops the DLPack view before the release
+        acquisition.release(stream=stream)
+
+    def _acquire_for_backward(self, prm: _Param) -> None:
+        if not prm.acquisitions:
+            self._acquire(prm)
+            prm.backward_held = True
+
+    def release_all(self) -> None:
+        """Releases every parameter still acquired (step() and the end of backward do it)."""
+        for prm in self._params:
+            while prm.acquisitions:
+                self._release(prm)
+            prm.backward_held = False
+
+    # ---- hooks -----------------------------------------------------------------------------
+
+    def _pre_forward(self, unit: _Unit):
+        if torch.is_grad_enabled() and self._forward_depth == 0 and not self._in_backward:
+            raise RuntimeError(
+                f"unit '{unit.name or '(root)'}' of a ZeroModule ran outside the ZeroModule's "
+                "forward with autograd on: call the ZeroModule itself (its forward keeps "
+                "autograd from holding released parameters), or run under torch.no_grad()")
+        for prm in unit.params:
+            self._acquire(prm)
+        return None
+
+    def _post_forward(self, unit: _Unit, output):
+        for prm in reversed(unit.params):
+            self._release(prm)
+        if torch.is_grad_enabled():
+            for t in _tensors_in(output):
+                if t.requires_grad and t.grad_fn is not None:
+                    t.register_hook(lambda grad, unit=unit: self._pre_backward(unit))
+        return None
+
+    def _begin_backward(self) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+
+    def _pre_backward(self, unit: _Unit):
+        self._begin_backward()
+        for prm in unit.params:
+            self._acquire_for_backward(prm)
+        return None
+
+    def _pack(self, tensor):
+        prm = self._by_param.get(id(tensor))
+        if prm is not None and prm.param is tensor:
+            return _Saved(prm, None)
+        base = tensor._base
+        if base is not None:
+            prm = self._by_param.get(id(base))
+            if prm is not None and prm.param is base:
+                offset = tensor.storage_offset() - base.storage_offset()
+                return _Saved(prm, (tuple(tensor.size()), tuple(tensor.stride()), offset))
+        return tensor
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _Saved):
+            return saved
+        prm = saved.prm
+        if not prm.acquisitions:  # no output hook reached its unit first
+            self._begin_backward()
+            self._acquire_for_backward(prm)
+        if saved.view is None:
+            return prm.param
+        size, stride, offset = saved.view
+        data = prm.param.detach()
+        return data.as_strided(size, stride, data.storage_offset() + offset)
+
+    def _register_grad_hooks(self, prm: _Param) -> None:
+        p = prm.param
+        # Before the gradient is accumulated: the parameter must be its real memory then
+        # (AccumulateGrad lays the gradient out as the parameter).
+        self._hooks.append(p.register_hook(lambda grad, prm=prm: self._before_accumulate(prm)))
+        # After it: a hook on the parameter's AccumulateGrad node, kept alive here (as FSDP1
+        # does; torch 1.13 has no register_post_accumulate_grad_hook, and one path for every
+        # version is the tested one). The node checks gradients against the parameter's shape
+        # when it is made, which is why __init__ gives the parameter its shape meanwhile.
+        prm.accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+        self._hooks.append(prm.accumulator.register_hook(
+            lambda grad_inputs, grad_outputs, prm=prm: self._after_accumulate(prm)))
+
+    def _before_accumulate(self, prm: _Param):
+        self._begin_backward()
+        self._acquire_for_backward(prm)
+        return None
+
+    def _after_accumulate(self, prm: _Param) -> None:
+        grad = prm.param.grad
+        prm.param.grad = None  # the gradient lives in strata
+        if grad is None:
+            return
+        self._push_grad(prm, grad)
+        if prm.backward_held:
+            prm.backward_held = False
+            self._release(prm)
+
+    def _push_grad(self, prm: _Param, grad) -> None:
+        """Adds `grad` (None: nothing, a zero gradient) into the engine's buffer of this
+        micro-step and marks it ready."""
+        acquisition = self.engine.acquire_grad(prm.pid, self.tier)
+        stream = None
+        try:
+            if grad is not None:
+                dst = torch.from_dlpack(acquisition)  # torch's stream waits for the buffer
+                stream = _stream_of(dst)
+                dst.add_(grad.detach().reshape(dst.shape))
+                del dst
+        finally:
+            acquisition.release(stream=stream)  # grad_ready: ordered after the add
+        prm.grad_seen = True
+
+    def _backward_done(self) -> None:
+        self._in_backward = False
+        # The engine takes every parameter's gradient every micro-step: zeros for those this
+        # backward did not reach (unused in this forward, frozen), in the same order on every
+        # rank.
+        for prm in self._params:
+            if not prm.grad_seen:
+                self._push_grad(prm, None)
+            prm.grad_seen = False
+        self.release_all()
+
+    # ---- state dicts -----------------------------------------------------------------------
+
+    def full_state_dict(self, rank0_only: bool = True) -> "OrderedDict[str, torch.Tensor]":
+        """The module's state_dict with every parameter whole (the fp32 master, in the
+        parameter's original dtype) and the buffers of this rank's module. Collective: every
+        rank calls it; with rank0_only only rank 0 gets the dict (the others an empty one).
+        Load it into a plain nn.Module of the same architecture."""
+        self.release_all()
+        values = {}
+        for prm in self._params:
+            master, _, _ = self.engine.read_state(prm.pid)
+            if not rank0_only or self.rank == 0:
+                values[id(prm.param)] = torch.from_numpy(master).to(prm.dtype)
+        if rank0_only and self.rank != 0:
+            return OrderedDict()
+        out = OrderedDict()
+        for key, value in self.module.state_dict(keep_vars=True).items():
+            out[key] = values[id(value)] if id(value) in values else value.detach().clone()
+        return out
+
+    def full_optimizer_state_dict(self, rank0_only: bool = True) -> dict:
+        """{"step": steps taken, "state": {name: {"exp_avg", "exp_avg_sq"}}}, whole and fp32
+        (torch.optim.AdamW's moments). Collective, as full_state_dict()."""
+        self.release_all()
+        state = {}
+        for prm in self._params:
+            _, exp_avg, exp_avg_sq = self.engine.read_state(prm.pid)
+            state[prm.name] = {"exp_avg": torch.from_numpy(exp_avg),
+                               "exp_avg_sq": torch.from_numpy(exp_avg_sq)}
+        if rank0_only and self.rank != 0:
+            return {}
+        return {"step": self.engine.step_count, "state": state}
+
+    def save_sharded(self, directory) -> None:
+        """Collective: every rank writes its shards of the parameters and optimizer states into
+        `directory` (shared by the ranks), rank 0 the manifest and its buffers.
+        load_sharded() reads it at any world size."""
+        self.release_all()
+        directory = os.fspath(directory)
+        self.engine.save(directory)
+        if self.rank == 0:
+            buffers = {name: b.detach().cpu().clone() for name, b in self.module.named_buffers()}
+            torch.save({"format": _FORMAT, "params": [prm.name for prm in self._params],
+                        "buffers": buffers}, os.path.join(directory, _BUFFERS_FILE))
+        self.comm.barrier()  # the file is there before any rank goes on to read it
+
+    def load_sharded(self, directory) -> None:
+        """Collective: loads a checkpoint of save_sharded(), written at any world size, stage
+        or bucket size (the engine reshards it), and rank 0's buffers."""
+        self.release_all()
+        directory = os.fspath(directory)
+        self.engine.load(directory)
+        path = os.path.join(directory, _BUFFERS_FILE)
+        if os.path.exists(path):
+            saved = torch.load(path)
+            if saved.get("format") != _FORMAT:
+                raise ValueError(f"{path} is not a strata.torch.ZeroModule checkpoint")
+            buffers = dict(self.module.named_buffers())
+            for name, value in saved["buffers"].items():
+                if name in buffers:
+                    buffers[name].data.copy_(value)
+
+    def state_dict(self, *args, **kwargs):
+        raise RuntimeError("ZeroModule's parameters live in strata: use full_state_dict() "
+                           "(collective, gathered on rank 0) or save_sharded(directory)")
+
+    def load_state_dict(self, *args, **kwargs):
+        raise RuntimeError("ZeroModule loads with load_sharded(directory); a full state dict "
+                           "loads into a plain nn.Module")
+
+    # ---- inspection ------------------------------------------------------------------------
+
+    def read_parameter(self, name: str) -> torch.Tensor:
+        """A CPU float32 copy of a parameter's current value (stage 3 gathers it: collective)."""
+        for prm in self._params:
+            if prm.name == name:
+                return torch.from_numpy(self.engine.read_param(prm.pid))
+        raise KeyError(f"no parameter named {name!r}")
+
+    @property
+    def units(self) -> list:
+        """[(unit name, [parameter names])] in module order."""
+        return [(unit.name, [prm.name for prm in unit.params]) for unit in self._units]
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def memory(self) -> dict:
+        return self.engine.memory()
+
+    def close(self) -> None:
+        """Releases everything, removes the hooks and drops the engine (the parameters stay
+        placeholders). The hooks on the module's parameters keep the engine, and with it the
+        Communicator, alive: close() before the process ends lets the job end cleanly."""
+        if self.engine is None:
+            return
+        self.release_all()
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        for prm in self._params:
+            prm.accumulator = None
+        self.engine = None
+
+
+def zero_shard(module: nn.Module, comm: "strata.Communicator", stage: int = 3, units=None,
+               **options) -> ZeroModule:
+    """Wraps `module` for ZeRO-DP training over `comm`'s ranks (every rank calls it, with the
+    same module and options). See ZeroModule."""
+    return ZeroModule(module, comm, stage=stage, units=units, **options)

@@ -1,0 +1,169 @@
+"""train.py --zero-stage=1|2|3: the transformer trained data-parallel with
+strata.torch.zero_shard() over the ranks of a job, checked on rank 0 against torch's AdamW on
+the whole global batch in one process (train.py's docstring has the details)."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import math
+import os
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+import strata
+import strata.torch as st
+
+
+def _relative(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def train_zero(args, t) -> int:
+    """`t`: train.py's module (the model, the data, the hyper-parameters)."""
+    rt = strata.Runtime()
+    if rt.backend == "cuda" or args.device == "cuda":
+        print("--zero-stage: this example trains on the CPU (STRATA_BACKEND=host, --device=cpu); "
+              "the CUDA path of strata.torch.zero_shard has not run on a GPU", flush=True)
+        return 2
+    comm = strata.Communicator.from_environment(rt)
+    rank, ranks = comm.rank, comm.size
+    say = print if rank == 0 else (lambda *a, **k: None)
+    home = "nvme" if rt.has_nvme else "cpu"
+    param_home = home if args.zero_stage == 3 else "cpu"
+    per_rank = args.batch // ranks
+
+    torch.manual_seed(1234)
+    reference = t.TinyTransformer()
+    n_params = sum(p.numel() for p in reference.parameters())
+    units = None if args.units == "layer" else (t.Block,)
+    model = st.zero_shard(
+        copy.deepcopy(reference), comm, stage=args.zero_stage, units=units,
+        param_home=param_home, state_home=home, bucket_bytes=args.bucket_bytes,
+        max_live_bytes=args.max_live_bytes, prefetch_bytes="64KiB", reuse_window_bytes="64KiB",
+        persist_below_bytes="2KiB", max_grad_norm=t.MAX_GRAD_NORM, **t.HYPER)
+    layout = model.engine.layout()
+    say(f"model: {n_params} parameters ({4 * n_params / 1024:.0f} KiB fp32), {t.LAYERS} blocks, "
+        f"d_model {t.D_MODEL}, vocab {t.VOCAB}, seq {t.SEQ}; global batch {args.batch} "
+        f"({per_rank} per rank)")
+    say(f"strata: ZeRO stage {args.zero_stage} on {ranks} rank(s) over "
+        f"{comm.backend}, {len(model.units)} units ({args.units}), {layout['groups']} groups, "
+        f"parameters homed in {param_home}, AdamW states in {home}")
+
+    batches = t.markov_batches(args.steps, batch=args.batch)
+    first = 0
+    if args.load_sharded:
+        model.load_sharded(args.load_sharded)
+        first = model.engine.step_count
+        say(f"loaded {args.load_sharded}: {first} steps done; training steps {first + 1} to "
+            f"{args.steps}")
+        if first >= args.steps:
+            say(f"the checkpoint has {first} steps, --steps is {args.steps}: nothing to train")
+            return 2
+
+    ref_opt = None
+    if rank == 0:
+        ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **t.HYPER)
+
+    def reference_step(x, y) -> float:
+        loss = t.lm_loss(reference, x, y)
+        loss.backward()
+        nn.utils.clip_grad_norm_(reference.parameters(), t.MAX_GRAD_NORM)
+        ref_opt.step()
+        ref_opt.zero_grad()
+        return loss.item()
+
+    if rank == 0:
+        for x, y in batches[:first]:  # the steps the checkpoint holds
+            reference_step(x, y)
+
+    say(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}")
+    losses, worst, clipped = [], 0.0, 0
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    start = time.perf_counter()
+    for step in range(first + 1, args.steps + 1):
+        x, y = batches[step - 1]
+        loss = t.lm_loss(model, x[mine], y[mine])
+        loss.backward()
+        result = model.step()
+        clipped += result["clip_coef"] < 1.0
+        # The global batch's loss: the mean of the ranks' (equal slices).
+        total = float(comm.all_reduce(np.array([loss.item()], np.float64))[0]) / ranks
+        losses.append(total)
+        if rank == 0:
+            want = reference_step(x, y)
+            rel = _relative(total, want)
+            worst = max(worst, rel) if math.isfinite(rel) else math.inf
+            mark = "" if rel <= args.tolerance else "  <-- over tolerance"
+            say(f"{step:4d}  {total:10.6f}  {want:10.6f}  {rel:9.2e}{mark}")
+    elapsed = time.perf_counter() - start
+
+    # Every rank holds the same parameters (stages 1-2: its own whole copy; stage 3: what the
+    # gathers give): the largest and smallest over the ranks are its own.
+    replica = 0.0
+    for prm in model._params:
+        value = model.read_parameter(prm.name).numpy()
+        high = comm.all_reduce(value, "max")
+        low = comm.all_reduce(value, "min")
+        replica = max(replica, float(np.max(high - low)))
+    full = model.full_state_dict()
+    # The whole model's relative L2 difference to the reference. (Not tensor by tensor: the
+    # attention key biases have a zero gradient, the softmax being blind to a shift shared by
+    # every key, so theirs is rounding noise, which Adam's normalization turns into steps of
+    # about lr: they drift apart by ~1e-3 while every other tensor agrees to ~1e-5.)
+    weights = 0.0
+    if rank == 0:
+        diff2 = sum(float(((full[n] - v).double() ** 2).sum())
+                    for n, v in reference.state_dict().items())
+        norm2 = sum(float((v.double() ** 2).sum()) for v in reference.state_dict().values())
+        weights = math.sqrt(diff2 / max(norm2, 1e-30))
+    if args.save_sharded:
+        model.save_sharded(args.save_sharded)
+        say(f"saved the sharded checkpoint (step {model.engine.step_count}) in "
+            f"{args.save_sharded}")
+
+    stats, memory = model.stats(), model.memory()
+    ok = True
+    if rank == 0:
+        say(f"largest relative loss difference: {worst:.3g} (tolerance {args.tolerance:g})")
+        say(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+        say(f"largest difference between the ranks' parameters: {replica:g}; the weights' "
+            f"relative L2 difference to the reference: {weights:.3g} (must be below 1e-3)")
+        say(f"rank 0 model states: {memory['model_states']} bytes (params "
+            f"{sum(memory['params'].values())}, grads {sum(memory['grads'].values())}, "
+            f"optimizer {sum(memory['optimizer_states'].values())}); "
+            f"last step's communication {stats['last_step_comm_bytes']} bytes")
+        if args.zero_stage == 3:
+            say(f"stage 3: {stats['fetches']} fetches, {stats['gathers_on_demand']} gathered on "
+                f"demand, {stats['gathers_prefetched']} prefetched ({stats['prefetch_late']} "
+                f"late), {stats['reuses']} reuses, {stats['order_changes']} order changes; "
+                f"gathered peak {stats['gathered_peak_bytes']} bytes "
+                f"(max_live_bytes {args.max_live_bytes})")
+        say(f"gradient clipping (max norm {t.MAX_GRAD_NORM:g}) applied at {clipped} of "
+            f"{len(losses)} steps")
+        say(f"{len(losses)} steps in {elapsed:.2f} s (rank 0 trains the reference too)")
+        if worst > args.tolerance:
+            say(f"the losses differ by {worst:.3g} relative, more than --tolerance "
+                f"{args.tolerance:g}")
+            ok = False
+        if weights > 1e-3:
+            say(f"the weights differ from the reference's by {weights:.3g} (relative L2), more "
+                "than 1e-3")
+            ok = False
+        if not first and not losses[-1] < 0.7 * losses[0]:
+            say("the loss did not fall below 0.7 x its initial value")
+            ok = False
+    if replica != 0.0:
+        print(f"rank {rank}: the ranks' parameters differ (by up to {replica:g})", flush=True)
+        ok = False
+    # Every rank exits with rank 0's verdict.
+    ok = bool(comm.all_reduce(np.array([0 if ok else 1], np.int32), "max")[0] == 0)
+    say("PASS" if ok else "FAIL", flush=True)
+    model.close()  # the hooks hold the engine and its Communicator: leave the job cleanly
+    del model, full
+    gc.collect()
+    comm.barrier()
+    return 0 if ok else 1
