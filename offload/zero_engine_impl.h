@@ -142,7 +142,8 @@ struct ZeroEngine::Impl {
   void note_use(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
   // Gathers the groups ahead in the order; `shard_hints`: also starts moving the shards of the
   // groups beyond (from NVMe, say) in the background.
-  absl::Status prefetch_ahead(bool shard_hints) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
+  // `in_use`: the group being acquired (not yet counted as used), never dropped for room.
+  absl::Status prefetch_ahead(bool shard_hints, int in_use) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
   absl::Status start_gather(uint32_t group, bool prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
   absl::Status finish_gather(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);
   absl::Status drop_gathered(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu);

@@ -184,7 +184,7 @@ void ZeroEngine::Impl::note_use(uint32_t group) {
   }
 }
 
-absl::Status ZeroEngine::Impl::prefetch_ahead(bool shard_hints) {
+absl::Status ZeroEngine::Impl::prefetch_ahead(bool shard_hints, int in_use) {
   if (!order_valid) return absl::OkStatus();
   TensorStore& store = runtime.store();
   const bool shard_moves = shard_hints && options.param_home != comm_tier;
@@ -197,8 +197,28 @@ absl::Status ZeroEngine::Impl::prefetch_ahead(bool shard_hints) {
     // Gathers up to prefetch_bytes ahead; the shards' own moves (from NVMe, say) twice as far.
     if (ahead >= options.prefetch_bytes) gathering = false;
     if (ahead >= 2 * options.prefetch_bytes) break;
+    const uint64_t distance = ahead;  // gathered bytes used before g
     ahead += gathered_bytes(g);
     if (gathered[g].tensor.valid()) continue;
+    // Groups kept for reuse that the order needs later than g give way to it (Belady): kept
+    // layers must not starve the prefetch of the layers used before them.
+    while (gathering && live_bytes + gathered_bytes(g) > live_limit) {
+      int victim = -1;
+      uint64_t farthest = distance;
+      for (uint32_t k = 0; k < gathered.size(); ++k) {
+        if (!gathered[k].tensor.valid() || gathered[k].users > 0 || k == g ||
+            static_cast<int>(k) == in_use) {
+          continue;
+        }
+        const uint64_t d = reuse_distance(k);
+        if (d > farthest) {
+          victim = static_cast<int>(k);
+          farthest = d;
+        }
+      }
+      if (victim < 0) break;
+      if (auto st = drop_gathered(static_cast<uint32_t>(victim)); !st.ok()) return st;
+    }
     if (gathering && live_bytes + gathered_bytes(g) <= live_limit) {
       if (auto st = start_gather(g, /*prefetch=*/true); !st.ok()) return st;
       continue;
@@ -225,7 +245,9 @@ absl::StatusOr<void*> ZeroEngine::Impl::acquire_gathered(uint32_t param, TierKin
       if (auto st = make_room(group); !st.ok()) return st;
       if (auto st = start_gather(group, /*prefetch=*/false); !st.ok()) return fail(st);
     }
-    if (auto st = prefetch_ahead(/*shard_hints=*/true); !st.ok()) return fail(st);
+    if (auto st = prefetch_ahead(/*shard_hints=*/true, static_cast<int>(group)); !st.ok()) {
+      return fail(st);
+    }
     if (auto st = finish_gather(group); !st.ok()) return fail(st);
     g.prefetched = false;
   }
@@ -292,7 +314,7 @@ absl::Status ZeroEngine::Impl::next_step_order() {
   order_valid = !order.empty();
   // Gathers only: a step leaves no shard move of its own in flight behind it (each hint is
   // consumed by a gather of the same step), so its reads are its own.
-  return prefetch_ahead(/*shard_hints=*/false);
+  return prefetch_ahead(/*shard_hints=*/false, /*in_use=*/-1);
 }
 
 }  // namespace strata

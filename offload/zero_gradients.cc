@@ -5,6 +5,7 @@
 // announced in place (stage 1).
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
 
 #include <cstring>
 
@@ -70,7 +71,10 @@ absl::StatusOr<void*> ZeroEngine::acquire_grad(ZeroParamId id, TierKind tier, St
       tensor = g.grads;
     } else {
       if (g.bucket < 0) {
+        const absl::Time start = absl::Now();
         auto b = s.take_bucket(seg.group);
+        s.counters.bucket_wait_ns +=
+            static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
         if (!b.ok()) return b.status();
         g.bucket = *b;
       }

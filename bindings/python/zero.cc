@@ -428,6 +428,7 @@ py::dict stats_dict(const ZeroStats& s) {
   d["gathered_bytes"] = s.gathered_bytes;
   d["gathered_peak_bytes"] = s.gathered_peak_bytes;
   d["fetch_wait_ns"] = s.fetch_wait_ns;
+  d["bucket_wait_ns"] = s.bucket_wait_ns;
   return d;
 }
 

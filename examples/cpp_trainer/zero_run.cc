@@ -302,7 +302,7 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   const strata::ZeroStats stats = engine.stats();
   result.comm_bytes_per_step = stats.last_step_comm_bytes;
   result.zero_stats = stats;
-  result.exposed_comm_ns = stats.fetch_wait_ns + step_wait_ns;
+  result.exposed_comm_ns = stats.fetch_wait_ns + stats.bucket_wait_ns + step_wait_ns;
   result.partitioned_groups = partitioned_groups;
   const strata::ZeroMemory memory = engine.memory();
   for (size_t t = 0; t < 3; ++t) {

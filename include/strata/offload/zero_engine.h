@@ -172,6 +172,9 @@ struct ZeroStats {
   uint64_t gathered_bytes = 0;          // gathered parameter bytes alive now
   uint64_t gathered_peak_bytes = 0;
   uint64_t fetch_wait_ns = 0;  // acquire_param() waiting for gathers (exposed communication)
+  // Stages 2-3, since create(): acquire_grad() waiting for a bucket to come back from its
+  // reduce-scatter (exposed communication too).
+  uint64_t bucket_wait_ns = 0;
 };
 
 class ZeroEngine {
