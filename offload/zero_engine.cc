@@ -10,7 +10,6 @@
 #include <deque>
 
 #include "optimizer_impl.h"
-#include "strata/base/log.h"
 #include "strata/base/mutex.h"
 #include "zero_engine_impl.h"
 
@@ -300,49 +299,6 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
   return runtime.device().synchronize(*gather_stream);
 }
 
-absl::Status ZeroEngine::Impl::bound_live_limit() {
-  // A gather that finds no room in the comm tier fails the step on that rank alone, and the
-  // ranks' collectives part ways: the limit every rank applies must fit. Other tenants of the
-  // tier (the trainer's own tensors) are the trainer's to leave room for.
-  TensorStore& store = runtime.store();
-  const uint64_t capacity = store.stats().tiers[static_cast<size_t>(comm_tier)].capacity;
-  uint64_t engine_bytes = 0;
-  auto add = [&](TensorHandle t) {
-    if (!t.valid()) return;
-    if (auto info = store.info(t); info.ok() && info->home == comm_tier) {
-      engine_bytes += info->bytes;
-    }
-  };
-  for (const Group& g : groups) {
-    add(g.params);
-    add(g.shard_params);
-  }
-  for (TensorHandle t : buckets) add(t);
-  // A quarter is left for block alignment and for the holes that pinned blocks (groups in use,
-  // gathers in flight) leave, which compaction cannot close.
-  const uint64_t room = capacity > engine_bytes ? (capacity - engine_bytes) / 4 * 3 : 0;
-  uint64_t largest = 0;
-  for (uint32_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].partitioned) largest = std::max(largest, gathered_bytes(g));
-  }
-  if (room < largest) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "ZeroEngine: the %s tier (%d bytes) cannot hold the largest gathered parameter group "
-        "(%d bytes) in three quarters of what the %d bytes of the engine's tensors homed there "
-        "(buckets, shards, persistent parameters) leave; raise STRATA_GPU_BYTES, or lower "
-        "bucket_bytes (smaller groups and buckets)",
-        to_string(comm_tier), capacity, largest, engine_bytes));
-  }
-  if (room < live_limit) {
-    live_limit = room;
-    log::warn_once(absl::StrFormat(
-        "ZeroEngine: max_live_bytes = %d is more than the %s tier can hold beside the engine's "
-        "own tensors; gathering at most %d bytes at once (set max_live_bytes to silence this)",
-        options.max_live_bytes, to_string(comm_tier), room));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ZeroEngine::Impl::drop_host_copies() {
   // The optimizer writes parameters it sets from a master (registration, load) through the CPU
   // tier; parameters homed elsewhere go back home rather than keep a second copy there.
@@ -447,23 +403,6 @@ absl::Status ZeroEngine::release_param(ZeroParamId id, Stream& stream) {
   auto view = param_view(id);
   if (!view.ok()) return view.status();
   return impl_->runtime.store().release(view->tensor, stream);
-}
-
-absl::Status ZeroEngine::set_fetch_order(std::span<const ZeroParamId> ids) {
-  Impl& s = *impl_;
-  if (s.options.stage != 3) {
-    return absl::FailedPreconditionError(
-        "ZeroEngine::set_fetch_order: only stage 3 fetches parameters; this engine is stage " +
-        std::to_string(s.options.stage));
-  }
-  std::vector<uint32_t> groups;
-  for (ZeroParamId id : ids) {
-    if (auto st = s.check_param(id); !st.ok()) return st;
-    const uint32_t g = s.layout.param_segment(id.index).group;
-    // A group's parameters used one after another are one use of the group.
-    if (s.groups[g].partitioned && (groups.empty() || groups.back() != g)) groups.push_back(g);
-  }
-  return s.set_order(std::move(groups));
 }
 
 absl::StatusOr<CollectiveOptions> ZeroEngine::Impl::collective_options(Stream& stream) {
