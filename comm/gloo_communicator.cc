@@ -12,6 +12,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
 
 #include <climits>
 #include <cstring>
@@ -512,9 +513,37 @@ class GlooCommunicator final : public Communicator {
   std::vector<uint8_t> scratch_;               // reduce-scatter pieces; used by one task at a time
 };
 
+// Gloo's TCP transport writes to its sockets without MSG_NOSIGNAL: once a peer rank has died, a
+// write that meets its reset connection raises SIGPIPE, whose default action kills this process
+// too (seen in CI: the surviving ranks of a job died of signal 13 instead of reporting the dead
+// one). With SIGPIPE handled the write fails with EPIPE, Gloo throws, and the survivors fail
+// with the Communicator's error. Installed once, and only over the default disposition: a
+// handler (or SIG_IGN) the program chose stays. A do-nothing handler rather than SIG_IGN, so
+// that programs this process execs start with the default again.
+void handle_sigpipe_once() {
+  static const bool installed = [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL ||
+        (current.sa_flags & SA_SIGINFO) != 0) {
+      return false;
+    }
+    struct sigaction quiet {};
+    quiet.sa_handler = [](int) {};
+    sigemptyset(&quiet.sa_mask);
+    quiet.sa_flags = SA_RESTART;
+    if (sigaction(SIGPIPE, &quiet, nullptr) != 0) return false;
+    STRATA_LOG(kDebug, "%s",
+               "SIGPIPE is handled: a dead peer's socket fails Gloo's write "
+               "instead of killing this process");
+    return true;
+  }();
+  (void)installed;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const CommOptions& options) {
+  handle_sigpipe_once();
   absl::StatusOr<std::unique_ptr<JobMonitor>> monitor =
       JobMonitor::join(options.launch, options.settings);
   if (!monitor.ok()) return monitor.status();

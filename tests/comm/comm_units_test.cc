@@ -1,6 +1,10 @@
 // The comm floor's pieces that need no peer: launch variables, the call record (descriptions,
 // signatures, byte counts, mismatch messages) and the host reductions.
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -200,6 +204,27 @@ TEST_CASE("Two lone processes' communicators do not collide on a port", "[comm][
   REQUIRE(second.ok());
   CHECK((*first)->description().find(":0,") == std::string::npos);
   CHECK((*first)->description() != (*second)->description());
+}
+
+TEST_CASE("A Gloo communicator keeps a dead peer's socket from killing the process",
+          "[comm][gloo]") {
+  // Gloo's TCP transport writes without MSG_NOSIGNAL: with SIGPIPE's default action, a write
+  // to a dead rank's connection killed the survivors (CI: ranks 0 and 2 died of signal 13).
+  absl::StatusOr<LaunchInfo> alone = LaunchInfo::from_variables({});
+  REQUIRE(alone.ok());
+  CommOptions options;
+  options.launch = *alone;
+  options.settings.backend = CommBackendKind::kGloo;
+  auto comm = Communicator::create(options);
+  REQUIRE(comm.ok());
+  int fds[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  close(fds[1]);  // the peer is gone
+  const ssize_t n = write(fds[0], "x", 1);
+  const int error = errno;
+  close(fds[0]);
+  CHECK(n == -1);  // without the handler the process would have died here
+  CHECK(error == EPIPE);
 }
 
 }  // namespace
