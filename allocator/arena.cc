@@ -137,11 +137,46 @@ uint32_t Arena::find_fit(const Request& req) const {
   return kNone;
 }
 
-BlockHandle Arena::carve(uint32_t f, const Request& req) {
+uint32_t Arena::find_fit_high(const Request& req) const {
+  // Every hole that could fit, highest offset wins: O(holes of at least `bytes`). Only
+  // short-lived blocks ask for this, and their holes are few.
+  uint32_t best = kNone;
+  uint64_t best_offset = 0;
+  for (auto it = free_index_.lower_bound(FreeKey{req.bytes, 0, 0}); it != free_index_.end(); ++it) {
+    const uint64_t top = align_down(it->offset + it->size - req.bytes, req.alignment);
+    if (top >= it->offset && (best == kNone || it->offset > best_offset)) {
+      best = it->node;
+      best_offset = it->offset;
+    }
+  }
+  return best;
+}
+
+uint32_t Arena::find_fit_below(const Request& req, uint64_t limit) const {
+  // Smallest first (best-fit), so the first hole whose placement ends by `limit` is the one.
+  for (auto it = free_index_.lower_bound(FreeKey{req.bytes, 0, 0}); it != free_index_.end(); ++it) {
+    const uint64_t start = align_up(it->offset, req.alignment);
+    if (start + req.bytes <= it->offset + it->size && start + req.bytes <= limit) return it->node;
+  }
+  return kNone;
+}
+
+uint32_t Arena::find(const Request& req, Placement placement) const {
+  if (placement == Placement::kHigh) return find_fit_high(req);
+  if (high_reserve_ == 0) return find_fit(req);
+  const uint32_t below = find_fit_below(req, capacity_ - high_reserve_);
+  if (below != kNone || placement == Placement::kLow) return below;
+  return find_fit(req);
+}
+
+BlockHandle Arena::carve(uint32_t f, const Request& req, Placement placement) {
   erase_free(f);
   const uint64_t start = nodes_[f].offset;
   const uint64_t end = start + nodes_[f].size;
-  const uint64_t aligned = align_up(start, req.alignment);
+  const uint64_t aligned = placement == Placement::kHigh
+                               ? align_down(end - req.bytes, req.alignment)
+                               : align_up(start, req.alignment);
+  assert(aligned >= start);
   assert(aligned + req.bytes <= end);
 
   uint32_t live = f;
@@ -185,23 +220,30 @@ absl::Status Arena::exhausted(const Request& req) const {
   } else {
     verdict = absl::StrCat("compaction cannot help: ", plan.status().message());
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "cannot allocate ", req.bytes, " bytes (alignment ", req.alignment, "): ", free, " of ",
-      capacity_, " bytes are free but the largest hole is ", largest, " bytes; ", verdict));
+  std::string reserve;
+  if (high_reserve_ > 0) {
+    reserve = absl::StrCat("; the top ", high_reserve_,
+                           " bytes are reserved for short-lived blocks (set_high_reserve)");
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("cannot allocate ", req.bytes, " bytes (alignment ", req.alignment, "): ", free,
+                   " of ", capacity_, " bytes are free but the largest hole is ", largest,
+                   " bytes; ", verdict, reserve));
 }
 
-absl::StatusOr<BlockHandle> Arena::allocate(uint64_t bytes, uint64_t alignment) {
+absl::StatusOr<BlockHandle> Arena::allocate(uint64_t bytes, uint64_t alignment,
+                                            Placement placement) {
   absl::StatusOr<Request> req = normalize(bytes, alignment);
   if (!req.ok()) {
     if (absl::IsResourceExhausted(req.status())) ++counters_.failures;
     return req.status();
   }
-  uint32_t f = find_fit(*req);
+  uint32_t f = find(*req, placement);
   if (f == kNone) {
     ++counters_.failures;
     return exhausted(*req);
   }
-  return carve(f, *req);
+  return carve(f, *req, placement);
 }
 
 // ---- handles, free, pins ----
@@ -296,6 +338,8 @@ bool Arena::is_pinned(BlockHandle block) const {
 }
 
 // ---- introspection ----
+
+void Arena::reset_peak() { counters_.peak_used = used_; }
 
 ArenaStats Arena::stats() const {
   ArenaStats s = counters_;

@@ -235,16 +235,19 @@ absl::Status Arena::commit_compaction(const CompactionPlan& plan) {
 
 absl::StatusOr<BlockHandle> Arena::allocate_compacting(
     uint64_t bytes, uint64_t alignment,
-    absl::FunctionRef<absl::Status(const CompactionPlan&)> execute_moves) {
+    absl::FunctionRef<absl::Status(const CompactionPlan&)> execute_moves, Placement placement) {
   absl::StatusOr<Request> req = normalize(bytes, alignment);
   if (!req.ok()) {
     if (absl::IsResourceExhausted(req.status())) ++counters_.failures;
     return req.status();
   }
-  if (uint32_t f = find_fit(*req); f != kNone) return carve(f, *req);
+  if (uint32_t f = find(*req, placement); f != kNone) return carve(f, *req, placement);
 
   absl::StatusOr<CompactionPlan> plan = plan_compaction(req->bytes, req->alignment);
-  if (!plan.ok()) {
+  const bool crosses_reserve =
+      plan.ok() && placement == Placement::kLow && high_reserve_ > 0 &&
+      align_up(plan->hole_offset, req->alignment) + req->bytes > capacity_ - high_reserve_;
+  if (!plan.ok() || crosses_reserve) {
     ++counters_.failures;
     return exhausted(*req);
   }
@@ -259,7 +262,7 @@ absl::StatusOr<BlockHandle> Arena::allocate_compacting(
   if (absl::Status committed = commit_compaction(*plan); !committed.ok()) return committed;
   auto hole = free_index_.find(FreeKey{plan->hole_bytes, plan->hole_offset, 0});
   assert(hole != free_index_.end());
-  return carve(hole->node, *req);
+  return carve(hole->node, *req, placement);
 }
 
 }  // namespace strata

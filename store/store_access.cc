@@ -23,7 +23,7 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   OperationGuard guard(s, t);
   const uint64_t k = Impl::key(handle.index, tier);
   const Access access{handle.index, tier};
-  s.schedule.on_acquire(access);
+  if (t.scheduled) s.schedule.on_acquire(access);
   ++s.counters.acquires;
   t.last_use = ++s.tick;
 
@@ -65,7 +65,7 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   }
   if (late) {
     ++s.counters.prefetches_late;
-    s.schedule.on_late(access);
+    if (t.scheduled) s.schedule.on_late(access);
   }
   ++c.pins;
   if (mode == AccessMode::kWrite) ++c.writers;
@@ -166,6 +166,20 @@ absl::Status TensorStore::evict(TensorHandle handle, TierKind tier) {
   // for the device copy; a failure is counted in stats().errors and logged, and the copy stays.
   if (*write != nullptr && (*write)->to == TierKind::kNvme) return s.wait_for(**write);
   return absl::OkStatus();
+}
+
+absl::Status TensorStore::wait_evicted(TensorHandle handle, TierKind tier) {
+  Impl& s = *impl_;
+  MutexLock lock(&s.mu);
+  auto found = s.live(handle);
+  if (!found.ok()) return found.status();
+  Impl::Tensor& t = **found;
+  const Impl::Copy& c = t.copies[tier_index(tier)];
+  while (c.present && c.evicting) wait(&s.changed, &s.mu);
+  if (!c.present) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "tensor '%s': its %s copy stays (acquired again, or its write-back failed: see the log)",
+      t.name, to_string(tier)));
 }
 
 absl::Status TensorStore::prefetch(TensorHandle handle, TierKind tier) {

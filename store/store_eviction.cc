@@ -14,9 +14,11 @@ using Impl = TensorStore::Impl;
 
 bool Impl::moves_hold(TierKind tier, const Tensor& except) const {
   for (const auto& u : tensors) {
-    if (!u->live || u.get() == &except) continue;
+    if (u.get() == &except) continue;
     const Copy& c = u->copies[tier_index(tier)];
-    if (c.present && (c.moving || c.moves_out > 0 || c.evicting)) return true;
+    // A tensor being destroyed (no longer live, its copies not yet freed) gives its memory back
+    // once the operations on it end.
+    if (c.present && (!u->live || c.moving || c.moves_out > 0 || c.evicting)) return true;
   }
   return false;
 }
@@ -137,7 +139,7 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
     // (and be filling it). Overwriting its block would orphan those bytes.
     if (c.present) return absl::OkStatus();
     reap(tier);
-    auto block = memory.allocate(t.bytes);
+    auto block = memory.allocate(t.bytes, t.placement);
     if (block.ok()) {
       c.present = true;
       c.block = *block;
@@ -150,6 +152,16 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
       // acquire waits for them rather than failing. Prefetches (evict_beyond set) never wait.
       wait(&changed, &mu);
       continue;
+    }
+    if (victim == nullptr && !evict_beyond.has_value() && t.placement == Placement::kLow) {
+      // Nothing left to evict below the tier's high reserve (ActivationStash's window): rather
+      // than fail, go into it (the stash's loads then evict this or fail naming the window).
+      block = memory.allocate(t.bytes, Placement::kAnywhere);
+      if (block.ok()) {
+        c.present = true;
+        c.block = *block;
+        return absl::OkStatus();
+      }
     }
     if (victim == nullptr) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -166,8 +178,10 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
     if (*write != nullptr) {
       if (auto status = wait_for(**write); !status.ok()) return status;
     }
+    // A victim destroyed meanwhile waits for this guard to go before it frees its memory:
+    // stop waiting for the drop and let the next round find the room.
     const Copy& v = victim->copies[tier_index(tier)];
-    while (v.present && v.evicting) wait(&changed, &mu);
+    while (v.present && v.evicting && victim->live) wait(&changed, &mu);
   }
 }
 

@@ -1,4 +1,6 @@
 // stats(): the counters, the tiers' usage and the copies' pending device work.
+#include <absl/strings/str_format.h>
+
 #include "tensor_store_impl.h"
 
 namespace strata {
@@ -26,11 +28,13 @@ StoreStats TensorStore::stats() const {
         const SwapStats swap = s.nvme->stats();
         usage.capacity = swap.capacity;
         usage.used = swap.used;
+        usage.peak_used = swap.used;
       }
     } else {
       const TierStats tier_stats = (tier == TierKind::kGpu ? s.gpu : s.cpu).stats();
       usage.capacity = tier_stats.arena.capacity;
       usage.used = tier_stats.arena.used;
+      usage.peak_used = tier_stats.arena.peak_used;
       usage.fragmentation = tier_stats.arena.fragmentation;
     }
     for (const auto& t : s.tensors) {
@@ -39,6 +43,25 @@ StoreStats TensorStore::stats() const {
     }
   }
   return out;
+}
+
+void TensorStore::reset_peak_usage() {
+  impl_->gpu.reset_peak();
+  impl_->cpu.reset_peak();
+}
+
+absl::Status TensorStore::reserve_high(TierKind tier, uint64_t bytes) {
+  MemoryTier* memory = impl_->tier_of(tier);
+  if (memory == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "reserve_high: the %s tier has no arena to reserve in (gpu or cpu)", to_string(tier)));
+  }
+  memory->reserve_high(bytes);
+  return absl::OkStatus();
+}
+
+void TensorStore::unreserve_high(TierKind tier, uint64_t bytes) {
+  if (MemoryTier* memory = impl_->tier_of(tier)) memory->unreserve_high(bytes);
 }
 
 }  // namespace strata

@@ -59,7 +59,8 @@ TensorStore::~TensorStore() {
   }
 }
 
-absl::StatusOr<TensorHandle> TensorStore::create(std::string name, uint64_t bytes, TierKind home) {
+absl::StatusOr<TensorHandle> TensorStore::create(std::string name, uint64_t bytes, TierKind home,
+                                                 CreateOptions options) {
   Impl& s = *impl_;
   if (bytes == 0) {
     return absl::InvalidArgumentError(absl::StrFormat("tensor '%s': size must be > 0", name));
@@ -86,6 +87,8 @@ absl::StatusOr<TensorHandle> TensorStore::create(std::string name, uint64_t byte
   t.name = name;
   t.bytes = bytes;
   t.home = home;
+  t.scheduled = options.scheduled;
+  t.placement = options.placement;
   t.live = true;
   // The home copy is reserved now, so a write-back can never fail for lack of room.
   OperationGuard guard(s, t);

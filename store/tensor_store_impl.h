@@ -38,24 +38,6 @@ inline size_t tier_index(TierKind kind) { return static_cast<size_t>(kind); }
 
 inline constexpr std::array<TierKind, 3> kTiers = {TierKind::kGpu, TierKind::kCpu, TierKind::kNvme};
 
-// Temporarily releases a held mutex (for I/O and host waits).
-class ABSL_SCOPED_LOCKABLE MutexUnlock {
- public:
-  explicit MutexUnlock(absl::Mutex* mu) ABSL_UNLOCK_FUNCTION(mu) : mu_(mu) {
-    tsan_release(mu_);
-    mu_->Unlock();
-  }
-  ~MutexUnlock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
-    mu_->Lock();
-    tsan_acquire(mu_);
-  }
-  MutexUnlock(const MutexUnlock&) = delete;
-  MutexUnlock& operator=(const MutexUnlock&) = delete;
-
- private:
-  absl::Mutex* const mu_;
-};
-
 struct TensorStore::Impl {
   // Device work that reads or writes a copy, at most one entry per stream: a later record on the
   // same stream covers an earlier one (streams run in order).
@@ -92,6 +74,8 @@ struct TensorStore::Impl {
     std::string name;
     uint64_t bytes = 0;
     TierKind home = TierKind::kCpu;
+    bool scheduled = true;                  // CreateOptions::scheduled
+    Placement placement = Placement::kLow;  // CreateOptions::placement
     std::array<Copy, 3> copies;
     std::vector<std::pair<TierKind, AccessMode>> acquired;  // unreleased acquires, newest last
     uint32_t operations = 0;  // operations in progress that hold a pointer to it

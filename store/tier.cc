@@ -115,13 +115,14 @@ uint64_t MemoryTier::capacity() const {
 
 void* MemoryTier::base() const { return region_->base; }
 
-absl::StatusOr<BlockHandle> MemoryTier::allocate(uint64_t bytes) {
+absl::StatusOr<BlockHandle> MemoryTier::allocate(uint64_t bytes, Placement placement) {
   MutexLock lock(&mu_);
   const uint64_t compactions_before = STRATA_DEBUG_CHECKS ? arena_.stats().compactions : 0;
   auto block = arena_.allocate_compacting(
-      bytes, 0, [this](const CompactionPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return execute_moves(plan);
-      });
+      bytes, 0,
+      [this](const CompactionPlan& plan)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return execute_moves(plan); },
+      placement);
   // Compaction rewrites the arena's structure: walk all of it in debug builds.
   if (STRATA_DEBUG_CHECKS && arena_.stats().compactions != compactions_before) {
     STRATA_DCHECK_OK(arena_.check_invariants());
@@ -169,6 +170,23 @@ absl::Status MemoryTier::synchronize_compaction() const {
   std::shared_ptr<Event> pending = pending_compaction();
   if (pending == nullptr) return absl::OkStatus();
   return with_context(device_.synchronize(*pending), "waiting for GPU arena compaction");
+}
+
+void MemoryTier::reset_peak() {
+  MutexLock lock(&mu_);
+  arena_.reset_peak();
+}
+
+void MemoryTier::reserve_high(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  high_reserved_ += bytes;
+  arena_.set_high_reserve(high_reserved_);
+}
+
+void MemoryTier::unreserve_high(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  high_reserved_ -= std::min(bytes, high_reserved_);
+  arena_.set_high_reserve(high_reserved_);
 }
 
 TierStats MemoryTier::stats() const {

@@ -399,5 +399,48 @@ STRATA_BOTH_BACKENDS("Randomized eviction, write-back and fetch in flight keep e
   CHECK(stats.moves_in_flight == 0);
 }
 
+TEST_CASE("destroy of a copy an allocation is evicting for room lets the allocation go on",
+          "[store][async]") {
+  // Found by the activation stash: thread A's acquire picked tensor Y's GPU copy as its victim
+  // and waited for the copy to go, holding Y; thread B destroyed Y, which waits until nothing
+  // holds it; the write-back's completion no longer drops a dead tensor's copy, so both waited
+  // for ever.
+  auto gate = std::make_shared<HostCopyGate>();
+  HostDeviceOptions options;
+  options.gate = gate;
+  auto device = testing::host_device(options);
+  StoreSetup setup;
+  setup.nvme = false;
+  setup.gpu_bytes = 1 * kMiB;  // room for one of the two tensors
+  Fixture f(*device, setup);
+  TensorStore& store = f.store();
+  const uint64_t bytes = 640 * kKiB;
+  auto victim = store.create("victim", bytes, TierKind::kCpu);
+  auto wanted = store.create("wanted", bytes, TierKind::kCpu);
+  REQUIRE(victim.ok());
+  REQUIRE(wanted.ok());
+  f.write(*wanted, bytes, 7, TierKind::kCpu);
+  f.write(*victim, bytes, 8);  // the only newest bytes, in the GPU tier
+  gate->close(CopyKind::kDeviceToHost);
+  Watchdog watchdog(gate, CopyKind::kDeviceToHost);
+  auto other = device->create_stream();
+  REQUIRE(other.ok());
+  std::atomic<bool> acquired{false};
+  std::thread a([&] {  // needs the victim's room: its write-back waits at the gate
+    auto data = store.acquire(*wanted, TierKind::kGpu, **other, AccessMode::kRead);
+    acquired = data.ok() && store.release(*wanted, **other).ok();
+  });
+  gate->wait_held(CopyKind::kDeviceToHost, 1);
+  std::thread b([&] { CHECK(store.destroy(*victim).ok()); });
+  while (store.info(*victim).ok()) std::this_thread::yield();  // B has begun destroying it
+  gate->open(CopyKind::kDeviceToHost);
+  a.join();
+  b.join();
+  CHECK(watchdog.returned_while_held());  // nothing needed the watchdog to open the gate
+  CHECK(acquired);
+  CHECK(f.holds(*wanted, bytes, 7));
+  CHECK(store.stats().tensors == 1);
+}
+
 }  // namespace
 }  // namespace strata

@@ -329,3 +329,51 @@ STRATA_BOTH_BACKENDS("Randomized concurrent use keeps every tensor's newest byte
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST_CASE("High-placed tensors keep to the GPU arena's top; a reserve is entered last",
+          "[store][placement]") {
+  auto device = testing::host_device();
+  StoreSetup setup;
+  setup.gpu_bytes = 1 * kMiB;  // an arena of 1008 KiB (1/64 is compaction's bounce buffer)
+  setup.nvme = false;
+  Fixture f(*device, setup);
+  TensorStore& store = f.store();
+  auto acquire = [&](TensorHandle t) {
+    auto p = store.acquire(t, TierKind::kGpu, f.stream(), AccessMode::kWrite);
+    INFO(p.status().ToString());
+    REQUIRE(p.ok());
+    return static_cast<std::byte*>(*p);
+  };
+  auto make = [&](const char* name, uint64_t bytes, Placement placement) {
+    auto t = store.create(name, bytes, TierKind::kCpu, CreateOptions{.placement = placement});
+    REQUIRE(t.ok());
+    return *t;
+  };
+  // 512 KiB at the top for high-placed tensors: the low tensors below, evicting each other
+  // rather than entering it while anything is evictable.
+  REQUIRE(store.reserve_high(TierKind::kGpu, 512 * kKiB).ok());
+  CHECK(absl::IsInvalidArgument(store.reserve_high(TierKind::kNvme, kKiB)));
+  TensorHandle high = make("activation", 256 * kKiB, Placement::kHigh);
+  std::byte* high_at = acquire(high);
+  TensorHandle low_a = make("states.a", 320 * kKiB, Placement::kLow);
+  std::byte* a_at = acquire(low_a);
+  CHECK(a_at + 320 * kKiB <= high_at);
+  REQUIRE(store.release(low_a, f.stream()).ok());  // evictable now
+  const uint64_t evictions = store.stats().evictions_writeback;
+  TensorHandle low_b = make("states.b", 320 * kKiB, Placement::kLow);
+  std::byte* b_at = acquire(low_b);  // 176 KiB left below the reserve: a is evicted
+  CHECK(store.stats().evictions_writeback == evictions + 1);
+  CHECK(b_at + 320 * kKiB <= high_at);
+  // Nothing evictable below (b is held), so c goes into the reserve rather than failing.
+  TensorHandle low_c = make("states.c", 320 * kKiB, Placement::kLow);
+  std::byte* c_at = acquire(low_c);
+  CHECK(c_at + 320 * kKiB <= high_at);
+  for (TensorHandle t : {high, low_b, low_c}) REQUIRE(store.release(t, f.stream()).ok());
+  store.unreserve_high(TierKind::kGpu, 512 * kKiB);
+}
+
+}  // namespace
+}  // namespace strata

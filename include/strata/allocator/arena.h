@@ -6,6 +6,10 @@
 //
 // Allocation is best-fit over a size-ordered B-tree of free blocks, with an address-ordered
 // doubly linked block list for O(1) coalescing; see docs/allocator.md for why and for figures.
+// A request may ask for the high end instead (Placement::kHigh): the fitting hole with the highest
+// offset, the block at its top. Short-lived blocks placed there (activations between forward and
+// backward) keep away from long-lived ones, so that pinned long-lived blocks do not end up spread
+// among the holes the short-lived ones leave (docs/allocator.md, "Placement").
 // Blocks are named by stable handles (slot index + generation): a handle stays valid while its
 // block moves during compaction, and a stale or forged handle is detected, never dereferenced.
 //
@@ -21,10 +25,17 @@
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 namespace strata {
+
+// Where in the arena a block goes. kLow: best-fit (the smallest hole that fits, the block at its
+// low end) below the high reserve, if one is set (set_high_reserve). kHigh: the highest hole
+// that fits, the block at its top. kAnywhere: kLow when a hole below the reserve fits, else
+// best-fit over the whole arena (a last resort that may split the reserve).
+enum class Placement : uint8_t { kLow, kHigh, kAnywhere };
 
 struct BlockHandle {
   uint32_t index = UINT32_MAX;
@@ -93,7 +104,8 @@ class Arena {
   // power of two (values below the granularity are raised to it). Errors: InvalidArgument for
   // zero bytes or a bad alignment; ResourceExhausted when no free block fits, with a message
   // that says whether compaction could make room.
-  absl::StatusOr<BlockHandle> allocate(uint64_t bytes, uint64_t alignment = 0);
+  absl::StatusOr<BlockHandle> allocate(uint64_t bytes, uint64_t alignment = 0,
+                                       Placement placement = Placement::kLow);
 
   // Like allocate(), but when free space exists and is fragmented: plans a compaction, calls
   // `execute_moves` to copy the bytes, commits and retries. If `execute_moves` fails the arena
@@ -101,7 +113,8 @@ class Arena {
   // anything (a block may slide over its own old bytes: a half-executed plan cannot be undone).
   absl::StatusOr<BlockHandle> allocate_compacting(
       uint64_t bytes, uint64_t alignment,
-      absl::FunctionRef<absl::Status(const CompactionPlan&)> execute_moves);
+      absl::FunctionRef<absl::Status(const CompactionPlan&)> execute_moves,
+      Placement placement = Placement::kLow);
 
   // InvalidArgument for a handle this arena never issued, NotFound for a stale handle (double
   // free), FailedPrecondition for a pinned block.
@@ -128,7 +141,16 @@ class Arena {
   // changed (allocate, free, pin, unpin, commit) since the plan was made.
   absl::Status commit_compaction(const CompactionPlan& plan);
 
+  // Keeps the top `bytes` for kHigh requests: kLow requests stay below them (and fail when only
+  // the reserve has room), kAnywhere requests go there only when nothing below fits. Its owner
+  // (the store, for ActivationStash's window) thereby keeps room for short-lived blocks at the
+  // top that long-lived pinned blocks do not split.
+  void set_high_reserve(uint64_t bytes) { high_reserve_ = std::min(bytes, capacity_); }
+  uint64_t high_reserve() const { return high_reserve_; }
+
   ArenaStats stats() const;
+  // Starts a new high-water mark: peak_used becomes the bytes in use now.
+  void reset_peak();
 
   // Walks every structure and reports the first inconsistency. For tests and debug builds.
   absl::Status check_invariants() const;
@@ -177,12 +199,17 @@ class Arena {
 
   // `a` is a power of two; callers keep `v` below 2^63 so this cannot overflow.
   static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+  static uint64_t align_down(uint64_t v, uint64_t a) { return v & ~(a - 1); }
 
   absl::StatusOr<Request> normalize(uint64_t bytes, uint64_t alignment) const;
   // Best-fit search; kNone when no free block fits.
   uint32_t find_fit(const Request& req) const;
+  uint32_t find_fit_high(const Request& req) const;
+  uint32_t find_fit_below(const Request& req, uint64_t limit) const;
+  uint32_t find(const Request& req, Placement placement) const;
   // Carves a live block for `req` out of free node `f`, which must fit it.
-  BlockHandle carve(uint32_t f, const Request& req);
+  // Places the block in free block `f`: at its low end (aligned up) or its top (aligned down).
+  BlockHandle carve(uint32_t f, const Request& req, Placement placement = Placement::kLow);
   absl::Status exhausted(const Request& req) const;
   // The live node behind `block`, or an error naming what is wrong with the handle.
   absl::StatusOr<uint32_t> live_node(BlockHandle block) const;
@@ -196,6 +223,7 @@ class Arena {
   void link_after(uint32_t prev, uint32_t n);
 
   uint64_t capacity_ = 0;
+  uint64_t high_reserve_ = 0;
   uint64_t granularity_ = 0;
   std::vector<Node> nodes_;
   std::vector<uint32_t> unused_slots_;

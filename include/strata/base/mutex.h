@@ -55,6 +55,24 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   absl::Mutex* const mu_;
 };
 
+// Temporarily releases a held mutex (for I/O and host waits).
+class ABSL_SCOPED_LOCKABLE MutexUnlock {
+ public:
+  explicit MutexUnlock(absl::Mutex* mu) ABSL_UNLOCK_FUNCTION(mu) : mu_(mu) {
+    tsan_release(mu_);
+    mu_->Unlock();
+  }
+  ~MutexUnlock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    mu_->Lock();
+    tsan_acquire(mu_);
+  }
+  MutexUnlock(const MutexUnlock&) = delete;
+  MutexUnlock& operator=(const MutexUnlock&) = delete;
+
+ private:
+  absl::Mutex* const mu_;
+};
+
 // cv->Wait(mu) with the TSan edges; `mu` must be held.
 inline void wait(absl::CondVar* cv, absl::Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
   tsan_release(mu);

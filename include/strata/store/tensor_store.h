@@ -53,6 +53,9 @@ struct TierUsage {
   bool present = false;  // this store has the tier
   uint64_t capacity = 0;
   uint64_t used = 0;
+  // The most `used` has been since the store was created or reset_peak_usage() (gpu and cpu;
+  // the NVMe tier reports its current use).
+  uint64_t peak_used = 0;
   uint64_t resident = 0;  // tensors with a valid copy here
   double fragmentation = 0;
 };
@@ -101,6 +104,18 @@ struct TensorStoreOptions {
   AccessScheduleOptions schedule;
 };
 
+struct CreateOptions {
+  // false: the scheduler neither records this tensor's acquires nor prefetches it; its owner
+  // moves it (ActivationStash brings activations back in the order backward uses them). The
+  // store's eviction then sees it as not needed again, so it goes first when room is short.
+  bool scheduled = true;
+  // Where its copies go in the GPU and CPU tiers' arenas. kHigh for tensors that live briefly
+  // (ActivationStash's activations): at the arenas' top they stay clear of long-lived tensors,
+  // which may be pinned (acquired) for a whole step, so their churn does not leave the free
+  // space split between pinned blocks.
+  Placement placement = Placement::kLow;
+};
+
 class TensorStore {
  public:
   // The tiers must outlive the store; `nvme` and `staging` may be null (no NVMe tier).
@@ -113,7 +128,8 @@ class TensorStore {
   TensorStore& operator=(const TensorStore&) = delete;
 
   // Registers a tensor and reserves its home copy. Contents are undefined until first written.
-  absl::StatusOr<TensorHandle> create(std::string name, uint64_t bytes, TierKind home);
+  absl::StatusOr<TensorHandle> create(std::string name, uint64_t bytes, TierKind home,
+                                      CreateOptions options = {});
   // Fails while the tensor is acquired; waits for moves in flight.
   absl::Status destroy(TensorHandle tensor);
   absl::StatusOr<TensorHandle> find(std::string_view name) const;
@@ -139,6 +155,10 @@ class TensorStore {
   // are done (an acquire before then keeps it). A write-back to NVMe is waited for, and its
   // failure returned; one to the CPU tier is not (a failure is counted in stats().errors).
   absl::Status evict(TensorHandle tensor, TierKind tier);
+  // Waits until the copy in `tier`, evicted earlier, is gone (its write-back landed and its
+  // device work ended). OK also when there is no copy. FailedPrecondition when the copy stays:
+  // it was acquired again, or its write-back failed (counted in stats().errors, logged).
+  absl::Status wait_evicted(TensorHandle tensor, TierKind tier);
   // Writes every copy newer than its home copy back home, and waits (also for write-backs that
   // evictions left in flight).
   absl::Status flush();
@@ -149,6 +169,14 @@ class TensorStore {
   absl::Status set_access_order(const std::vector<std::pair<TensorHandle, TierKind>>& order);
 
   StoreStats stats() const;
+  // Starts new high-water marks: each tier's peak_used becomes its use now.
+  void reset_peak_usage();
+  // Keeps `bytes` at the top of the gpu or cpu tier's arena for tensors created with
+  // Placement::kHigh: other tensors go below while they fit there (MemoryTier::reserve_high;
+  // soft, never a failed allocation). ActivationStash reserves its window this way.
+  // InvalidArgument for the nvme tier. Reservations add up; unreserve_high gives one back.
+  absl::Status reserve_high(TierKind tier, uint64_t bytes);
+  void unreserve_high(TierKind tier, uint64_t bytes);
 
   struct Impl;
   explicit TensorStore(std::unique_ptr<Impl> impl);  // use create()

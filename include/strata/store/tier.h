@@ -65,8 +65,8 @@ class MemoryTier {
 
   // Allocates `bytes`. When enough bytes are free but no hole is large enough, compacts (moving
   // only unpinned blocks) and retries; ResourceExhausted means the bytes are not there and the
-  // caller must evict.
-  absl::StatusOr<BlockHandle> allocate(uint64_t bytes);
+  // caller must evict. `placement`: see Arena (kHigh for short-lived tensors).
+  absl::StatusOr<BlockHandle> allocate(uint64_t bytes, Placement placement = Placement::kLow);
   absl::Status free(BlockHandle block);
 
   // The block's address, valid until compaction moves it: pin first to keep it.
@@ -83,6 +83,12 @@ class MemoryTier {
   absl::Status synchronize_compaction() const;
 
   TierStats stats() const;
+  // Starts a new high-water mark (TierStats::arena.peak_used).
+  void reset_peak();
+  // Reservations of the arena's top for Placement::kHigh blocks (Arena::set_high_reserve); they
+  // add up, and each is given back with the same count.
+  void reserve_high(uint64_t bytes);
+  void unreserve_high(uint64_t bytes);
   absl::Status check_invariants() const;
 
  private:
@@ -100,6 +106,7 @@ class MemoryTier {
   // record covers every earlier compaction).
   std::shared_ptr<Event> compaction_done_ ABSL_GUARDED_BY(mu_);
   bool compacted_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t high_reserved_ ABSL_GUARDED_BY(mu_) = 0;  // the sum; the arena holds at most capacity
   uint64_t compaction_copies_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
