@@ -197,4 +197,13 @@ void bind_acquisition(py::module_& m) {
       .def_property_readonly("dtype", [](Acquisition& a) { return a.tensor->dtype.name; });
 }
 
+// Records an event on strata's stream where `tier`'s memory is ready: consumers wait on it at
+// __dlpack__ (as Tensor.acquire()), the host for stream=None on the host backend.
+absl::StatusOr<std::unique_ptr<Event>> ready_event(PyRuntime& rt) {
+  absl::StatusOr<std::unique_ptr<Event>> event = rt.device().create_event();
+  if (!event.ok()) return event.status();
+  if (absl::Status s = rt.device().record(**event, rt.stream()); !s.ok()) return s;
+  return event;
+}
+
 }  // namespace strata::python

@@ -52,10 +52,17 @@ class Acquisition {
   // Unset: the store's release of tensor->handle. A ZeroEngine's acquisitions set it
   // (release_param, grad_ready).
   std::function<absl::Status(Stream&)> release_with;
+  // Kept alive as long as this acquisition (and so any DLPack view of it): what must not go
+  // before the memory is given back (strata.torch's saved-activation handle).
+  pybind11::object keep_alive;
 };
 
 std::shared_ptr<Acquisition> acquire(const std::shared_ptr<PyTensor>& tensor,
                                      const std::string& tier, const std::string& mode);
+
+// An event recorded on strata's stream where acquired GPU-tier memory is ready: consumers wait
+// on it at __dlpack__, the host for stream=None on the host backend.
+absl::StatusOr<std::unique_ptr<Event>> ready_event(PyRuntime& rt);
 
 void bind_acquisition(pybind11::module_& m);
 

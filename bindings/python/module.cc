@@ -14,11 +14,13 @@
 //   optimizer     strata.OffloadOptimizer
 //   comm          strata.Communicator
 //   zero          strata.ZeroEngine (float16: the host's fp16/bf16 conversions)
+//   activations   strata.ActivationStash
 //   testing       strata._strata.testing: host-backend test hooks (stream gates)
 // The GIL is released around every call that may block (acquire, release, flush, step, ...).
 #include <pybind11/pybind11.h>
 
 #include "acquisition.h"
+#include "activations.h"
 #include "comm.h"
 #include "errors.h"
 #include "optimizer.h"
@@ -38,5 +40,6 @@ PYBIND11_MODULE(_strata, m) {
   strata::python::bind_optimizer(m);
   strata::python::bind_comm(m);
   strata::python::bind_zero(m);
+  strata::python::bind_activations(m);
   strata::python::bind_testing(m);
 }

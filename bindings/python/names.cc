@@ -6,6 +6,7 @@
 #include <map>
 
 #include "errors.h"
+#include "strata/base/size.h"
 
 namespace py = pybind11;
 
@@ -80,6 +81,24 @@ DType parse_dtype(const py::handle& object) {
         "'" + text +
             "' is not a dtype strata knows: use float32, float64, float16, bfloat16, int8, int16, "
             "int32, int64, uint8 or bool");
+}
+
+// A byte count: an int or a size string ("32MiB"); 0 only where `allow_zero`.
+uint64_t size_arg(const py::object& value, const char* what, bool allow_zero) {
+  if (py::isinstance<py::str>(value)) {
+    absl::StatusOr<uint64_t> bytes = parse_size(value.cast<std::string>());
+    if (!bytes.ok())
+      raise(absl::StatusCode::kInvalidArgument,
+            std::string(what) + "=" + std::string(bytes.status().message()));
+    return *bytes;
+  }
+  const auto n = value.cast<int64_t>();
+  if (n < 0 || (n == 0 && !allow_zero)) {
+    raise(absl::StatusCode::kInvalidArgument,
+          std::string(what) + "=" + std::to_string(n) + ": a " +
+              (allow_zero ? "byte count >= 0" : "positive byte count") + " (or '32MiB')");
+  }
+  return static_cast<uint64_t>(n);
 }
 
 }  // namespace strata::python

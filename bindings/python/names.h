@@ -28,4 +28,8 @@ const std::vector<DType>& dtypes();
 const DType& uint8_dtype();  // what find() reports for a tensor Python did not create
 DType parse_dtype(const pybind11::handle& object);
 
+// A byte count argument: an int or a size string ("32MiB"); 0 only where `allow_zero`. `what`
+// names the argument in the error.
+uint64_t size_arg(const pybind11::object& value, const char* what, bool allow_zero = false);
+
 }  // namespace strata::python

@@ -122,6 +122,9 @@ STRATA_GPU_BYTES and STRATA_NVME_PATHS. None unsets a variable (its default appl
            "tier) or (tensor, tier) pairs. Replaces the recorded trace.")
       .def("stats", [](PyRuntime& r) { return store_stats(r.store().stats()); })
       .def(
+          "reset_peak_usage", [](PyRuntime& r) { r.store().reset_peak_usage(); },
+          "Starts new high-water marks: each tier's peak_used in stats() becomes its use now.")
+      .def(
           "synchronize",
           [](PyRuntime& r) { unlocked_check([&] { return r.device().synchronize(r.stream()); }); },
           "Blocks until the work issued on strata's stream by Python calls is done.");

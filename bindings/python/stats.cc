@@ -17,6 +17,7 @@ py::dict store_stats(const StoreStats& s) {
     d["present"] = u.present;
     d["capacity"] = u.capacity;
     d["used"] = u.used;
+    d["peak_used"] = u.peak_used;
     d["resident"] = u.resident;
     d["fragmentation"] = u.fragmentation;
     tiers.append(d);

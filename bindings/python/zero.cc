@@ -66,24 +66,6 @@ const DType& dtype_of(ParamType type) {
   return dtypes().front();
 }
 
-// A byte count: an int or a size string ("32MiB"); 0 only where `allow_zero`.
-uint64_t size_of(const py::object& value, const char* what, bool allow_zero = false) {
-  if (py::isinstance<py::str>(value)) {
-    absl::StatusOr<uint64_t> bytes = parse_size(value.cast<std::string>());
-    if (!bytes.ok())
-      raise(absl::StatusCode::kInvalidArgument,
-            std::string(what) + "=" + std::string(bytes.status().message()));
-    return *bytes;
-  }
-  const auto n = value.cast<int64_t>();
-  if (n < 0 || (n == 0 && !allow_zero)) {
-    raise(absl::StatusCode::kInvalidArgument,
-          std::string(what) + "=" + std::to_string(n) + ": a " +
-              (allow_zero ? "byte count >= 0" : "positive byte count") + " (or '32MiB')");
-  }
-  return static_cast<uint64_t>(n);
-}
-
 // One (name, shape[, initial[, group]]) entry; `keep` holds the initial values' array.
 ZeroParam param_of(const py::handle& item, size_t i, std::vector<FloatArray>& keep) {
   const std::string where = "params[" + std::to_string(i) + "]";
@@ -142,15 +124,15 @@ std::shared_ptr<PyZeroEngine> make_engine(
   o.stage = stage;
   o.param_type = param_type_of(param_dtype);
   o.grad_type = grad_type_of(grad_dtype);
-  o.bucket_bytes = size_of(bucket_bytes, "bucket_bytes");
+  o.bucket_bytes = size_arg(bucket_bytes, "bucket_bytes");
   o.gradient_buckets = gradient_buckets;
   o.alignment = alignment;
   o.param_home = parse_tier(param_home, /*allow_nvme=*/true);  // NVMe: stage 3 (the engine checks)
   o.accumulation_steps = accumulation_steps;
-  o.persist_below_bytes = size_of(persist_below_bytes, "persist_below_bytes", true);
-  o.prefetch_bytes = size_of(prefetch_bytes, "prefetch_bytes", true);
-  o.max_live_bytes = size_of(max_live_bytes, "max_live_bytes");
-  o.reuse_window_bytes = size_of(reuse_window_bytes, "reuse_window_bytes", true);
+  o.persist_below_bytes = size_arg(persist_below_bytes, "persist_below_bytes", true);
+  o.prefetch_bytes = size_arg(prefetch_bytes, "prefetch_bytes", true);
+  o.max_live_bytes = size_arg(max_live_bytes, "max_live_bytes");
+  o.reuse_window_bytes = size_arg(reuse_window_bytes, "reuse_window_bytes", true);
   OffloadOptimizerOptions& opt = o.optimizer;
   opt.state_home = parse_tier(state_home, /*allow_nvme=*/true);
   opt.defaults = {.lr = lr,
@@ -235,15 +217,6 @@ py::array_t<float> read_param(PyZeroEngine& e, const py::handle& p) {
     return status.ok() ? released : status;
   });
   return out;
-}
-
-// Records an event on strata's stream where `tier`'s memory is ready: consumers wait on it at
-// __dlpack__ (as Tensor.acquire()), the host for stream=None on the host backend.
-absl::StatusOr<std::unique_ptr<Event>> ready_event(PyRuntime& rt) {
-  absl::StatusOr<std::unique_ptr<Event>> event = rt.device().create_event();
-  if (!event.ok()) return event.status();
-  if (absl::Status s = rt.device().record(**event, rt.stream()); !s.ok()) return s;
-  return event;
 }
 
 // A PyTensor that describes a parameter's memory for an Acquisition (its shape and `dtype`);

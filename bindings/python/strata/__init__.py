@@ -14,6 +14,7 @@ train data-parallel over several ranks (ZeRO-DP stages 1 and 2). See docs/python
 
 from ._strata import (  # noqa: F401
     Acquisition,
+    ActivationStash,
     AlreadyExistsError,
     Communicator,
     Error,
@@ -32,6 +33,7 @@ NotFoundError.__str__ = Exception.__str__
 
 __all__ = [
     "Acquisition",
+    "ActivationStash",
     "AlreadyExistsError",
     "Communicator",
     "Error",

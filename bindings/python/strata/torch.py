@@ -1,6 +1,7 @@
 """strata.torch: train a torch nn.Module whose parameters live in strata (one process), or
 data-parallel over several ranks with ZeRO-DP stages 1-3 (zero_shard(), ZeroModule: in
-zero_torch.py, imported here).
+zero_torch.py, imported here), with its saved activations offloaded (offload_activations(),
+OffloadActivations: in activations_torch.py, imported here).
 
     import strata, strata.torch
     rt = strata.Runtime()
@@ -47,7 +48,8 @@ from torch import nn
 
 import strata
 
-__all__ = ["Offloaded", "OffloadAdamW", "offload", "ZeroModule", "zero_shard"]
+__all__ = ["Offloaded", "OffloadAdamW", "offload", "ZeroModule", "zero_shard", "ActivationOffload",
+           "OffloadActivations", "offload_activations"]
 
 _DTYPES = {
     torch.float32: "float32",
@@ -409,3 +411,10 @@ class OffloadAdamW:
 
 # The data-parallel path (ZeRO-DP stages 1-3 over strata's Communicator): its own file.
 from .zero_torch import ZeroModule, zero_shard  # noqa: E402
+
+# Activation offload (ZeRO-R: saved tensors through the tiers): its own file.
+from .activations_torch import (  # noqa: E402
+    ActivationOffload,
+    OffloadActivations,
+    offload_activations,
+)
