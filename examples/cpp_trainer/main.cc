@@ -52,6 +52,24 @@ SampleRange samples(int rank, int ranks, uint32_t micro, uint32_t micro_steps) {
   return {begin, first + (m + 1) * share / k - begin};
 }
 
+std::vector<SampleRange> variable_samples(int step, uint32_t micro_steps) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 + step));
+  std::vector<int> cuts;  // micro_steps - 1 distinct cut points in [1, kBatch)
+  while (cuts.size() + 1 < micro_steps) {
+    const int c = 1 + static_cast<int>(rng() % (kBatch - 1));
+    if (std::find(cuts.begin(), cuts.end(), c) == cuts.end()) cuts.push_back(c);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.push_back(kBatch);
+  std::vector<SampleRange> out;
+  int first = 0;
+  for (int c : cuts) {
+    out.push_back({first, c - first});
+    first = c;
+  }
+  return out;
+}
+
 namespace {
 
 int usage(const std::string& why) {
@@ -61,8 +79,11 @@ int usage(const std::string& why) {
                "[--accumulation=K] [--json=FILE|-]\n"
                "  stage 3: [--param-home=gpu|cpu|nvme] [--prefetch-bytes=SIZE] "
                "[--max-live-bytes=SIZE] [--persist-below-bytes=SIZE] [--reuse-window-bytes=SIZE]\n"
+               "  stage 0: [--offload-activations] [--activation-home=cpu|nvme] "
+               "[--activation-window-bytes=SIZE] [--activation-prefetch-bytes=SIZE] "
+               "[--activation-trace=FILE] [--variable-batches]\n"
                "  SIZE: 65536, 64KiB, 1MiB, ... (0 too for --prefetch-bytes, "
-               "--persist-below-bytes, --reuse-window-bytes)\n",
+               "--persist-below-bytes, --reuse-window-bytes, --activation-prefetch-bytes)\n",
                why.c_str());
   return 2;
 }
@@ -77,6 +98,16 @@ struct FileCloser {
     if (f != nullptr && f != stdout) std::fclose(f);
   }
 };
+
+// FNV-1a over the final weights' bytes: two runs that must agree bit for bit compare these.
+std::string weights_checksum(const Weights& weights) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const auto& layer : weights) {
+    const auto* p = reinterpret_cast<const unsigned char*>(layer.data());
+    for (size_t i = 0; i < layer.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  }
+  return absl::StrFormat("%016x", h);
+}
 
 JsonObject report_json(const Args& args, const RunResult& r, double worst) {
   JsonObject bytes;
@@ -93,6 +124,7 @@ JsonObject report_json(const Args& args, const RunResult& r, double worst) {
       .add("final_loss", r.losses.empty() ? 0.0F : r.losses.back())
       .add("max_loss", args.max_loss)
       .add("max_weight_difference", worst)
+      .add("weights_checksum", weights_checksum(r.weights))
       .add("tolerance", args.tolerance)
       .add("max_replica_difference", r.replica_difference)
       .add("model_state_bytes_per_rank", bytes)
@@ -101,7 +133,29 @@ JsonObject report_json(const Args& args, const RunResult& r, double worst) {
       .add("bucket_bytes", args.zero_stage == 0 ? uint64_t{0} : args.bucket_bytes)
       .add("groups", r.groups)
       .add("states", std::string(strata::to_string(args.states)))
-      .add("bytes_moved", r.moved_bytes);
+      .add("bytes_moved", r.moved_bytes)
+      .add("gpu_tier_peak_bytes", r.gpu_tier_peak_bytes);
+  if (args.offload_activations) {
+    const strata::ActivationStashStats& a = r.activations;
+    JsonObject acts;
+    acts.add("home", std::string(strata::to_string(args.activation_home)))
+        .add("window_bytes", args.activation_window_bytes)
+        .add("prefetch_bytes", args.activation_prefetch_bytes == UINT64_MAX
+                                   ? args.activation_window_bytes / 2
+                                   : args.activation_prefetch_bytes)
+        .add("saved", a.saved)
+        .add("saved_bytes", a.saved_bytes)
+        .add("offloaded_bytes", a.offloaded_bytes)
+        .add("kept", a.kept)
+        .add("loads", a.loads)
+        .add("loads_prefetched", a.loads_prefetched)
+        .add("loads_kept", a.loads_kept)
+        .add("loads_on_demand", a.loads_on_demand)
+        .add("gpu_peak_bytes", a.gpu_peak_bytes)
+        .add("window_waits", a.window_waits)
+        .add("errors", a.errors);
+    doc.add("variable_batches", args.variable_batches).add("activations", acts);
+  }
   if (args.zero_stage == 3) {
     const strata::ZeroStats& z = r.zero_stats;
     JsonObject fetch;
@@ -205,6 +259,30 @@ int main(int argc, char** argv) {
         return usage(absl::StrFormat("--accumulation wants micro-steps per step, 1 to %d", kBatch));
       }
       args.accumulation = static_cast<uint32_t>(k);
+    } else if (a == "--offload-activations") {
+      args.offload_activations = true;
+    } else if (a == "--variable-batches") {
+      args.variable_batches = true;
+    } else if (a.starts_with("--activation-home=")) {
+      if (value != "cpu" && value != "nvme") {
+        return usage(
+            "--activation-home wants cpu or nvme (where saved activations wait for "
+            "backward), not '" +
+            value + "'");
+      }
+      args.activation_home = value == "cpu" ? strata::TierKind::kCpu : strata::TierKind::kNvme;
+    } else if (a.starts_with("--activation-window-bytes") ||
+               a.starts_with("--activation-prefetch-bytes")) {
+      const std::string name = a.substr(0, a.find('='));
+      const bool window = name == "--activation-window-bytes";
+      uint64_t& into = window ? args.activation_window_bytes : args.activation_prefetch_bytes;
+      std::string why;
+      if (a.find('=') == std::string::npos || !parse_bytes(name, value, !window, into, why)) {
+        return usage(why.empty() ? name + " wants a size, e.g. " + name + "=64KiB" : why);
+      }
+    } else if (a.starts_with("--activation-trace=")) {
+      args.activation_trace = value;
+      if (value.empty()) return usage("--activation-trace wants a file name");
     } else if (a.starts_with("--json=")) {
       args.json = value;
       if (args.json.empty()) return usage("--json wants a file name, or - for stdout");
@@ -218,6 +296,19 @@ int main(int argc, char** argv) {
         "%s applies to --zero-stage=3 only, the stage that partitions the parameters (this run is "
         "stage %u); add --zero-stage=3 or drop it",
         args.stage3_flag, args.zero_stage));
+  }
+
+  if (args.offload_activations && args.zero_stage != 0) {
+    return usage(
+        "--offload-activations is for --zero-stage=0 in this example (the stage-1-3 "
+        "path keeps its activations in memory); drop one of them");
+  }
+  if (!args.offload_activations &&
+      (!args.activation_trace.empty() || args.activation_home != strata::TierKind::kCpu)) {
+    return usage("--activation-home and --activation-trace need --offload-activations");
+  }
+  if (args.variable_batches && args.zero_stage != 0) {
+    return usage("--variable-batches is for --zero-stage=0 in this example");
   }
 
   // The job this process is part of (strata-run, torchrun); alone: rank 0 of 1.
@@ -267,6 +358,11 @@ int main(int argc, char** argv) {
         "--param-home=nvme: this process has no NVMe tier; set STRATA_NVME_PATHS to a directory "
         "on each rank's drive(s) (and STRATA_NVME_BYTES), or use --param-home=cpu");
   }
+  if (args.offload_activations && (*runtime)->config().backend != strata::Backend::kHost) {
+    return usage(
+        "--offload-activations: this example computes on the host, which reads the "
+        "GPU tier only on the host backend; set STRATA_BACKEND=host");
+  }
   const Weights init = random_weights(1);
   const Weights teacher = random_weights(2);
   auto run = args.zero_stage == 0 ? run_offload(**runtime, args, init, teacher, human)
@@ -315,6 +411,26 @@ int main(int argc, char** argv) {
     std::fprintf(human, "largest difference between the ranks' weights: %.3g\n",
                  r.replica_difference);
   }
+  bool window_held = true;
+  if (args.offload_activations) {
+    const strata::ActivationStashStats& a = r.activations;
+    std::fprintf(human,
+                 "activations: %.1f KiB saved per step to %s, %llu loads (%llu prefetched, %llu "
+                 "kept, %llu on demand); stash's GPU peak %.1f KiB (window %.1f KiB), %llu "
+                 "waits for window room\n",
+                 static_cast<double>(a.saved_bytes) / static_cast<double>(args.steps) / 1024,
+                 std::string(strata::to_string(args.activation_home)).c_str(),
+                 static_cast<unsigned long long>(a.loads),
+                 static_cast<unsigned long long>(a.loads_prefetched),
+                 static_cast<unsigned long long>(a.loads_kept),
+                 static_cast<unsigned long long>(a.loads_on_demand),
+                 static_cast<double>(a.gpu_peak_bytes) / 1024,
+                 static_cast<double>(args.activation_window_bytes) / 1024,
+                 static_cast<unsigned long long>(a.window_waits));
+    window_held = a.gpu_peak_bytes <= args.activation_window_bytes && a.errors == 0;
+  }
+  std::fprintf(human, "GPU tier high-water mark: %.1f KiB\n",
+               static_cast<double>(r.gpu_tier_peak_bytes) / 1024);
   if (args.zero_stage == 3) {
     const strata::ZeroStats& z = r.zero_stats;
     std::fprintf(human,
@@ -334,8 +450,9 @@ int main(int argc, char** argv) {
   // Shards homed in the GPU tier (stage 3) need not move: the arena holds the model's shards.
   const bool moves_expected = !(args.zero_stage == 3 && args.param_home == strata::TierKind::kGpu);
   const bool moved = r.every_rank_moved || !moves_expected;
-  const bool ok =
-      loss < args.max_loss && worst < args.tolerance && moved && r.replica_difference == 0;
+  const bool ok = loss < args.max_loss && worst < args.tolerance && moved &&
+                  r.replica_difference == 0 && window_held;
+  if (!window_held) std::fprintf(human, "the activations exceeded their GPU window\n");
   if (!moved) {
     std::fprintf(human, "no tensor moved: the GPU arena is not smaller than the model\n");
   }

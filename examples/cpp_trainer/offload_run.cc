@@ -5,6 +5,8 @@
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <string>
 
 #include "strata/offload/offload_optimizer.h"
@@ -60,6 +62,83 @@ absl::StatusOr<ModelStateBytes> model_state_bytes(strata::TensorStore& store,
         2 * 12 * o.chunks * o.chunk_elements;
   }
   return bytes;
+}
+
+// The activations one micro-step saves for backward: in memory, or (--offload-activations)
+// through the stash. Layer outputs are computed into vectors and copied into the stash's GPU-tier
+// buffer (host memory on the host backend, where this example computes); backward copies them
+// back out, so the maths sees the same bytes either way.
+class Activations {
+ public:
+  Activations(strata::ActivationStash* stash, strata::TierKind tier, strata::Stream& stream,
+              strata::Device& device)
+      : stash_(stash), tier_(tier), stream_(stream), device_(device) {}
+
+  void begin(const std::vector<float>& input) {
+    if (stash_ != nullptr) stash_->step_begin();
+    saved_.assign(1, input);
+    ids_.assign(1, 0);
+    sizes_.assign(1, input.size() * sizeof(float));
+  }
+  const std::vector<float>& last() const { return saved_.back(); }
+
+  // Layer output `y` is saved; it stays in memory too only until the next layer has read it.
+  absl::Status save(std::vector<float> y) {
+    if (stash_ != nullptr) {
+      const uint64_t bytes = y.size() * sizeof(float);
+      auto buffer = stash_->allocate(bytes, tier_, stream_);
+      if (!buffer.ok()) return buffer.status();
+      if (auto st = device_.synchronize(stream_); !st.ok()) return st;  // the host writes it
+      std::memcpy(buffer->data, y.data(), bytes);
+      if (auto st = stash_->offload(buffer->id, stream_); !st.ok()) return st;
+      ids_.push_back(buffer->id);
+      if (saved_.size() > 1) saved_.back() = {};  // the previous output is read: stash only
+    } else {
+      ids_.push_back(0);
+    }
+    sizes_.push_back(y.size() * sizeof(float));
+    saved_.push_back(std::move(y));
+    return absl::OkStatus();
+  }
+
+  // acts[k] for backward (loaded from the stash if it is not in memory).
+  absl::StatusOr<const std::vector<float>*> get(int k) {
+    std::vector<float>& v = saved_[static_cast<size_t>(k)];
+    if (stash_ != nullptr && ids_[static_cast<size_t>(k)] != 0 && v.empty()) {
+      const strata::ActivationId id = ids_[static_cast<size_t>(k)];
+      auto data = stash_->load(id, stream_);
+      if (!data.ok()) return data.status();
+      if (auto st = device_.synchronize(stream_); !st.ok()) return st;  // the host reads it
+      const auto* p = static_cast<const float*>(*data);
+      v.assign(p, p + bytes_of(k) / sizeof(float));
+    }
+    return &v;
+  }
+  // acts[k] is not needed again this micro-step.
+  absl::Status done(int k) {
+    saved_[static_cast<size_t>(k)] = {};
+    const strata::ActivationId id = ids_[static_cast<size_t>(k)];
+    if (stash_ == nullptr || id == 0) return absl::OkStatus();
+    ids_[static_cast<size_t>(k)] = 0;
+    return stash_->free(id, stream_);
+  }
+
+ private:
+  uint64_t bytes_of(int k) const { return sizes_.at(static_cast<size_t>(k)); }
+
+  strata::ActivationStash* stash_;
+  strata::TierKind tier_;
+  strata::Stream& stream_;
+  strata::Device& device_;
+  std::vector<std::vector<float>> saved_;
+  std::vector<strata::ActivationId> ids_;
+  std::vector<uint64_t> sizes_;
+};
+
+std::vector<SampleRange> equal_samples(uint32_t micro_steps) {
+  std::vector<SampleRange> out;
+  for (uint32_t m = 0; m < micro_steps; ++m) out.push_back(samples(0, 1, m, micro_steps));
+  return out;
 }
 
 }  // namespace
@@ -131,37 +210,61 @@ absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, con
     return static_cast<float*>(*data);
   };
 
+  std::unique_ptr<strata::ActivationStash> stash;
+  if (args.offload_activations) {
+    strata::ActivationStashOptions o;
+    o.home = args.activation_home;
+    o.window_bytes = args.activation_window_bytes;
+    o.prefetch_bytes = args.activation_prefetch_bytes == UINT64_MAX
+                           ? args.activation_window_bytes / 2
+                           : args.activation_prefetch_bytes;
+    o.record_trace = !args.activation_trace.empty();
+    auto made = strata::ActivationStash::create(store, device, o);
+    if (!made.ok()) return annotate(made.status(), "--offload-activations");
+    stash = *std::move(made);
+  }
+  Activations acts(stash.get(), compute_tier, stream, device);
+
   RunResult result;
   const float denominator = static_cast<float>(kBatch * kLayers[kDepth - 1].out);
   std::mt19937 data_rng(3);
+  store.reset_peak_usage();
   for (int step = 1; step <= args.steps; ++step) {
     const std::string at = absl::StrFormat("step %d", step);
     const Batch batch = make_batch(data_rng, teacher);
     store.step_begin();
     double squared_error = 0;
-    for (uint32_t micro = 0; micro < args.accumulation; ++micro) {
-      const SampleRange r = samples(0, 1, micro, args.accumulation);
-      const Batch mb = args.accumulation == 1 ? batch : slice(batch, r.first, r.count);
-      std::vector<std::vector<float>> acts = {mb.x};
+    const std::vector<SampleRange> ranges = args.variable_batches
+                                                ? variable_samples(step, args.accumulation)
+                                                : equal_samples(args.accumulation);
+    for (const SampleRange& r : ranges) {
+      const Batch mb = ranges.size() == 1 ? batch : slice(batch, r.first, r.count);
+      // The saved activations: acts[0] is the batch's input, acts[k + 1] layer k's output.
+      acts.begin(mb.x);
       for (int k = 0; k < kDepth; ++k) {  // forward
         auto w = acquire(params[k], strata::AccessMode::kRead);
         if (!w.ok()) return annotate(w.status(), at);
         std::vector<float> y;
         forward_layer(kLayers[k], *w, *w + weight_count(kLayers[k]), k == kDepth - 1, r.count,
-                      acts.back(), y);
-        acts.push_back(std::move(y));
+                      acts.last(), y);
+        if (auto st = acts.save(std::move(y)); !st.ok()) return annotate(st, at);
         if (auto st = store.release(params[k], stream); !st.ok()) return annotate(st, at);
       }
       std::vector<float> dy;
-      squared_error += squared_error_and_grad(acts.back(), mb.y, denominator, dy);
+      squared_error += squared_error_and_grad(acts.last(), mb.y, denominator, dy);
       for (int k = kDepth - 1; k >= 0; --k) {  // backward; each gradient goes at once
         auto w = acquire(params[k], strata::AccessMode::kRead);
         if (!w.ok()) return annotate(w.status(), at);
         auto g = acquire(grads[k], strata::AccessMode::kWrite);
         if (!g.ok()) return annotate(g.status(), at);
+        auto x = acts.get(k);
+        if (!x.ok()) return annotate(x.status(), at);
+        auto y = acts.get(k + 1);
+        if (!y.ok()) return annotate(y.status(), at);
         std::vector<float> dx;
-        backward_layer(kLayers[k], *w, k == kDepth - 1, r.count, acts[k], acts[k + 1], dy, *g,
+        backward_layer(kLayers[k], *w, k == kDepth - 1, r.count, **x, **y, dy, *g,
                        *g + weight_count(kLayers[k]), dx);
+        if (auto st = acts.done(k + 1); !st.ok()) return annotate(st, at);
         dy.swap(dx);
         if (auto st = store.release(grads[k], stream); !st.ok()) return annotate(st, at);
         if (auto st = store.release(params[k], stream); !st.ok()) return annotate(st, at);
@@ -176,6 +279,14 @@ absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, con
     result.losses.push_back(static_cast<float>(squared_error / static_cast<double>(denominator)));
   }
 
+  result.gpu_tier_peak_bytes = store.stats().tiers[0].peak_used;
+  if (stash != nullptr) {
+    if (auto st = stash->synchronize(); !st.ok()) return annotate(st, "activations");
+    result.activations = stash->stats();
+    if (!args.activation_trace.empty()) {
+      if (auto st = stash->write_trace(args.activation_trace); !st.ok()) return st;
+    }
+  }
   for (int k = 0; k < kDepth; ++k) {
     auto w = acquire(params[k], strata::AccessMode::kRead);
     if (!w.ok()) return annotate(w.status(), "reading the final weights");

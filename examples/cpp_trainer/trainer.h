@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model.h"
+#include "strata/offload/activation_stash.h"
 #include "strata/offload/zero_engine.h"
 #include "strata/runtime/runtime.h"
 
@@ -37,6 +38,16 @@ struct Args {
   uint64_t persist_below_bytes = 2 << 10;
   uint64_t reuse_window_bytes = 256 << 10;
   std::string stage3_flag;  // the first stage-3 flag given ("" none): only --zero-stage=3 has them
+  // Activation offload (--zero-stage=0): the layer outputs saved for backward go through an
+  // ActivationStash (ActivationStashOptions of the same names).
+  bool offload_activations = false;
+  strata::TierKind activation_home = strata::TierKind::kCpu;
+  uint64_t activation_window_bytes = 128 << 10;
+  uint64_t activation_prefetch_bytes = UINT64_MAX;  // unset: half the window
+  std::string activation_trace;  // "" none, else arena-replay's trace of the window
+  // Each step's micro-batches get random sizes (seeded, the same in every run) instead of equal
+  // ones: variable activation sizes, as variable sequence lengths give.
+  bool variable_batches = false;
 };
 
 // Bytes of model states (parameters, gradients, optimizer states) this rank holds, by tier.
@@ -69,6 +80,10 @@ struct RunResult {
   strata::ZeroStats zero_stats;
   uint64_t exposed_comm_ns = 0;
   uint64_t partitioned_groups = 0;  // of `groups`, the ones whose parameters are sharded
+  // The GPU tier's high-water mark over the run, and with --offload-activations the stash's
+  // counters at the end.
+  uint64_t gpu_tier_peak_bytes = 0;
+  strata::ActivationStashStats activations;
 };
 
 // The samples [first, first + count) of the global batch that micro-step `micro` of rank `rank`
@@ -77,6 +92,9 @@ struct SampleRange {
   int first, count;
 };
 SampleRange samples(int rank, int ranks, uint32_t micro, uint32_t micro_steps);
+// --variable-batches: the step's `micro_steps` micro-batches of one rank, random sizes (at least
+// one sample each) that cover the batch, drawn from `step`.
+std::vector<SampleRange> variable_samples(int step, uint32_t micro_steps);
 
 // Today's path: one rank, parameters and gradients as store tensors, OffloadOptimizer.
 // `human`: where rank 0 writes its progress lines.

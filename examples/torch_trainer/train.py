@@ -184,7 +184,16 @@ def parse_args(argv):
                    "into DIR after the last step")
     p.add_argument("--load-sharded", metavar="DIR", help="ZeRO: start from the sharded "
                    "checkpoint in DIR (any world size) and train the remaining steps")
+    p.add_argument("--offload-activations", action="store_true",
+                   help="stage 0: the tensors autograd saves in forward wait in strata "
+                        "(strata.torch.offload_activations) until backward")
+    p.add_argument("--activation-home", choices=("cpu", "nvme"), default="cpu",
+                   help="with --offload-activations: where they wait (default cpu)")
+    p.add_argument("--activation-window-bytes", default="256KiB",
+                   help="with --offload-activations: the GPU-tier bytes they may hold at once")
     args = p.parse_args(argv)
+    if args.offload_activations and args.zero_stage != 0:
+        p.error("--offload-activations is for --zero-stage=0 in this example")
     if args.steps < 2:
         p.error("--steps must be at least 2")
     if not args.tolerance > 0:
@@ -220,6 +229,8 @@ def main(argv=None) -> int:
     overrides = {}
     if "STRATA_GPU_BYTES" not in os.environ:
         overrides["gpu_bytes"] = str(param_bytes + param_bytes // 2)
+        if args.offload_activations:  # and the activations' window beside them
+            overrides["gpu_bytes"] = str(int(overrides["gpu_bytes"]) + (4 << 20))
     rt = strata.Runtime(**overrides)
 
     backend = rt.backend
@@ -256,6 +267,11 @@ def main(argv=None) -> int:
     opt = st.OffloadAdamW(wrapped, state_home=home, max_grad_norm=MAX_GRAD_NORM, **HYPER)
     ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **HYPER)
 
+    offload = None
+    if args.offload_activations:
+        offload = st.offload_activations(rt, home=args.activation_home,
+                                         window_bytes=args.activation_window_bytes,
+                                         prefetch_bytes="64KiB", min_bytes="4KiB")
     batches = [(x.to(device), y.to(device))
                for x, y in markov_batches(args.steps, batch=args.batch)]
     print(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}")
@@ -264,7 +280,12 @@ def main(argv=None) -> int:
     clipped = 0
     start = time.perf_counter()
     for step, (x, y) in enumerate(batches, 1):
-        loss = lm_loss(wrapped, x, y)
+        rt.reset_peak_usage()
+        if offload is not None:
+            with offload:  # one step of the stash: forward's saved tensors go to strata
+                loss = lm_loss(wrapped, x, y)
+        else:
+            loss = lm_loss(wrapped, x, y)
         loss.backward()
         result = opt.step()
         opt.zero_grad()
@@ -299,6 +320,19 @@ def main(argv=None) -> int:
     print(f"gradient clipping (max norm {MAX_GRAD_NORM:g}) applied at {clipped} of "
           f"{args.steps} steps")
     print(f"{args.steps} steps of both runs in {elapsed:.2f} s")
+    if offload is not None:
+        offload.stash.synchronize()
+        a = offload.stats()
+        print(f"activations: {a['tensors_offloaded']} tensors ({a['saved_bytes'] / 1024:.0f} KiB) "
+              f"saved to {args.activation_home}, {a['tensors_kept_by_torch']} left to torch; "
+              f"{a['loads']} loads ({a['loads_prefetched']} prefetched, {a['loads_kept']} kept, "
+              f"{a['loads_on_demand']} on demand); stash peak {a['gpu_peak_bytes'] / 1024:.0f} "
+              f"KiB of the GPU tier (window {offload.stash.window_bytes / 1024:.0f} KiB), the "
+              f"tier's high-water mark in the last step "
+              f"{rt.stats()['tiers'][0]['peak_used'] / 1024:.0f} KiB")
+        if a["errors"] or a["gpu_peak_bytes"] > offload.stash.window_bytes or not a["loads"]:
+            print("the activation stash failed, exceeded its window or loaded nothing")
+            return 1
 
     ok = True
     if worst > args.tolerance:

@@ -50,7 +50,8 @@ FIELDS = {"ranks": int, "stage": int, "steps": int, "accumulation": int, "losses
           "tolerance": NUMBER, "max_replica_difference": NUMBER,
           "model_state_bytes_per_rank": dict, "gradient_bucket_bytes_per_rank": int,
           "comm_bytes_per_step": int, "bucket_bytes": int, "groups": int, "states": str,
-          "bytes_moved": int, "passed": bool}
+          "bytes_moved": int, "passed": bool, "weights_checksum": str,
+          "gpu_tier_peak_bytes": int}
 STAGE3_FIELDS = {"param_home": str, "prefetch_bytes": int, "max_live_bytes": int,
                  "persist_below_bytes": int, "reuse_window_bytes": int,
                  "partitioned_groups": int, "gathered_peak_bytes": int,
