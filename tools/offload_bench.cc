@@ -282,40 +282,10 @@ int run(int argc, const char* const* argv) {
                        "train-step: measured steps per policy, after one warm-up step; zero: "
                        "measured steps, after one warm-up step, default 5");
   // Only meaningful with --workload=train-step (the first three with zero too); checked below.
-  const std::vector<cli::Flag*> train_flags = {
-      &layers_flag,
-      &layer_bytes_flag,
-      &steps_flag,
-      &flags.add_size("activation-bytes", &train.activation_bytes,
-                      "train-step: bytes of each layer's saved activation, written in forward and "
-                      "read in backward (a multiple of 4KiB; 0: none)"),
-      &flags.add_double("compute-ms", &train.compute_ms,
-                        "train-step: simulated compute per layer of forward and of backward, in "
-                        "milliseconds"),
-      &flags.add_bool("optimizer", &train.optimizer,
-                      "train-step: after backward, the optimizer pass over the layers in forward "
-                      "order (gradient read, weight updated); --optimizer=off: forward and "
-                      "backward only, no gradients (a palindrome: LRU evicts as Belady does)"),
-      &flags.add_double("optimizer-ms", &train.optimizer_ms,
-                        "train-step: simulated compute per layer of the optimizer pass, in "
-                        "milliseconds"),
-      &flags.add_uint64("arena-layers", &train.arena_layers,
-                        "train-step: layers (all of a layer's tensors) the GPU arena holds"),
-      &flags.add_enum("home", &train.home, {"nvme", "cpu"},
-                      "train-step: the layers' home tier (nvme uses STRATA_NVME_PATHS or a "
-                      "temporary directory, as the NVMe paths do)"),
-      &flags.add_double("link-gbps", &train.link_gbps,
-                        "train-step: HostDevice H2D/D2H throttle in GB/s (below PCIe, so the link "
-                        "limits the step); 0 = unthrottled; ignored on CUDA"),
-      &flags.add_bool("sync-each-layer", &train.sync_each_layer,
-                      "train-step: the host waits for each layer's compute before the next "
-                      "acquire (no run-ahead: only prefetching hides transfers); "
-                      "--sync-each-layer=off lets the host run ahead"),
-      &flags.add_string("policies", &policies_text,
-                        "train-step: comma-separated policies to run, in this order, each in a "
-                        "fresh runtime: belady (prefetch + Belady eviction), lru (prefetch + LRU), "
-                        "on-demand (no prefetch, Belady eviction)"),
-  };
+  std::vector<cli::Flag*> train_flags = {&layers_flag, &layer_bytes_flag, &steps_flag};
+  for (cli::Flag* flag : add_train_step_flags(flags, &train, &policies_text)) {
+    train_flags.push_back(flag);
+  }
   OptimizerOptions optimizer;
   std::string params_text = "32M";  // OptimizerOptions::params
   uint64_t zero_stage = 0;          // not given

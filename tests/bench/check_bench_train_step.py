@@ -4,8 +4,9 @@ activation and a 1 MiB gradient, an arena of 2 layers, forward, backward and the
 with --json=- in a fresh TMPDIR and checks the document: it parses, keeps the top-level fields,
 has train_step.bound_seconds > 0 and one run per policy (belady, lru, on-demand) with every
 field, the paging model's Belady fetches less than its LRU (the step is no palindrome), and the
-NVMe temporary directory is gone afterwards. Then --policies runs a subset in the order given.
-No timing assertions: the machine may be busy."""
+NVMe temporary directory is gone afterwards. Then --policies runs a subset in the order given,
+and --activations=stash sends the activations through an ActivationStash (check_stash: its
+counters' invariants). No timing assertions: the machine may be busy."""
 import os
 import sys
 import tempfile
@@ -98,10 +99,50 @@ def main() -> int:
     got = [r["policy"] for r in doc["train_step"]["runs"]]
     assert got == ["lru", "belady"], got
     assert doc["train_step"]["nvme_read_gbps"] is None, doc["train_step"]
+    check_stash(bench)
     print("offload-bench train-step JSON ok: bound", ts["bound_seconds"], "s;",
           ", ".join(f"{r['policy']} {r['step_seconds']} s ({r['ratio_to_bound']}x)"
                     for r in ts["runs"]))
     return 0
+
+
+def check_stash(bench):
+    """--activations=stash: the activations go through an ActivationStash (window 3, prefetch 2
+    activations); invariants of its counters, not timings."""
+    window, prefetch = 3 * ACTIVATION_BYTES, 2 * ACTIVATION_BYTES
+    doc = run_bench(bench, ARGS + ["--home=cpu", "--policies=belady,on-demand", "--steps=2",
+                                   "--activations=stash",
+                                   f"--activation-window-bytes={window}",
+                                   f"--activation-prefetch-bytes={prefetch}"], os.environ)
+    ts = doc["train_step"]
+    assert ts["activations"] == "stash", ts
+    assert ts["activation_window_bytes"] == window, ts
+    assert ts["activation_prefetch_bytes"] == prefetch, ts
+    # The arena: the layers' weights and gradients, plus the window (not the activations).
+    assert ARENA_LAYERS * 2 * LAYER_BYTES + window <= ts["arena_bytes"], ts
+    assert ts["arena_bytes"] < ARENA_LAYERS * 2 * LAYER_BYTES + window + LAYER_BYTES, ts
+    kept = prefetch // ACTIVATION_BYTES  # keep_tail keeps backward's first activations
+    assert ts["activation_transfer_bytes"] == (LAYERS - kept) * ACTIVATION_BYTES, ts
+    model = ts["model"]["belady"]
+    assert ts["transfer_bytes"] == model["fetched_bytes"] + ts["activation_transfer_bytes"], ts
+    assert ts["d2h_bytes"] == model["written_back_bytes"] + ts["activation_transfer_bytes"], ts
+    for run in ts["runs"]:
+        a = run["activations"]
+        assert a is not None, run
+        # Every activation saved in forward is loaded once in backward.
+        assert a["loads"] == LAYERS, a
+        assert a["loads_prefetched"] + a["loads_kept"] + a["loads_on_demand"] == a["loads"], a
+        # Once the order is known (the warm-up step), the first loads are kept and the rest
+        # come back by prefetch: what is not kept went home and came back.
+        assert a["loads_kept"] == kept, a
+        assert a["bytes_out"] == (LAYERS - a["loads_kept"]) * ACTIVATION_BYTES, a
+        assert a["gpu_peak_bytes"] <= window, a
+        assert run["gpu_tier_peak_bytes"] <= ts["arena_bytes"], run
+        # The store's acquires: weights and gradients (5 per layer), and the stash's own: each
+        # activation written (allocate) and loaded, and each prefetch its fetcher carried out.
+        acquires = LAYERS * (1 + 2 + 2) + 2 * LAYERS + a["loads_prefetched"]
+        assert run["hits"] + run["misses"] == acquires, run
+        assert len(run["all_step_seconds"]) == 2, run
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@
 #include <utility>
 
 #include "bench/common.h"
+#include "bench/train_step_link.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
 #include "strata/device/host_device.h"
+#include "strata/offload/activation_stash.h"
 #include "strata/runtime/runtime.h"
 
 namespace strata::bench {
@@ -39,11 +41,6 @@ const Policy* find_policy(std::string_view name) {
 
 constexpr uint64_t kGpuAlignment = 256;  // MemoryTier::create_gpu_arena's default granularity
 constexpr uint64_t kMaxBounce = uint64_t{64} << 20;
-constexpr int kProbeRepeats = 5;
-// The link probes move this many layers per timing: a sustained rate, as a step's stream of
-// layers sees, rather than one request's latency (which on the NVMe read understated the rate
-// the steps themselves reached by up to 2x).
-constexpr uint64_t kProbeLayers = 4;
 
 // The layer's footprint in the GPU arena and in the pinned CPU tier (their granularities).
 uint64_t gpu_footprint(uint64_t bytes) { return round_up(bytes, kGpuAlignment); }
@@ -57,11 +54,18 @@ uint64_t usable_arena(uint64_t bytes) {
   return bytes < bounce ? 0 : (bytes - bounce) / kGpuAlignment * kGpuAlignment;
 }
 
-// A layer's tensors: its weight, its saved activation (--activation-bytes > 0) and its gradient
-// (--optimizer).
+bool stashed(const TrainStepOptions& o) {
+  return o.activations == "stash" && o.activation_bytes > 0;
+}
+
+// A layer's tensors in the arena: its weight, its saved activation (--activation-bytes > 0,
+// unless the stash's window holds the activations) and its gradient (--optimizer).
 uint64_t layer_gpu_footprint(const TrainStepOptions& o) {
   uint64_t bytes = 0;
-  for (LayerTensor kind : layer_tensors(o)) bytes += gpu_footprint(tensor_bytes(o, kind));
+  for (LayerTensor kind : layer_tensors(o)) {
+    if (kind == LayerTensor::kActivation && stashed(o)) continue;
+    bytes += gpu_footprint(tensor_bytes(o, kind));
+  }
   return bytes;
 }
 uint64_t layer_cpu_footprint(const TrainStepOptions& o) {
@@ -73,7 +77,8 @@ uint64_t layer_cpu_footprint(const TrainStepOptions& o) {
 // The smallest STRATA_GPU_BYTES whose arena holds `layers` layers: any more and a further layer
 // could fit, which would quietly make the arena larger than the flag says.
 uint64_t gpu_bytes_for(uint64_t layers, const TrainStepOptions& o) {
-  const uint64_t payload = layers * layer_gpu_footprint(o);
+  const uint64_t payload =
+      layers * layer_gpu_footprint(o) + (stashed(o) ? gpu_footprint(stash_window_bytes(o)) : 0);
   uint64_t bytes = std::max(payload, 2 * kGpuAlignment);
   while (usable_arena(bytes) < payload) bytes += round_up(payload - usable_arena(bytes), 256);
   return bytes;
@@ -90,85 +95,9 @@ uint64_t nvme_bytes_for(const TrainStepOptions& o, uint64_t stripe, uint64_t pat
   return o.layers * layer + per_path(kProbeLayers * o.layer_bytes) + 2 * stripe;
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 absl::Status with_context(const absl::Status& status, std::string_view what) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrFormat("train-step: %s: %s", what, status.message()));
-}
-
-// Seconds per call of `pass`: one untimed warm-up (first touches), then the median of
-// kProbeRepeats.
-absl::StatusOr<double> time_median(const std::function<absl::Status()>& pass) {
-  if (absl::Status status = pass(); !status.ok()) return status;
-  std::vector<double> seconds;
-  for (int i = 0; i < kProbeRepeats; ++i) {
-    const absl::Time start = absl::Now();
-    if (absl::Status status = pass(); !status.ok()) return status;
-    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  return median(seconds);
-}
-
-// The raw H2D link: kProbeLayers back-to-back copies of a layer from plain pinned memory to a
-// plain device allocation, as the store's cpu -> gpu and staging -> gpu copies are.
-absl::StatusOr<double> probe_h2d(Device& device, uint64_t bytes) {
-  auto memory = device.allocate_device_memory(bytes);
-  if (!memory.ok()) return memory.status();
-  auto pinned = device.allocate_pinned(bytes, "train-step link probe");
-  if (!pinned.ok()) return pinned.status();
-  auto stream = device.create_stream();
-  if (!stream.ok()) return stream.status();
-  fill_pattern(static_cast<std::byte*>((*pinned)->data()), bytes, /*seed=*/7);
-  auto seconds = time_median([&]() -> absl::Status {
-    for (uint64_t i = 0; i < kProbeLayers; ++i) {
-      if (auto status = device.copy_async((*memory)->data(), (*pinned)->data(), bytes,
-                                          CopyKind::kHostToDevice, **stream);
-          !status.ok()) {
-        return status;
-      }
-    }
-    return device.synchronize(**stream);
-  });
-  if (!seconds.ok()) return seconds.status();
-  return static_cast<double>(kProbeLayers * bytes) / *seconds;
-}
-
-// The raw NVMe read: one extent of kProbeLayers layers in the runtime's own swap space, read in
-// one request (STRATA_IO_DEPTH units in flight) into the pinned CPU tier (registered with
-// io_uring, as the staging chunks are), checksums included.
-absl::StatusOr<double> probe_nvme_read(MemoryTier& cpu, SwapSpace& swap, uint64_t layer_bytes) {
-  const uint64_t bytes = kProbeLayers * layer_bytes;
-  auto block = cpu.allocate(cpu_footprint(bytes));
-  if (!block.ok()) return block.status();
-  absl::Status pinned = cpu.pin(*block);
-  auto address = cpu.address(*block);
-  auto extent = swap.allocate(bytes, "train-step link probe");
-  absl::StatusOr<double> result = absl::InternalError("not measured");
-  if (!pinned.ok()) {
-    result = pinned;
-  } else if (!address.ok()) {
-    result = address.status();
-  } else if (!extent.ok()) {
-    result = extent.status();
-  } else {
-    auto* buffer = static_cast<std::byte*>(*address);
-    fill_pattern(buffer, bytes, /*seed=*/11);
-    absl::Status written = swap.write_sync(*extent, buffer, bytes);
-    auto seconds = written.ok()
-                       ? time_median([&] { return swap.read_sync(*extent, buffer, bytes); })
-                       : absl::StatusOr<double>(written);
-    result = seconds.ok() ? absl::StatusOr<double>(static_cast<double>(bytes) / *seconds)
-                          : seconds.status();
-  }
-  if (extent.ok()) (void)swap.free(*extent);
-  if (pinned.ok()) (void)cpu.unpin(*block);
-  (void)cpu.free(*block);
-  return result;
 }
 
 // Writes every layer's tensors once (layer-major, each layer's in layer_tensors() order, as
@@ -199,6 +128,10 @@ absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& 
     for (size_t k = 0; k < kinds.size(); ++k) {
       static constexpr const char* kNames[] = {"weight", "activation", "gradient"};
       const char* name = kNames[static_cast<int>(kinds[k])];
+      if (kinds[k] == LayerTensor::kActivation && stashed(o)) {
+        layers.emplace_back();  // the stash makes it each step
+        continue;
+      }
       const auto seed = static_cast<uint32_t>(i * kinds.size() + k);
       if (auto status =
               add(absl::StrFormat("layer.%d.%s", i, name), tensor_bytes(o, kinds[k]), seed);
@@ -209,6 +142,7 @@ absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& 
   }
   if (auto status = store.flush(); !status.ok()) return status;
   for (const TensorHandle& layer : layers) {
+    if (!layer.valid()) continue;
     if (auto status = store.evict(layer, TierKind::kGpu); !status.ok()) return status;
   }
   return layers;
@@ -230,25 +164,39 @@ struct StepCounters {
   StoreStats before;
   StoreStats after;
   double compute_seconds = 0;
+  std::optional<ActivationStashStats> stash_before, stash_after;
 };
 
 // One training step as step_plan() lays it out: for each layer of each pass, its tensors acquired
 // on the GPU (read or write), the layer's simulated compute launched on `stream`, the tensors
 // released, and (--sync-each-layer) the host waiting for the compute; then waits for the stream.
+// With a stash, the activation accesses go to it instead (`stash` non-null, `activation_bytes`
+// each): forward allocates and, after the compute is launched, offloads; backward loads and
+// frees.
 absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
                       const std::vector<TensorHandle>& tensors,
                       const std::vector<PlannedLayer>& plan, bool sync_each_layer,
-                      const std::shared_ptr<std::atomic<int64_t>>& spent_ns) {
+                      const std::shared_ptr<std::atomic<int64_t>>& spent_ns, ActivationStash* stash,
+                      uint64_t activation_bytes) {
+  std::vector<ActivationId> saved(tensors.size(), 0);  // by tensor index
   auto use = [&](const PlannedLayer& layer) -> absl::Status {
     size_t acquired = 0;
     absl::Status status;
     for (const PlannedAccess& a : layer.accesses) {
-      auto data = store.acquire(tensors[a.tensor], TierKind::kGpu, stream,
-                                a.write ? AccessMode::kWrite : AccessMode::kRead);
-      if (!data.ok()) {
+      if (stash != nullptr && !tensors[a.tensor].valid()) {  // an activation
+        if (a.write) {
+          auto buffer = stash->allocate(activation_bytes, TierKind::kGpu, stream);
+          status = buffer.status();
+          if (buffer.ok()) saved[a.tensor] = buffer->id;
+        } else {
+          status = stash->load(saved[a.tensor], stream).status();
+        }
+      } else {
+        auto data = store.acquire(tensors[a.tensor], TierKind::kGpu, stream,
+                                  a.write ? AccessMode::kWrite : AccessMode::kRead);
         status = data.status();
-        break;
       }
+      if (!status.ok()) break;
       ++acquired;
     }
     if (status.ok()) {
@@ -257,12 +205,20 @@ absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
           stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
     }
     for (size_t i = 0; i < acquired; ++i) {
-      absl::Status released = store.release(tensors[layer.accesses[i].tensor], stream);
+      const PlannedAccess& a = layer.accesses[i];
+      absl::Status released;
+      if (stash != nullptr && !tensors[a.tensor].valid()) {
+        released = a.write ? stash->offload(saved[a.tensor], stream)
+                           : stash->free(saved[a.tensor], stream);
+      } else {
+        released = store.release(tensors[a.tensor], stream);
+      }
       if (!released.ok() && status.ok()) status = released;
     }
     if (!status.ok() || !sync_each_layer) return status;
     return device.synchronize(stream);
   };
+  if (stash != nullptr) stash->step_begin();
   store.step_begin();
   absl::Status status;
   for (size_t i = 0; i < plan.size() && status.ok(); ++i) status = use(plan[i]);
@@ -320,6 +276,21 @@ TrainStepRun make_run(const char* policy, double seconds, const StepCounters& c)
   r.prefetches_late = a.prefetches_late - b.prefetches_late;
   r.prefetches_wasted = a.prefetches_wasted - b.prefetches_wasted;
   r.prefetches_failed = a.prefetches_failed - b.prefetches_failed;
+  r.gpu_tier_peak_bytes = a.tiers[static_cast<size_t>(TierKind::kGpu)].peak_used;
+  if (c.stash_before.has_value() && c.stash_after.has_value()) {
+    const ActivationStashStats& sb = *c.stash_before;
+    const ActivationStashStats& sa = *c.stash_after;
+    TrainStepRun::Stash st;
+    st.loads = sa.loads - sb.loads;
+    st.loads_prefetched = sa.loads_prefetched - sb.loads_prefetched;
+    st.loads_kept = sa.loads_kept - sb.loads_kept;
+    st.loads_on_demand = sa.loads_on_demand - sb.loads_on_demand;
+    st.bytes_out = sa.offloaded_bytes - sb.offloaded_bytes;
+    st.window_waits = sa.window_waits - sb.window_waits;
+    st.window_wait_seconds = static_cast<double>(sa.window_wait_ns - sb.window_wait_ns) * 1e-9;
+    st.gpu_peak_bytes = sa.gpu_peak_bytes;
+    r.stash = st;
+  }
   r.prefetch_accuracy = r.prefetches_issued == 0 ? 0
                                                  : static_cast<double>(r.prefetches_used) /
                                                        static_cast<double>(r.prefetches_issued);
@@ -380,12 +351,38 @@ std::optional<std::string> validate(const TrainStepOptions& o) {
   if (o.home != "nvme" && o.home != "cpu") return "--home: must be nvme or cpu";
   if (!(o.link_gbps >= 0)) return "--link-gbps: must be >= 0 (0: unthrottled)";
   if (o.steps == 0) return "--steps: must be at least 1";
+  if (o.activations != "store" && o.activations != "stash") {
+    return "--activations: must be store (store tensors paged by the scheduler) or stash (an "
+           "ActivationStash), not '" +
+           o.activations + "'";
+  }
+  if (stashed(o)) {
+    if (stash_window_bytes(o) < o.activation_bytes) {
+      return "--activation-window-bytes: must hold at least one activation (" +
+             std::to_string(o.activation_bytes) + " bytes), not " +
+             std::to_string(stash_window_bytes(o));
+    }
+    if (stash_prefetch_bytes(o) > stash_window_bytes(o)) {
+      return "--activation-prefetch-bytes: must be at most the window (" +
+             std::to_string(stash_window_bytes(o)) + " bytes), not " +
+             std::to_string(stash_prefetch_bytes(o));
+    }
+  }
   return std::nullopt;
 }
 
 double TrainStepBound::transfer_seconds() const {
-  return link_bytes_per_second > 0 ? static_cast<double>(transfer_bytes) / link_bytes_per_second
-                                   : 0;
+  return link_bytes_per_second > 0
+             ? static_cast<double>(std::max(transfer_bytes, d2h_bytes)) / link_bytes_per_second
+             : 0;
+}
+
+uint64_t stash_window_bytes(const TrainStepOptions& o) {
+  return o.activation_window_bytes > 0 ? o.activation_window_bytes : 4 * o.activation_bytes;
+}
+
+uint64_t stash_prefetch_bytes(const TrainStepOptions& o) {
+  return o.activation_prefetch_bytes > 0 ? o.activation_prefetch_bytes : 2 * o.activation_bytes;
 }
 
 double TrainStepBound::seconds() const { return std::max(compute_seconds, transfer_seconds()); }
@@ -418,10 +415,35 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     for (LayerTensor kind : layer_tensors(o))
       footprint.push_back(gpu_footprint(tensor_bytes(o, kind)));
   }
+  // With the stash the activations are not paged by the arena's policy: the model pages the
+  // weights and gradients in the arena left beside the window.
+  std::vector<PlannedLayer> paged = plan;
+  if (stashed(o)) {
+    const size_t per_layer = layer_tensors(o).size();
+    const auto activation = static_cast<size_t>(
+        std::find(layer_tensors(o).begin(), layer_tensors(o).end(), LayerTensor::kActivation) -
+        layer_tensors(o).begin());
+    for (PlannedLayer& layer : paged) {
+      std::erase_if(layer.accesses,
+                    [&](const PlannedAccess& a) { return a.tensor % per_layer == activation; });
+    }
+  }
   report.bound.arena_bytes = usable_arena(gpu_bytes_for(o.arena_layers, o));
-  report.bound.belady = model_paging(plan, footprint, report.bound.arena_bytes, /*belady=*/true);
-  report.bound.lru = model_paging(plan, footprint, report.bound.arena_bytes, /*belady=*/false);
+  const uint64_t paged_arena =
+      report.bound.arena_bytes -
+      (stashed(o) ? std::min(report.bound.arena_bytes, gpu_footprint(stash_window_bytes(o))) : 0);
+  report.bound.belady = model_paging(paged, footprint, paged_arena, /*belady=*/true);
+  report.bound.lru = model_paging(paged, footprint, paged_arena, /*belady=*/false);
   report.bound.transfer_bytes = report.bound.belady.fetched_bytes;
+  if (stashed(o)) {
+    // keep_tail keeps backward's first activations (within the prefetch distance) on the GPU;
+    // every other one goes out in forward and comes back in backward.
+    const uint64_t kept = std::min(o.layers, stash_prefetch_bytes(o) / o.activation_bytes);
+    report.bound.activation_transfer_bytes = (o.layers - kept) * o.activation_bytes;
+    report.bound.transfer_bytes += report.bound.activation_transfer_bytes;
+    report.bound.d2h_bytes =
+        report.bound.belady.written_back_bytes + report.bound.activation_transfer_bytes;
+  }
 
   // Every policy's runtime is set up (layers written, warm-up step run) before any step is
   // timed, and the measured steps then take turns: step s of each policy, then step s + 1. Run
@@ -436,6 +458,7 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     std::vector<TensorHandle> layers;
     std::shared_ptr<std::atomic<int64_t>> spent_ns = std::make_shared<std::atomic<int64_t>>(0);
     std::vector<std::pair<double, StepCounters>> steps;
+    std::unique_ptr<ActivationStash> stash;  // --activations=stash
   };
   std::vector<PolicyRun> runs;
   for (const std::string& name : o.policies) {
@@ -484,11 +507,20 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     auto layers = create_layers(o, rt, *run.stream);
     if (!layers.ok()) return with_context(layers.status(), "writing the layers");
     run.layers = *std::move(layers);
+    if (stashed(o)) {
+      ActivationStashOptions so;
+      so.home = o.home == "cpu" ? TierKind::kCpu : TierKind::kNvme;
+      so.window_bytes = stash_window_bytes(o);
+      so.prefetch_bytes = stash_prefetch_bytes(o);
+      auto stash = ActivationStash::create(rt.store(), dev, so);
+      if (!stash.ok()) return with_context(stash.status(), "creating the activation stash");
+      run.stash = *std::move(stash);
+    }
     human << absl::StrFormat("train-step: %s: warm-up step (records the access trace)\n",
                              run.policy->name);
     human.flush();
     if (auto status = run_step(rt.store(), dev, *run.stream, run.layers, plan, o.sync_each_layer,
-                               run.spent_ns);
+                               run.spent_ns, run.stash.get(), o.activation_bytes);
         !status.ok()) {
       return with_context(status, "warm-up step");
     }
@@ -500,15 +532,24 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     for (PolicyRun& run : runs) {
       TensorStore& store = run.runtime->store();
       StepCounters counters;
+      store.reset_peak_usage();
       counters.before = store.stats();
+      if (run.stash != nullptr) counters.stash_before = run.stash->stats();
       run.spent_ns->store(0);
       const absl::Time start = absl::Now();
-      if (auto status = run_step(store, run.runtime->device(), *run.stream, run.layers, plan,
-                                 o.sync_each_layer, run.spent_ns);
+      if (auto status =
+              run_step(store, run.runtime->device(), *run.stream, run.layers, plan,
+                       o.sync_each_layer, run.spent_ns, run.stash.get(), o.activation_bytes);
           !status.ok()) {
         return with_context(status, absl::StrFormat("measured step (%s)", run.policy->name));
       }
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      if (run.stash != nullptr) {
+        if (auto status = run.stash->synchronize(); !status.ok()) {
+          return with_context(status, "the activation stash");
+        }
+        counters.stash_after = run.stash->stats();
+      }
       counters.after = store.stats();
       counters.compute_seconds = static_cast<double>(run.spent_ns->load()) * 1e-9;
       run.steps.emplace_back(seconds, counters);

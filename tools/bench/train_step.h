@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/train_step_plan.h"
+#include "cli.h"
 #include "strata/config/config.h"
 #include "strata/device/device.h"
 
@@ -49,7 +50,18 @@ struct TrainStepOptions {
   // On by default: with run-ahead, an on-demand fetch is issued as early as a prefetch could be
   // and the policies cannot be told apart (docs/train-step.md).
   bool sync_each_layer = true;
+  // How the saved activations travel. "store": store tensors homed on --home, acquired and
+  // paged by the store's scheduler like the weights. "stash": an ActivationStash
+  // (docs/activations.md): written into the GPU arena in forward, sent home behind the next
+  // layers, brought back along the recorded backward order, at most the window's bytes at once.
+  std::string activations = "store";
+  uint64_t activation_window_bytes = 0;    // stash: 0 is 4 activations
+  uint64_t activation_prefetch_bytes = 0;  // stash: 0 is 2 activations (at most the window)
 };
+
+// The stash's window and prefetch distance after the defaults (0) are applied.
+uint64_t stash_window_bytes(const TrainStepOptions& options);
+uint64_t stash_prefetch_bytes(const TrainStepOptions& options);
 
 // A usage error in `options` (the message names the flag), or nullopt.
 std::optional<std::string> validate(const TrainStepOptions& options);
@@ -65,6 +77,12 @@ struct TrainStepBound {
   double h2d_bytes_per_second = 0;
   std::optional<double> nvme_bytes_per_second;  // home=nvme only
   double link_bytes_per_second = 0;             // the slower of the two
+  // --activations=stash: the activation bytes that cross the link each way per step (out in
+  // forward, back in backward; keep_tail's kept ones stay), and what leaves the GPU in all
+  // (the model's write-backs plus those): the link is full duplex, so the busier direction
+  // bounds the step.
+  uint64_t activation_transfer_bytes = 0;
+  uint64_t d2h_bytes = 0;
   double transfer_seconds() const;
   double seconds() const;  // max(compute, transfer)
 };
@@ -96,6 +114,16 @@ struct TrainStepRun {
   double seconds_per_fetch = 0;
   double seconds_per_write_back = 0;
   std::vector<double> all_step_seconds;  // every measured step, in order
+  uint64_t gpu_tier_peak_bytes = 0;      // the GPU tier's high-water mark during the step
+  // --activations=stash: the stash's counters during the step.
+  struct Stash {
+    uint64_t loads = 0, loads_prefetched = 0, loads_kept = 0, loads_on_demand = 0;
+    uint64_t bytes_out = 0;  // sent home
+    uint64_t window_waits = 0;
+    double window_wait_seconds = 0;
+    uint64_t gpu_peak_bytes = 0;  // since the stash was made
+  };
+  std::optional<Stash> stash;
 };
 
 struct TrainStepReport {
@@ -122,6 +150,12 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& options, 
                                                std::ostream& human);
 
 void print_train_step(const TrainStepReport& report, std::ostream& out);
+
+// Adds the flags only this workload takes (--activation-bytes ... --activation-prefetch-bytes;
+// --layers, --layer-bytes and --steps are shared with --workload=zero), writing into `train`
+// and `policies_text` (--policies, parsed by the caller); returns them.
+std::vector<cli::Flag*> add_train_step_flags(cli::FlagSet& flags, TrainStepOptions* train,
+                                             std::string* policies_text);
 // The value of the "train_step" key of offload-bench's JSON document.
 std::string train_step_json(const TrainStepReport& report);
 

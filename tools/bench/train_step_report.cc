@@ -46,8 +46,17 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
       o.arena_layers, format_bytes(report.config.gpu_bytes), o.steps,
       o.sync_each_layer ? ", host waits for each layer's compute" : "");
   out << absl::StrFormat("bound %.4f s = max(compute %.4f s, transfer %s / %s = %.4f s)\n",
-                         b.seconds(), b.compute_seconds, format_bytes(b.transfer_bytes),
+                         b.seconds(), b.compute_seconds,
+                         format_bytes(std::max(b.transfer_bytes, b.d2h_bytes)),
                          gbps(b.link_bytes_per_second), b.transfer_seconds());
+  if (o.activations == "stash") {
+    out << absl::StrFormat(
+        "activations through the stash: window %s, prefetch %s; %s out in forward and back in "
+        "backward per step (what keep_tail does not keep); to the GPU %s, from it %s per step\n",
+        format_bytes(stash_window_bytes(o)), format_bytes(stash_prefetch_bytes(o)),
+        format_bytes(b.activation_transfer_bytes), format_bytes(b.transfer_bytes),
+        format_bytes(b.d2h_bytes));
+  }
   out << "model of one step in " << format_bytes(b.arena_bytes)
       << " (no prefetch): " << model_text("belady", b.belady) << "; " << model_text("lru", b.lru)
       << "\n";
@@ -73,6 +82,17 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
         r.prefetches_issued == 0 ? std::string("-") : absl::StrFormat("%.3f", r.prefetch_accuracy),
         r.prefetches_late, r.prefetches_wasted, r.prefetches_failed);
   }
+  for (const TrainStepRun& r : report.runs) {
+    if (!r.stash.has_value()) continue;
+    const TrainStepRun::Stash& st = *r.stash;
+    out << absl::StrFormat(
+        "%-10s activations: %d loads (%d prefetched, %d kept, %d on demand), %s sent home, %d "
+        "waits for window room (%.4f s); stash peak %s of the GPU tier, the tier's high-water "
+        "mark %s\n",
+        r.policy, st.loads, st.loads_prefetched, st.loads_kept, st.loads_on_demand,
+        format_bytes(st.bytes_out), st.window_waits, st.window_wait_seconds,
+        format_bytes(st.gpu_peak_bytes), format_bytes(r.gpu_tier_peak_bytes));
+  }
   out << "\n";
   for (const std::string& note : report.notes) out << note << "\n";
   out << "ratio = step / bound; transfer = the bytes Belady's offline paging (the model line) "
@@ -92,6 +112,16 @@ std::string train_step_json(const TrainStepReport& report) {
   for (const TrainStepRun& r : report.runs) {
     std::vector<std::string> all;
     for (double s : r.all_step_seconds) all.push_back(seconds_json(s));
+    std::string stash = "null";
+    if (r.stash.has_value()) {
+      const TrainStepRun::Stash& st = *r.stash;
+      stash = absl::StrFormat(
+          R"({"loads": %d, "loads_prefetched": %d, "loads_kept": %d, "loads_on_demand": %d, )"
+          R"("bytes_out": %d, "window_waits": %d, "window_wait_seconds": %s, )"
+          R"("gpu_peak_bytes": %d})",
+          st.loads, st.loads_prefetched, st.loads_kept, st.loads_on_demand, st.bytes_out,
+          st.window_waits, seconds_json(st.window_wait_seconds), st.gpu_peak_bytes);
+    }
     runs.push_back(absl::StrFormat(
         R"({"policy": "%s", "step_seconds": %s, "ratio_to_bound": %s, "stall_seconds": %s, )"
         R"("bytes_moved": %d, "bytes_to_gpu": %d, "bytes_from_gpu": %d, "hits": %d, )"
@@ -99,13 +129,14 @@ std::string train_step_json(const TrainStepReport& report) {
         R"("prefetches_used": %d, "prefetches_late": %d, "prefetches_wasted": %d, )"
         R"("prefetches_failed": %d, "prefetch_accuracy": %s, "compute_seconds": %s, )"
         R"("seconds_per_move": %s, "seconds_per_fetch": %s, "seconds_per_write_back": %s, )"
-        R"("all_step_seconds": [%s]})",
+        R"("all_step_seconds": [%s], "gpu_tier_peak_bytes": %d, "activations": %s})",
         r.policy, seconds_json(r.step_seconds), ratio_json(r.ratio_to_bound),
         seconds_json(r.stall_seconds), r.bytes_moved, r.bytes_to_gpu, r.bytes_from_gpu, r.hits,
         r.misses, r.prefetches_issued, r.prefetches_used, r.prefetches_late, r.prefetches_wasted,
         r.prefetches_failed, ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds),
         seconds_json(r.seconds_per_move), seconds_json(r.seconds_per_fetch),
-        seconds_json(r.seconds_per_write_back), absl::StrJoin(all, ", ")));
+        seconds_json(r.seconds_per_write_back), absl::StrJoin(all, ", "), r.gpu_tier_peak_bytes,
+        stash));
   }
   return absl::StrFormat(
       R"({"bound_seconds": %s, "compute_seconds": %s, "transfer_bytes": %d, )"
@@ -113,7 +144,9 @@ std::string train_step_json(const TrainStepReport& report) {
       R"("layers": %d, "layer_bytes": %d, "activation_bytes": %d, "compute_ms": %s, )"
       R"("optimizer": %s, "optimizer_ms": %s, "arena_layers": %d, "arena_bytes": %d, )"
       R"("home": "%s", "link_throttle_gbps": %s, "steps": %d, "sync_each_layer": %s, )"
-      R"("model": {"belady": %s, "lru": %s}, "runs": [%s]})",
+      R"("model": {"belady": %s, "lru": %s}, "activations": "%s", )"
+      R"("activation_window_bytes": %d, "activation_prefetch_bytes": %d, )"
+      R"("activation_transfer_bytes": %d, "d2h_bytes": %d, "runs": [%s]})",
       seconds_json(b.seconds()), seconds_json(b.compute_seconds), b.transfer_bytes,
       seconds_json(b.transfer_seconds()), ratio_json(b.link_bytes_per_second / 1e9),
       ratio_json(b.h2d_bytes_per_second / 1e9),
@@ -121,8 +154,10 @@ std::string train_step_json(const TrainStepReport& report) {
       o.layers, o.layer_bytes, o.activation_bytes, ratio_json(o.compute_ms),
       o.optimizer ? "true" : "false", ratio_json(o.optimizer_ms), o.arena_layers, b.arena_bytes,
       o.home, report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : "null", o.steps,
-      o.sync_each_layer ? "true" : "false", model_json(b.belady), model_json(b.lru),
-      absl::StrJoin(runs, ", "));
+      o.sync_each_layer ? "true" : "false", model_json(b.belady), model_json(b.lru), o.activations,
+      o.activations == "stash" ? stash_window_bytes(o) : 0,
+      o.activations == "stash" ? stash_prefetch_bytes(o) : 0, b.activation_transfer_bytes,
+      b.d2h_bytes, absl::StrJoin(runs, ", "));
 }
 
 }  // namespace strata::bench
