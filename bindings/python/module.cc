@@ -23,6 +23,7 @@
 #include "activations.h"
 #include "comm.h"
 #include "errors.h"
+#include "names.h"
 #include "optimizer.h"
 #include "runtime.h"
 #include "stream.h"
@@ -42,4 +43,13 @@ PYBIND11_MODULE(_strata, m) {
   strata::python::bind_zero(m);
   strata::python::bind_activations(m);
   strata::python::bind_testing(m);
+  // The size parser every `*_bytes` argument goes through, for the pure-Python layers.
+  m.def(
+      "parse_size",
+      [](const pybind11::object& value, const std::string& what, bool allow_zero) {
+        return strata::python::size_arg(value, what.c_str(), allow_zero);
+      },
+      pybind11::arg("value"), pybind11::arg("what") = "size", pybind11::arg("allow_zero") = true,
+      "A byte count from an int or a size string ('64KiB', '1.5GiB'); InvalidArgumentError "
+      "naming `what` otherwise.");
 }

@@ -37,6 +37,19 @@ def test_bad_size_string_raises_value_error_with_the_runtime_message():
     assert isinstance(info.value, RuntimeError)
 
 
+def test_parse_size_is_the_runtime_parser():
+    assert strata.parse_size("64KiB") == 64 * 1024
+    assert strata.parse_size("1.5MiB") == 3 * MiB // 2
+    assert strata.parse_size(4096) == 4096
+    assert strata.parse_size(0) == 0
+    with pytest.raises(strata.InvalidArgumentError, match="min_bytes=.*lots"):
+        strata.parse_size("lots", "min_bytes")
+    with pytest.raises(strata.InvalidArgumentError, match=r"window_bytes=-1: a byte count >= 0"):
+        strata.parse_size(-1, "window_bytes")
+    with pytest.raises(strata.InvalidArgumentError, match="a positive byte count"):
+        strata.parse_size(0, "window_bytes", allow_zero=False)
+
+
 def test_unknown_keyword_names_the_variable():
     with pytest.raises(strata.Error, match=r"did you mean STRATA_GPU_BYTES"):
         strata.Runtime(backend="host", gpu_byte="1GiB")

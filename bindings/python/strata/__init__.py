@@ -26,6 +26,7 @@ from ._strata import (  # noqa: F401
     Runtime,
     Tensor,
     ZeroEngine,
+    parse_size,
 )
 
 # KeyError quotes its message (repr) in str(); strata's NotFoundError reads like the others.
@@ -45,6 +46,7 @@ __all__ = [
     "Runtime",
     "Tensor",
     "ZeroEngine",
+    "parse_size",
     "torch",
 ]
 

@@ -83,11 +83,11 @@ class ActivationOffload:
                  window_bytes="256MiB", prefetch_bytes="64MiB", min_bytes="64KiB",
                  keep_tail: bool = True, record_trace: bool = False,
                  name: str = "activation"):
+        self.min_bytes = strata.parse_size(min_bytes, "min_bytes")  # before any stash exists
         self.runtime = runtime
         self.stash = strata.ActivationStash(runtime, home=home, window_bytes=window_bytes,
                                             prefetch_bytes=prefetch_bytes, keep_tail=keep_tail,
                                             record_trace=record_trace, name=name)
-        self.min_bytes = _bytes(min_bytes, "min_bytes")
         self.offloaded = 0        # tensors offloaded since creation
         self.offloaded_bytes = 0
         self.kept = 0             # saved tensors left to torch (small, parameters, strided)
@@ -162,21 +162,6 @@ class ActivationOffload:
         acquisition = saved.owner.stash.load(saved.id, saved.shape, saved.dtype, owner=saved)
         # The view owns the acquisition (DLPack): torch freeing it gives the load back.
         return torch.from_dlpack(acquisition)
-
-
-def _bytes(value, what: str) -> int:
-    if isinstance(value, str):
-        units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "b": 1}
-        text = value.strip().lower()
-        for unit, scale in units.items():
-            if text.endswith(unit) and text[:-len(unit)].strip().isdigit():
-                return int(text[:-len(unit)]) * scale
-        if text.isdigit():
-            return int(text)
-        raise ValueError(f"{what}={value!r}: a byte count such as 65536 or '64KiB'")
-    if int(value) < 0:
-        raise ValueError(f"{what}={value}: a byte count >= 0")
-    return int(value)
 
 
 def offload_activations(runtime: "strata.Runtime", **options) -> ActivationOffload:
