@@ -125,9 +125,9 @@ absl::Status Impl::make_room(uint64_t bytes, const std::string& what) {
           what, format_bytes(bytes), format_bytes(options.window_bytes), window_breakdown()));
     }
     waited = true;
-    ++room_waiters;
+    ++counters.room_waiters;
     wait(&changed, &mu);
-    --room_waiters;
+    --counters.room_waiters;
   }
   if (waited) {
     ++counters.window_waits;
@@ -251,7 +251,7 @@ void Impl::run_mover() {
     }
     changed.SignalAll();
     // Room given back goes to a waiting allocate() or load() first, never to a prefetch.
-    if (window_cut && was_on_gpu && room_waiters == 0)
+    if (window_cut && was_on_gpu && counters.room_waiters == 0)
       plan_prefetch(last_load_step, last_load_index);
   }
 }

@@ -100,8 +100,7 @@ struct ActivationStash::Impl {
   uint64_t kept_bytes ABSL_GUARDED_BY(mu) = 0;
   uint64_t last_load_step ABSL_GUARDED_BY(mu) = UINT64_MAX;  // the latest load's step and index
   uint32_t last_load_index ABSL_GUARDED_BY(mu) = 0;
-  bool window_cut ABSL_GUARDED_BY(mu) = false;    // the latest plan stopped at the window
-  uint32_t room_waiters ABSL_GUARDED_BY(mu) = 0;  // allocate()/load() calls waiting for room
+  bool window_cut ABSL_GUARDED_BY(mu) = false;  // the latest plan stopped at the window
   ActivationOrder order ABSL_GUARDED_BY(mu);
   ActivationStashStats counters ABSL_GUARDED_BY(mu);
   absl::Status first_error ABSL_GUARDED_BY(mu);

@@ -176,6 +176,7 @@ py::dict stash_stats(const ActivationStashStats& s) {
   d["gpu_peak_bytes"] = s.gpu_peak_bytes;
   d["window_waits"] = s.window_waits;
   d["window_wait_seconds"] = static_cast<double>(s.window_wait_ns) * 1e-9;
+  d["room_waiters"] = s.room_waiters;
   d["load_wait_seconds"] = static_cast<double>(s.load_wait_ns) * 1e-9;
   d["errors"] = s.errors;
   return d;

@@ -3,6 +3,8 @@
 // prefetch along the recorded order, keep_tail, NVMe checksums, full tiers and misuse.
 #include "strata/offload/activation_stash.h"
 
+#include <absl/synchronization/notification.h>
+#include <absl/time/clock.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -353,14 +355,29 @@ TEST_CASE("ActivationStash: a window the trainer fills is an error naming the wi
   // CPU-tier saves do not touch the window.
   auto host = stash->allocate(32 * kKiB, TierKind::kCpu, *rig.stream);
   REQUIRE(host.ok());
+  // The move home waits for the stream that wrote `first`, held here until the next allocate
+  // is seen waiting for room: so it must wait, whatever the threads' timing.
+  absl::Notification writer_done;
+  REQUIRE(rig.runtime->device()
+              .launch_host_callback(*rig.stream, [&] { writer_done.WaitForNotification(); })
+              .ok());
   REQUIRE(stash->offload(first->id, *rig.stream).ok());
+  CHECK(stash->stats().gpu_bytes == 32 * kKiB);  // still counted: its move cannot be done
+  std::thread writer([&] {
+    for (int i = 0; i < 60000 && stash->stats().room_waiters == 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(1));  // bounded: a stash that never waits fails below
+    }
+    writer_done.Notify();
+  });
   auto third = stash->allocate(32 * kKiB, TierKind::kGpu, *rig.stream);  // waits for the move
+  writer.join();
   REQUIRE(third.ok());
   for (ActivationId id : {first->id, host->id, third->id}) {
     REQUIRE(stash->free(id, *rig.stream).ok());
   }
   REQUIRE(stash->synchronize().ok());
-  CHECK(stash->stats().window_waits >= 1);
+  CHECK(stash->stats().window_waits == 1);
+  CHECK(stash->stats().room_waiters == 0);
   CHECK(stash->stats().live == 0);
 }
 

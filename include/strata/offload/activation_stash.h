@@ -94,6 +94,7 @@ struct ActivationStashStats {
   uint64_t gpu_peak_bytes = 0;  // the most gpu_bytes has been (at most window_bytes)
   uint64_t window_waits = 0;    // allocate()/load() calls that waited for room in the window
   uint64_t window_wait_ns = 0;  // host time they waited
+  uint64_t room_waiters = 0;    // allocate()/load() calls waiting for room now
   uint64_t load_wait_ns = 0;    // host time load() waited for a move home to finish first
   uint64_t errors = 0;          // failed background moves
 };
