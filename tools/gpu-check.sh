@@ -37,7 +37,9 @@ Runs on a machine with an NVIDIA GPU, against a strata build folder:
   1. strata-info with STRATA_BACKEND=cuda (the backend and GPU strata sees)
   2. every [cuda] test case of the Catch2 binaries (build/tests/*_test), one by one
   3. the Python tests (tests/python) with STRATA_BACKEND=cuda and a CUDA torch
-  4. examples/torch_trainer/train.py --device=cuda with STRATA_BACKEND=cuda
+  4. examples/torch_trainer/train.py --device=cuda with STRATA_BACKEND=cuda, and
+     activations_compare.py --device=cuda (plain torch, save_on_cpu, strata's activation
+     offload: step time and peak torch.cuda.max_memory_allocated, with --json)
   5. offload-bench on CUDA: the path sweep (every path), --workload=train-step and
      --workload=optimizer, each with --json
 and writes gpu-check.json (every check: passed/failed/skipped, seconds, detail; the bench
@@ -287,9 +289,11 @@ PYTHON_MODULE_DIR="$BUILD_DIR/python"
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
   skip python pytest "no Python interpreter '$PYTHON' (give --python)"
   skip example torch_trainer "no Python interpreter '$PYTHON' (give --python)"
+  skip example activations_compare "no Python interpreter '$PYTHON' (give --python)"
 elif [[ ! -d "$PYTHON_MODULE_DIR/strata" ]]; then
   skip python pytest "the build has no Python module ($PYTHON_MODULE_DIR/strata)"
   skip example torch_trainer "the build has no Python module"
+  skip example activations_compare "the build has no Python module"
 else
   export PYTHONPATH="$PYTHON_MODULE_DIR${PYTHONPATH:+:$PYTHONPATH}"
   torch_cuda="$("$PYTHON" -c 'import torch; print("yes" if torch.cuda.is_available() else "no: torch " + torch.__version__ + " sees no CUDA device")' 2>&1 | tail -1)"
@@ -298,6 +302,7 @@ else
   if [[ "$torch_cuda" != yes ]]; then
     skip python pytest "no CUDA torch for $PYTHON ($torch_cuda)"
     skip example torch_trainer "no CUDA torch for $PYTHON ($torch_cuda)"
+    skip example activations_compare "no CUDA torch for $PYTHON ($torch_cuda)"
   else
     if "$PYTHON" -c 'import pytest' >/dev/null 2>&1; then
       check python pytest "$PYTHON" -m pytest -q -p no:cacheprovider -rs "$SOURCE_DIR/tests/python"
@@ -305,6 +310,11 @@ else
       skip python pytest "pytest is not installed for $PYTHON"
     fi
     check example torch_trainer "$PYTHON" "$SOURCE_DIR/examples/torch_trainer/train.py" --device=cuda
+    # Activation offload against plain torch and torch's save_on_cpu(pin_memory=True), one run:
+    # step time and peak torch.cuda.max_memory_allocated (docs/activations.md).
+    check example activations_compare "$PYTHON" \
+      "$SOURCE_DIR/examples/torch_trainer/activations_compare.py" --device=cuda \
+      --json="$OUT_DIR/torch-activations.json"
   fi
 fi
 
@@ -366,7 +376,8 @@ JSON="$OUT_DIR/gpu-check.json"
   printf '    "strata_info": %s,\n' "$(json_file "$OUT_DIR/strata-info.json")"
   printf '    "offload_bench_paths": %s,\n' "$(json_file "$OUT_DIR/bench-paths.json")"
   printf '    "offload_bench_train_step": %s,\n' "$(json_file "$OUT_DIR/bench-train-step.json")"
-  printf '    "offload_bench_optimizer": %s\n' "$(json_file "$OUT_DIR/bench-optimizer.json")"
+  printf '    "offload_bench_optimizer": %s,\n' "$(json_file "$OUT_DIR/bench-optimizer.json")"
+  printf '    "torch_activations": %s\n' "$(json_file "$OUT_DIR/torch-activations.json")"
   printf '  }\n}\n'
 } > "$JSON"
 rm -f "$RESULTS"

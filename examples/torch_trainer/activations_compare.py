@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""activations_compare: one transformer trained three ways in one run, to compare what keeping
+the saved activations off the GPU costs and buys:
+
+  torch        plain PyTorch: autograd keeps every saved activation on the device;
+  save_on_cpu  torch.autograd.graph.save_on_cpu(pin_memory=True): PyTorch's own offload, each
+               saved tensor copied to pinned host memory and copied back when backward needs it;
+  strata       strata.torch.offload_activations: saved tensors go to strata's CPU tier (or NVMe)
+               and come back into strata's GPU arena ahead of their use, at most --window-bytes
+               there at once.
+
+Each mode starts from the same weights and trains on the same batches with torch.optim.AdamW, so
+the only difference is where the activations wait. Per mode: the median step time over the timed
+steps, and on CUDA the peak of torch.cuda.max_memory_allocated (torch's allocator) over them; for
+strata also the peak GPU-arena bytes its activations held (strata's arena is allocated up front,
+outside torch's allocator, so the two add up). The losses of every step and the final weights must
+be bitwise equal across the modes on the CPU (the bytes are copied, never converted); on CUDA
+they must agree within --tolerance (cuBLAS may pick other kernels when memory differs).
+
+    PYTHONPATH=<build>/python STRATA_BACKEND=cuda python3 examples/torch_trainer/activations_compare.py \
+        --device=cuda --json=torch-activations.json           # tools/gpu-check.sh runs this
+    PYTHONPATH=<build>/python STRATA_BACKEND=host python3 examples/torch_trainer/activations_compare.py \
+        --device=cpu --layers=2 --d-model=64 --seq=64 --batch=4 --steps=3   # the CTest run
+
+Exit status: 0 (prints PASS) when the modes agree; 1 (prints FAIL) otherwise; 2 on a usage error;
+77 when torch is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+
+try:
+    import torch
+except ImportError:  # the CTest test counts exit 77 as skipped
+    print("SKIP: torch is not installed (Debian: apt install python3-torch)")
+    sys.exit(77)
+from torch import nn
+from torch.nn import functional as F
+
+import strata
+import strata.torch as st
+
+from train import Block  # beside this file: the same pre-LayerNorm block as the trainer's
+
+MODES = ("torch", "save_on_cpu", "strata")
+
+
+class Transformer(nn.Module):
+    """Embeddings, `layers` blocks, a final LayerNorm and an LM head."""
+
+    def __init__(self, vocab: int, seq: int, d_model: int, heads: int, layers: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, 4 * d_model) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok(tokens) + self.pos(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=8, help="timed steps per mode (default 8)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    p.add_argument("--home", choices=("cpu", "nvme"), default="cpu",
+                   help="strata mode: where the activations wait (default cpu)")
+    p.add_argument("--window-bytes", default="auto",
+                   help="strata mode: GPU-arena bytes its activations may hold at once (auto: a "
+                        "quarter of what one step saves, at least four of its largest tensors)")
+    p.add_argument("--prefetch-bytes", default="auto",
+                   help="strata mode: how far ahead backward's loads are fetched (auto: half "
+                        "the window)")
+    p.add_argument("--tolerance", type=float, default=1e-5,
+                   help="CUDA: largest relative loss difference allowed (default 1e-5)")
+    p.add_argument("--json", help="write the figures to this file")
+    args = p.parse_args(argv)
+    for name in ("layers", "d_model", "heads", "seq", "batch", "vocab", "steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup < 0:
+        p.error("--warmup must be at least 0")
+    if args.d_model % args.heads:
+        p.error(f"--d-model={args.d_model} does not divide into --heads={args.heads}")
+    for name in ("window_bytes", "prefetch_bytes"):
+        value = getattr(args, name)
+        if value != "auto":
+            try:
+                setattr(args, name, strata.parse_size(value, name,
+                                                      allow_zero=name == "prefetch_bytes"))
+            except strata.InvalidArgumentError as error:
+                p.error(f"--{name.replace('_', '-')}: {error}")
+    return args
+
+
+def saved_bytes(model, batch):
+    """What autograd saves in one forward, counted by a pass-through hook: (total, largest)."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_of(model, *batch)
+    del loss
+    return sum(sizes), max(sizes)
+
+
+def loss_of(model, tokens, targets):
+    logits = model(tokens)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def synchronize(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def train(mode, reference, batches, args, device, offload=None):
+    """The losses of every step, the final weights, the step times and peak memory of `mode`."""
+    model = copy.deepcopy(reference)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    losses, times = [], []
+    peak = None
+    for step, (x, y) in enumerate(batches):
+        if step == args.warmup:
+            synchronize(device)
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            if offload is not None:
+                offload.runtime.reset_peak_usage()
+        start = time.perf_counter()
+        if mode == "torch":
+            loss = loss_of(model, x, y)
+        elif mode == "save_on_cpu":
+            with torch.autograd.graph.save_on_cpu(pin_memory=device == "cuda"):
+                loss = loss_of(model, x, y)
+        else:
+            with offload:
+                loss = loss_of(model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+        synchronize(device)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated()
+    weights = [p.detach().cpu() for p in model.parameters()]
+    return {"losses": [float(v) for v in torch.stack(losses).cpu()], "weights": weights,
+            "step_seconds": statistics.median(times), "torch_peak_bytes": peak}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("--device=cuda: torch has no CUDA device", file=sys.stderr)
+        return 2
+
+    torch.manual_seed(1234)
+    reference = Transformer(args.vocab, args.seq, args.d_model, args.heads, args.layers).to(device)
+    g = torch.Generator().manual_seed(7)
+    batches = []
+    for _ in range(args.warmup + args.steps):
+        seq = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=g)
+        batches.append((seq[:, :-1].to(device), seq[:, 1:].to(device)))
+    per_step, largest = saved_bytes(reference, batches[0])
+    window = args.window_bytes
+    if window == "auto":
+        window = max(per_step // 4, 4 * largest)
+    prefetch = window // 2 if args.prefetch_bytes == "auto" else args.prefetch_bytes
+    if prefetch > window:
+        print(f"--prefetch-bytes={prefetch} exceeds the window ({window} bytes)", file=sys.stderr)
+        return 2
+
+    overrides = {}  # STRATA_* in the environment win; else room for the window and one step
+    if "STRATA_GPU_BYTES" not in os.environ:
+        overrides["gpu_bytes"] = str(window + (4 << 20))
+    if "STRATA_CPU_BYTES" not in os.environ:
+        staging = 0  # the NVMe tier's staging buffers come out of the CPU tier
+        if os.environ.get("STRATA_NVME_PATHS"):
+            staging = strata.parse_size(os.environ.get("STRATA_STAGING_BYTES", "256MiB"),
+                                        "STRATA_STAGING_BYTES")
+        overrides["cpu_bytes"] = str(2 * per_step + staging + (64 << 20))
+    rt = strata.Runtime(**overrides)
+    if (device == "cuda") != (rt.backend == "cuda"):
+        print(f"--device={device}: strata's runtime is on the {rt.backend} backend; set "
+              f"STRATA_BACKEND={'cuda' if device == 'cuda' else 'host'}", file=sys.stderr)
+        return 2
+    offload = st.offload_activations(rt, home=args.home, window_bytes=window,
+                                     prefetch_bytes=prefetch, min_bytes="64KiB")
+    n_params = sum(p.numel() for p in reference.parameters())
+    print(f"model: {args.layers} blocks, d_model {args.d_model}, {args.heads} heads, seq "
+          f"{args.seq}, batch {args.batch}, vocab {args.vocab}: {n_params} parameters; "
+          f"{per_step / 2**20:.1f} MiB saved per step (largest tensor {largest / 2**20:.2f} MiB)")
+    print(f"device {device}; strata: home {args.home}, window {window / 2**20:.1f} MiB, prefetch "
+          f"{prefetch / 2**20:.1f} MiB; {args.warmup} warm-up and {args.steps} timed steps each")
+
+    results = {}
+    for mode in MODES:
+        results[mode] = train(mode, reference, batches, args, device,
+                              offload if mode == "strata" else None)
+    offload.stash.synchronize()
+    stash = offload.stats()
+    results["strata"]["strata_arena_peak_bytes"] = stash["gpu_peak_bytes"]
+
+    base = results["torch"]
+    worst = 0.0
+    bitwise = True
+    for mode in MODES[1:]:
+        r = results[mode]
+        bitwise &= r["losses"] == base["losses"] and all(
+            torch.equal(a, b) for a, b in zip(r["weights"], base["weights"]))
+        for a, b in zip(r["losses"], base["losses"]):
+            worst = max(worst, abs(a - b) / max(abs(b), 1e-12))
+
+    print(f"{'mode':<12} {'step (ms)':>10} {'vs torch':>9} {'torch peak (MiB)':>17} "
+          f"{'+ strata arena (MiB)':>21}")
+    for mode in MODES:
+        r = results[mode]
+        peak = "-" if r["torch_peak_bytes"] is None else f"{r['torch_peak_bytes'] / 2**20:.1f}"
+        arena = r.get("strata_arena_peak_bytes")
+        arena = "-" if arena is None else f"{arena / 2**20:.1f}"
+        print(f"{mode:<12} {r['step_seconds'] * 1e3:10.2f} "
+              f"{r['step_seconds'] / base['step_seconds']:8.2f}x {peak:>17} {arena:>21}")
+    print(f"strata: {stash['loads']} loads ({stash['loads_prefetched']} prefetched, "
+          f"{stash['loads_kept']} kept, {stash['loads_on_demand']} on demand), "
+          f"{stash['window_waits']} window waits, {stash['errors']} errors")
+    print(f"losses: {'bitwise equal' if bitwise else f'largest relative difference {worst:.3g}'}"
+          " across the modes")
+
+    if args.json:
+        out = {"device": device, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+               "torch": torch.__version__,
+               "model": {k: getattr(args, k) for k in ("layers", "d_model", "heads", "seq",
+                                                       "batch", "vocab")},
+               "parameters": n_params, "saved_bytes_per_step": per_step,
+               "largest_saved_bytes": largest, "window_bytes": window,
+               "prefetch_bytes": prefetch, "home": args.home, "steps": args.steps,
+               "bitwise": bitwise, "max_relative_loss_difference": worst,
+               "modes": {m: {k: v for k, v in r.items() if k != "weights"}
+                         for m, r in results.items()},
+               "strata_stats": {k: v for k, v in stash.items() if not isinstance(v, str)}}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+            f.write("\n")
+
+    ok = stash["errors"] == 0 and stash["loads"] > 0
+    if not ok:
+        print("the strata run's stash failed or loaded nothing")
+    if device == "cpu" and not bitwise:
+        print("on the CPU the modes must be bitwise equal, and are not")
+        ok = False
+    if device == "cuda" and worst > args.tolerance:
+        print(f"the losses differ by {worst:.3g} relative, more than --tolerance {args.tolerance:g}")
+        ok = False
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
