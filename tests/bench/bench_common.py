@@ -35,4 +35,9 @@ def check_document(doc, paths, total, tensor, repeats):
         assert row["baseline_bytes"] == row["total_bytes"], "baseline moved other bytes"
         assert 0 < row["gbps_min"] <= row["gbps_median"] <= row["gbps_max"], row
         assert row["baseline_gbps"] > 0, row
-        assert abs(row["ratio"] - row["gbps_median"] / row["baseline_gbps"]) < 0.01, row
+        # The JSON prints each figure to 3 decimals: the ratio of the printed rates may differ
+        # from the printed ratio by their rounding, relative to each rate (a slow baseline under
+        # TSan, 0.395 GB/s against 4.92, put 0.011 between them).
+        med, base = row["gbps_median"], row["baseline_gbps"]
+        slack = 0.0005 + (med / base) * (0.0005 / med + 0.0005 / base) + 1e-9
+        assert abs(row["ratio"] - med / base) <= slack, (row, slack)
