@@ -41,34 +41,14 @@ try:
 except ImportError:  # the CTest test counts exit 77 as skipped
     print("SKIP: torch is not installed (Debian: apt install python3-torch)")
     sys.exit(77)
-from torch import nn
 from torch.nn import functional as F
 
 import strata
 import strata.torch as st
 
-from train import Block  # beside this file: the same pre-LayerNorm block as the trainer's
+from train import TinyTransformer  # beside this file: the trainer's model, here larger
 
 MODES = ("torch", "save_on_cpu", "strata")
-
-
-class Transformer(nn.Module):
-    """Embeddings, `layers` blocks, a final LayerNorm and an LM head."""
-
-    def __init__(self, vocab: int, seq: int, d_model: int, heads: int, layers: int):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(seq, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads, 4 * d_model) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab)
-
-    def forward(self, tokens):
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok(tokens) + self.pos(positions)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
 
 
 def parse_args(argv):
@@ -183,7 +163,8 @@ def main(argv=None) -> int:
         return 2
 
     torch.manual_seed(1234)
-    reference = Transformer(args.vocab, args.seq, args.d_model, args.heads, args.layers).to(device)
+    reference = TinyTransformer(args.vocab, args.seq, args.d_model, args.heads, 4 * args.d_model,
+                                args.layers).to(device)
     g = torch.Generator().manual_seed(7)
     batches = []
     for _ in range(args.warmup + args.steps):

@@ -118,13 +118,17 @@ class Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    def __init__(self):
+    """Embeddings, `layers` blocks, a final LayerNorm and an LM head (this trainer's sizes by
+    default; activations_compare.py builds larger ones)."""
+
+    def __init__(self, vocab=VOCAB, seq=SEQ, d_model=D_MODEL, heads=HEADS, d_mlp=D_MLP,
+                 layers=LAYERS):
         super().__init__()
-        self.tok = nn.Embedding(VOCAB, D_MODEL)
-        self.pos = nn.Embedding(SEQ, D_MODEL)
-        self.blocks = nn.ModuleList(Block(D_MODEL, HEADS, D_MLP) for _ in range(LAYERS))
-        self.ln_f = nn.LayerNorm(D_MODEL)
-        self.head = nn.Linear(D_MODEL, VOCAB)
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, d_mlp) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
 
     def forward(self, tokens):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
