@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# gpu-check.sh: runs strata's GPU paths on a machine with an NVIDIA GPU and writes one JSON
-# (what passed, failed and was skipped, and the figures) and one log. See docs/gpu-check.md.
+# gpu-check.sh: runs strata's checks on a machine with an NVIDIA GPU, within a deadline, and
+# writes at most 8 files (a summary, one JSON, the logs). See docs/gpu-check.md.
 #
-# It needs only bash, coreutils and the build: no Debian -dev packages and no network. The build
-# folder may come from another machine (then carry the shared libraries it needs: --bundle
-# there, --libs here); with cmake, ninja and nvcc present it can also build here (--build-here).
+# It needs only bash, coreutils, tar and the build: no Debian -dev packages and no network. A
+# build made elsewhere travels as one bundle (--bundle there, --from here). The halves are in
+# tools/gpu-check/: bundle.sh (the build machine's), run.sh (the steps), report.sh (the outputs).
 #
-#   tools/gpu-check.sh [--build DIR] [--out DIR] [--libs DIR] [--python PY] [--all-tests]
-#   tools/gpu-check.sh --bundle DIR [--build DIR]    # on the build machine: libraries to carry
-#   tools/gpu-check.sh --missing [--build DIR] [--libs DIR]  # here: what the build lacks
+#   tools/gpu-check.sh --bundle DIR [--build DIR] [--for-python X.Y|none] [--no-build]
+#   tools/gpu-check.sh --from DIR [--out DIR] [--python PY] [--deadline S] [--only STEPS]
+#   tools/gpu-check.sh [--build DIR] [--libs DIR] [--out DIR] [--python PY] [--deadline S]
+#   tools/gpu-check.sh --missing [--build DIR] [--libs DIR]
+#   tools/gpu-check.sh --list-outputs
 #
-# Exit codes: 0 every check passed or was skipped; 1 a check failed; 2 bad command line or no
-# usable build; 3 no GPU (nvidia-smi missing, or it lists no device).
+# Exit codes: 0 every check passed or was skipped; 1 a check failed (or the bundle is over the
+# device tool's limits); 2 bad command line or no usable build; 3 no GPU.
 set -uo pipefail
 
 # Builtins only until the GPU check, so that it also answers under an empty PATH.
@@ -22,51 +24,83 @@ BUILD_DIR="${SOURCE_DIR}/build"
 OUT_DIR="${OUT:-./gpu-check-out}"
 LIBS_DIR=""
 BUNDLE_DIR=""
+FROM_DIR=""
 PYTHON="${PYTHON:-python3}"
 MODE=check
 BUILD_HERE=0
-ALL_TESTS=0
-TEST_TIMEOUT=900
+NO_BUILD=0
+FOR_PYTHON=3.12
+ONLY=""
+STEPS=(info cuda pytest bench ctest examples)
+# The device tool: at most 8 files come back from $OUT, a command is at most 2,000 characters and
+# what travels (the working tree and the carried paths) at most 64 MiB.
+MAX_OUT_FILES=8
+MAX_CARRY_MIB="${GPU_CHECK_MAX_CARRY_MIB:-64}"
+# The whole run, unpacking included, ends within --deadline seconds (under 6 minutes, with a
+# margin for the summary); each step also has its own cap (below).
+DEADLINE=330
+RESERVE=8
 NO_GPU_EXIT=3
+BUNDLE_NAME=strata-gpu-bundle.tar.gz
+# What a run writes into the output folder, and nothing else.
+OUTPUT_FILES=(summary.txt gpu-check.json gpu-check.log ctest.log pytest.log bench.txt)
 
 usage() {
   cat <<'EOF'
 usage: tools/gpu-check.sh [flags]
 
-Runs on a machine with an NVIDIA GPU, against a strata build folder:
-  1. strata-info with STRATA_BACKEND=cuda (the backend and GPU strata sees)
-  2. every [cuda] test case of the Catch2 binaries (build/tests/*_test), one by one
-  3. the Python tests (tests/python) with STRATA_BACKEND=cuda and a CUDA torch
-  4. examples/torch_trainer/train.py --device=cuda with STRATA_BACKEND=cuda, and
-     activations_compare.py --device=cuda (plain torch, save_on_cpu, strata's activation
-     offload: step time and peak torch.cuda.max_memory_allocated, with --json)
-  5. offload-bench on CUDA: the path sweep (every path), --workload=train-step and
-     --workload=optimizer, each with --json
-and writes gpu-check.json (every check: passed/failed/skipped, seconds, detail; the bench
-documents under "figures") and gpu-check.log (every command and its output) to the output
-folder.
+On a machine with an NVIDIA GPU, against a strata build, within --deadline seconds (default 330,
+so that the whole run ends under 6 minutes), runs these steps, each bounded by `timeout`:
+  info      nvidia-smi, and strata-info with STRATA_BACKEND=cuda (what strata sees)
+  cuda      every [cuda] test case of the Catch2 binaries (build/tests/*_test), one process per
+            binary; the cases of a failing binary again one by one, to name the failures
+  pytest    import strata, then the Python tests (tests/python) with STRATA_BACKEND=cuda and
+            the interpreter's CUDA torch
+  bench     offload-bench on CUDA: the path sweep, --workload=train-step and
+            --workload=optimizer, each with --json
+  ctest     the whole CTest suite of the build (-j cores, 60 s per test; STRATA_BACKEND unset)
+  examples  examples/torch_trainer/train.py and activations_compare.py with --device=cuda
+A step that fails is recorded and the next one runs; a step that would start past the deadline
+is recorded as skipped. It writes at most 8 files into the output folder: summary.txt (also
+printed at the end), gpu-check.json (every check, the figures), gpu-check.log, ctest.log,
+pytest.log and bench.txt.
+
+modes:
+  --bundle DIR    on the build machine: the whole recipe for a GPU machine without -dev
+                  packages. Builds --build (with the Python module also for the GPU machine's
+                  Python, --for-python), copies the shared libraries its binaries load (not
+                  glibc's, the NVIDIA driver's, libnccl, libstdc++ or libgcc_s: the GPU
+                  machine's are used), and writes DIR/strata-gpu-bundle.tar.gz: the build
+                  without *.o, *.a and CMakeFiles, the libraries and the paths it was built at.
+                  DIR must be a git-ignored folder of this checkout; the bundle and the working
+                  tree must fit the device tool's 64 MiB. Prints the device tool's call.
+  --from DIR      on the GPU machine: unpack DIR's bundle so that the build sits at the absolute
+                  path it was made at (linking the checkout's path to this checkout if needed),
+                  then check it (as --build BUILD --libs DIR)
+  --missing       list the libraries the build's binaries cannot load here (exit 1 if any)
+  --list-outputs  print the names of the files a check writes, and exit
 
 flags:
   --build DIR     the build folder (default: build/ next to this script's tools/)
+  --libs DIR      a folder with lib/ (from a bundle): first on LD_LIBRARY_PATH
   --out DIR       output folder (default: $OUT if set, else ./gpu-check-out)
-  --build-here    configure and build DIR first (needs cmake, ninja, nvcc and the libraries;
-                  CMAKE_ARGS in the environment is passed to cmake)
-  --libs DIR      a folder made by --bundle: its lib/ goes first on LD_LIBRARY_PATH
-  --python PY     the interpreter with a CUDA torch (default: $PYTHON or python3)
-  --all-tests     run every test case of the Catch2 binaries, not only [cuda] ones (the rest
-                  then run with STRATA_BACKEND=cuda where they read the environment)
-  --timeout S     per-command limit in seconds (default 900)
-  --bundle DIR    do not check: copy the shared libraries the build's binaries load, except
-                  glibc and the NVIDIA driver's, into DIR/lib and list them in DIR/libs.txt
-                  (run on the build machine; carry DIR to the GPU machine with the build)
-  --missing       do not check: list the libraries the build's binaries cannot load here
-                  (exit 1 when there are any)
+  --python PY     the interpreter with a CUDA torch (default: $PYTHON or python3); its torch's
+                  NCCL (nvidia/nccl/lib in site-packages) goes on LD_LIBRARY_PATH
+  --deadline S    the whole run's limit in seconds (default 330)
+  --only LIST     comma-separated steps to run (default: info,cuda,pytest,bench,ctest,examples)
+  --build-here    configure and build --build first (needs cmake, ninja, nvcc and the
+                  libraries; CMAKE_ARGS is passed to cmake; not counted in the deadline)
+  --for-python V  --bundle: the GPU machine's Python version (default 3.12; found here with
+                  pyenv or as pythonV, headers needed); 'none': only the build's own module
+  --no-build      --bundle: take the build as it is (no configure, no build)
   -h, --help      this text
 
-STRATA_* variables in the environment reach every check (STRATA_BACKEND is set to cuda);
-STRATA_NVME_PATHS unset means temporary directories under $TMPDIR.
-exit codes: 0 no check failed; 1 a check failed; 2 bad command line or no usable build;
-3 no GPU (nvidia-smi missing or listing no device).
+STRATA_* variables in the environment reach every check (STRATA_BACKEND is set to cuda, and
+unset for ctest); STRATA_NVME_PATHS unset means temporary directories under $TMPDIR. If the
+build's cmake (e.g. /usr/bin/cmake) is missing, it is linked to the cmake on PATH, for the CTest
+tests that run `cmake -P`.
+exit codes: 0 no check failed; 1 a check failed, or --bundle is over the limits; 2 bad
+command line or no usable build; 3 no GPU (nvidia-smi missing or listing no device).
 EOF
 }
 
@@ -86,33 +120,55 @@ while [[ $# -gt 0 ]]; do
     --out) [[ $# -ge 2 ]] || die "--out needs a folder"; OUT_DIR="$2"; shift 2 ;;
     --libs) [[ $# -ge 2 ]] || die "--libs needs a folder"; LIBS_DIR="$2"; shift 2 ;;
     --python) [[ $# -ge 2 ]] || die "--python needs an interpreter"; PYTHON="$2"; shift 2 ;;
-    --timeout) [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "--timeout needs seconds (a positive integer)"
-               TEST_TIMEOUT="$2"; shift 2 ;;
+    --deadline) [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "--deadline needs seconds (a positive integer)"
+                DEADLINE="$2"; shift 2 ;;
+    --only) [[ $# -ge 2 ]] || die "--only needs a list of steps (${STEPS[*]})"; ONLY="$2"; shift 2 ;;
     --bundle) [[ $# -ge 2 ]] || die "--bundle needs a folder"; BUNDLE_DIR="$2"; MODE=bundle; shift 2 ;;
+    --from) [[ $# -ge 2 ]] || die "--from needs the folder of a bundle"; FROM_DIR="$2"; shift 2 ;;
+    --for-python) [[ $# -ge 2 && "$2" =~ ^([0-9]+\.[0-9]+|none)$ ]] ||
+                    die "--for-python needs a Python version X.Y (e.g. 3.12) or 'none'"
+                  FOR_PYTHON="$2"; shift 2 ;;
+    --no-build) NO_BUILD=1; shift ;;
     --missing) MODE=missing; shift ;;
+    --list-outputs) MODE=list; shift ;;
     --build-here) BUILD_HERE=1; shift ;;
-    --all-tests) ALL_TESTS=1; shift ;;
     *) die "unknown argument '$1'; run 'tools/gpu-check.sh --help' for usage" ;;
   esac
 done
 
-if [[ -n "$LIBS_DIR" ]]; then
-  [[ -d "$LIBS_DIR/lib" ]] || die "--libs $LIBS_DIR has no lib/ folder; make it with --bundle"
-  libs_lib="$(cd "$LIBS_DIR/lib" && pwd)"
-  export LD_LIBRARY_PATH="$libs_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[[ "$MAX_CARRY_MIB" =~ ^[0-9]+$ ]] || die "GPU_CHECK_MAX_CARRY_MIB='$MAX_CARRY_MIB' is not a number of MiB"
+if [[ -n "$ONLY" ]]; then
+  IFS=, read -r -a only_steps <<<"$ONLY"
+  for s in "${only_steps[@]}"; do
+    [[ " ${STEPS[*]} " == *" $s "* ]] || die "--only: '$s' is not a step; the steps: ${STEPS[*]// /,}"
+  done
+  STEPS=("${only_steps[@]}")
 fi
+want() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+
+if [[ "$MODE" == list ]]; then
+  printf '%s\n' "${OUTPUT_FILES[@]}"
+  exit 0
+fi
+
+add_libs() {  # add_libs DIR: DIR/lib first on LD_LIBRARY_PATH
+  [[ -d "$1/lib" ]] || die "--libs $1 has no lib/ folder; make it with --bundle"
+  local lib
+  lib="$(cd "$1/lib" && pwd)"
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+[[ -n "$LIBS_DIR" ]] && add_libs "$LIBS_DIR"
 
 # ---- the build's binaries -------------------------------------------------------------------
 
-# Every ELF file of the build that gpu-check runs or loads, one per line.
-build_binaries() {
-  local f
-  for f in "$BUILD_DIR"/tests/*_test "$BUILD_DIR"/tools/strata-info "$BUILD_DIR"/tools/offload-bench \
-           "$BUILD_DIR"/tools/arena-replay "$BUILD_DIR"/tools/cpu-adam-bench \
-           "$BUILD_DIR"/examples/cpp_trainer; do
-    [[ -f "$f" && -x "$f" ]] && echo "$f"
-  done
-  find "$BUILD_DIR/python" -name '*.so' -type f 2>/dev/null
+# Every ELF file of the build (not its objects), one per line.
+build_elves() {
+  local f magic
+  while IFS= read -r -d '' f; do
+    magic="$(head -c 4 "$f" 2>/dev/null | tr -d '\0')"
+    [[ "$magic" == $'\177ELF' ]] && echo "$f"
+  done < <(find "$BUILD_DIR" -path '*/CMakeFiles' -prune -o -type f \
+             \( -perm -u+x -o -name '*.so' -o -name '*.so.*' \) -print0 2>/dev/null)
 }
 
 # Libraries that come with the machine, never carried: glibc's and the NVIDIA driver's.
@@ -124,17 +180,28 @@ is_system_library() {
   return 1
 }
 
-require_build() {
-  [[ -d "$BUILD_DIR" ]] || die "build folder '$BUILD_DIR' does not exist: give --build DIR, or --build-here to build it"
-  [[ -n "$(build_binaries)" ]] || die "build folder '$BUILD_DIR' has no strata binaries (tests/*_test, tools/offload-bench): build it first, or give --build DIR"
+# Libraries a GPU machine with a CUDA torch has in newer versions: not carried. NCCL comes from
+# torch's wheel (nvidia/nccl/lib); an older libstdc++ or libgcc_s first on LD_LIBRARY_PATH would
+# break the machine's own Python extensions.
+is_machine_library() {
+  case "$1" in
+    libnccl.so*|libstdc++.so*|libgcc_s.so*) return 0 ;;
+  esac
+  return 1
 }
 
-# "name => path" lines the build's binaries load, and "name => not found" / version errors.
+require_build() {
+  [[ -d "$BUILD_DIR" ]] || die "build folder '$BUILD_DIR' does not exist: give --build DIR (or --from DIR with a bundle)"
+  [[ -n "$(build_elves | head -1)" ]] ||
+    die "build folder '$BUILD_DIR' has no binaries (tests/*_test, tools/offload-bench): build it first, or give --build DIR"
+}
+
+# "BINARY: name => path" lines of every binary of the build.
 ldd_report() {
   local bin
   while read -r bin; do
     LC_ALL=C ldd "$bin" 2>&1 | sed "s|^|$bin: |"
-  done < <(build_binaries)
+  done < <(build_elves)
 }
 
 missing_libraries() {
@@ -143,28 +210,11 @@ missing_libraries() {
     /version .* not found/ { sub(/^[^:]*: *[^:]*: */, ""); print; next }' | sort -u
 }
 
-if [[ "$MODE" == bundle ]]; then
-  require_build
-  command -v ldd >/dev/null || die "ldd is missing; it is needed to list the libraries"
-  mkdir -p "$BUNDLE_DIR/lib" || die "cannot create '$BUNDLE_DIR/lib'"
-  : > "$BUNDLE_DIR/libs.txt"
-  copied=0
-  while read -r name path; do
-    is_system_library "$name" && continue
-    cp -L "$path" "$BUNDLE_DIR/lib/$name" || die "cannot copy $path to $BUNDLE_DIR/lib"
-    echo "$name $path" >> "$BUNDLE_DIR/libs.txt"
-    copied=$((copied + 1))
-  done < <(ldd_report | awk '$3 == "=>" && $4 ~ /^\// { print $2, $4 }' | sort -u)
-  missing="$(missing_libraries)"
-  echo "gpu-check: copied $copied libraries ($(du -sh "$BUNDLE_DIR/lib" | cut -f1)) into $BUNDLE_DIR/lib; listed in $BUNDLE_DIR/libs.txt"
-  echo "gpu-check: on the GPU machine: tools/gpu-check.sh --build BUILD --libs $BUNDLE_DIR"
-  if [[ -n "$missing" ]]; then
-    echo "gpu-check: the build cannot load these here either:" >&2
-    echo "${missing//$'\n'/$'\n'  }" | sed '1s/^/  /' >&2
-    exit 1
-  fi
-  exit 0
-fi
+cache_value() {  # cache_value NAME: a variable of the build's CMakeCache.txt
+  sed -n "s/^$1:[A-Z]*=//p" "$BUILD_DIR/CMakeCache.txt" 2>/dev/null | head -1
+}
+
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 
 if [[ "$MODE" == missing ]]; then
   require_build
@@ -176,8 +226,14 @@ if [[ "$MODE" == missing ]]; then
   fi
   echo "gpu-check: the build's binaries cannot load these libraries here:"
   echo "${missing//$'\n'/$'\n'  }" | sed '1s/^/  /'
-  echo "gpu-check: run 'tools/gpu-check.sh --bundle DIR' on the build machine and pass --libs DIR here"
+  echo "gpu-check: run 'tools/gpu-check.sh --bundle DIR' on the build machine and pass --from DIR here"
   exit 1
+fi
+
+if [[ "$MODE" == bundle ]]; then
+  # shellcheck source=gpu-check/bundle.sh
+  source "$script_dir/gpu-check/bundle.sh"
+  make_bundle
 fi
 
 # ---- a GPU, or a clear no ---------------------------------------------------------------------
@@ -192,12 +248,18 @@ fi
 
 mkdir -p "$OUT_DIR" || die "cannot create the output folder '$OUT_DIR'"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+for f in "${OUTPUT_FILES[@]}"; do rm -f "$OUT_DIR/$f"; done
+WORK="$(mktemp -d)" || die "cannot create a temporary folder"
+trap 'rm -rf "$WORK"' EXIT
 LOG="$OUT_DIR/gpu-check.log"
-RESULTS="$OUT_DIR/.results.tsv"
+RESULTS="$WORK/results.tsv"
+SETUP_NOTES="$WORK/setup.txt"
 : > "$LOG"
 : > "$RESULTS"
+: > "$SETUP_NOTES"
 log() { echo "$*" >> "$LOG"; }
 say() { echo "gpu-check: $*"; log "== $*"; }
+note() { echo "gpu-check: $*"; echo "$*" >> "$SETUP_NOTES"; log "== $*"; }
 
 if [[ $BUILD_HERE -eq 1 ]]; then
   for tool in cmake ninja nvcc; do
@@ -210,177 +272,9 @@ if [[ $BUILD_HERE -eq 1 ]]; then
     cmake --build "$BUILD_DIR" -j "$(nproc)"; } >> "$LOG" 2>&1 ||
     die "the build failed; see $LOG" 1
 fi
-require_build
-BUILD_DIR="$(cd "$BUILD_DIR" && pwd)"
+START=$SECONDS
 
-# ---- running checks -----------------------------------------------------------------------------
-
-# check GROUP NAME COMMAND...: runs the command (output to the log), records passed/failed, or
-# skipped when the output says SKIPPED:/SKIP: or the exit code is 77.
-check() {
-  local group="$1" name="$2"
-  shift 2
-  local start end rc output status detail
-  start=$(date +%s.%N)
-  log ""
-  log "== [$group] $name: $*"
-  output="$(timeout --kill-after=30 "$TEST_TIMEOUT" "$@" 2>&1)"
-  rc=$?
-  end=$(date +%s.%N)
-  printf '%s\n' "$output" >> "$LOG"
-  log "== exit $rc"
-  if [[ $rc -eq 77 ]] || { [[ $rc -eq 0 ]] && grep -qE '(^|[^A-Za-z])SKIP(PED)?:' <<<"$output"; }; then
-    status=skipped
-    detail="$(grep -m1 -E 'SKIP(PED)?:' <<<"$output")"
-  elif [[ $rc -eq 0 ]]; then
-    status=passed
-    detail="$(tail -n 1 <<<"$output")"
-  else
-    status=failed
-    [[ $rc -eq 124 || $rc -eq 137 ]] && detail="timed out after ${TEST_TIMEOUT}s" ||
-      detail="exit $rc: $(grep -v '^\s*$' <<<"$output" | tail -n 3 | tr '\n' ' ')"
-  fi
-  printf '%s\t%s\t%s\t%s\t%s\n' "$group" "$name" "$status" \
-    "$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')" \
-    "$(tr '\t\n' '  ' <<<"$detail" | cut -c1-400)" >> "$RESULTS"
-  printf 'gpu-check: %-7s [%s] %s\n' "$status" "$group" "$name"
-}
-
-skip() {  # skip GROUP NAME REASON
-  printf '%s\t%s\tskipped\t0\t%s\n' "$1" "$2" "$3" >> "$RESULTS"
-  log "== [$1] $2: skipped: $3"
-  printf 'gpu-check: %-7s [%s] %s (%s)\n' skipped "$1" "$2" "$3"
-}
-
-export STRATA_BACKEND=cuda
-export PYTHONDONTWRITEBYTECODE=1
-say "GPU: $(head -1 <<<"$gpu_list"); build $BUILD_DIR; output $OUT_DIR"
-log "$gpu_list"
-nvidia-smi >> "$LOG" 2>&1
-
-missing="$(missing_libraries)"
-if [[ -n "$missing" ]]; then
-  log "missing libraries:"
-  log "$missing"
-  echo "gpu-check: warning: the build cannot load some libraries here (see $LOG);" \
-       "carry them with --bundle on the build machine and --libs here" >&2
-fi
-
-# 1. What strata sees.
-check info strata-info "$BUILD_DIR/tools/strata-info"
-"$BUILD_DIR/tools/strata-info" --json > "$OUT_DIR/strata-info.json" 2>> "$LOG" || true
-
-# 2. The [cuda] test cases of every Catch2 binary, one at a time (a crash names its test).
-catch_escape() { sed -e 's/\\/\\\\/g' -e 's/,/\\,/g' -e 's/\[/\\[/g' -e 's/\]/\\]/g' <<<"$1"; }
-spec=("[cuda]")
-[[ $ALL_TESTS -eq 1 ]] && spec=()
-for bin in "$BUILD_DIR"/tests/*_test; do
-  [[ -x "$bin" && -f "$bin" ]] || continue
-  names="$("$bin" --list-test-names-only "${spec[@]}" 2>>"$LOG")" || true
-  while IFS= read -r test_name; do
-    [[ -n "${test_name// /}" ]] || continue
-    check tests "$(basename "$bin"): $test_name" "$bin" "$(catch_escape "$test_name")"
-  done <<<"$names"
-done
-grep -q '^tests	' "$RESULTS" || skip tests "[cuda] test cases" "no test binary lists a [cuda] test case"
-
-# 3 and 4. Python: the module in the build, a torch with CUDA.
-PYTHON_MODULE_DIR="$BUILD_DIR/python"
-if ! command -v "$PYTHON" >/dev/null 2>&1; then
-  skip python pytest "no Python interpreter '$PYTHON' (give --python)"
-  skip example torch_trainer "no Python interpreter '$PYTHON' (give --python)"
-  skip example activations_compare "no Python interpreter '$PYTHON' (give --python)"
-elif [[ ! -d "$PYTHON_MODULE_DIR/strata" ]]; then
-  skip python pytest "the build has no Python module ($PYTHON_MODULE_DIR/strata)"
-  skip example torch_trainer "the build has no Python module"
-  skip example activations_compare "the build has no Python module"
-else
-  export PYTHONPATH="$PYTHON_MODULE_DIR${PYTHONPATH:+:$PYTHONPATH}"
-  torch_cuda="$("$PYTHON" -c 'import torch; print("yes" if torch.cuda.is_available() else "no: torch " + torch.__version__ + " sees no CUDA device")' 2>&1 | tail -1)"
-  log "torch: $torch_cuda"
-  check python "import strata" "$PYTHON" -c 'import strata; rt = strata.Runtime(); print(rt.backend)'
-  if [[ "$torch_cuda" != yes ]]; then
-    skip python pytest "no CUDA torch for $PYTHON ($torch_cuda)"
-    skip example torch_trainer "no CUDA torch for $PYTHON ($torch_cuda)"
-    skip example activations_compare "no CUDA torch for $PYTHON ($torch_cuda)"
-  else
-    if "$PYTHON" -c 'import pytest' >/dev/null 2>&1; then
-      check python pytest "$PYTHON" -m pytest -q -p no:cacheprovider -rs "$SOURCE_DIR/tests/python"
-    else
-      skip python pytest "pytest is not installed for $PYTHON"
-    fi
-    check example torch_trainer "$PYTHON" "$SOURCE_DIR/examples/torch_trainer/train.py" --device=cuda
-    # Activation offload against plain torch and torch's save_on_cpu(pin_memory=True), one run:
-    # step time and peak torch.cuda.max_memory_allocated (docs/activations.md).
-    check example activations_compare "$PYTHON" \
-      "$SOURCE_DIR/examples/torch_trainer/activations_compare.py" --device=cuda \
-      --json="$OUT_DIR/torch-activations.json"
-  fi
-fi
-
-# 5. offload-bench: every path, the train step, the optimizer step; their JSON are the figures.
-BENCH="$BUILD_DIR/tools/offload-bench"
-if [[ -x "$BENCH" ]]; then
-  check bench "offload-bench paths" "$BENCH" --json="$OUT_DIR/bench-paths.json"
-  check bench "offload-bench train-step" "$BENCH" --workload=train-step \
-    --json="$OUT_DIR/bench-train-step.json"
-  check bench "offload-bench optimizer" "$BENCH" --workload=optimizer \
-    --json="$OUT_DIR/bench-optimizer.json"
-  # The NCCL communicator's [cuda] tests run in step 2 (comm_test); the collective workload
-  # has no NCCL baseline yet, so it is not a GPU figure.
-  skip bench "offload-bench collective (nccl)" "the collective workload measures Gloo only so far"
-else
-  skip bench offload-bench "the build has no tools/offload-bench"
-fi
-
-# ---- the JSON -----------------------------------------------------------------------------------
-
-json_string() {
-  local s="$1"
-  s="${s//\\/\\\\}"
-  s="${s//\"/\\\"}"
-  s="${s//$'\t'/ }"
-  s="${s//$'\r'/ }"
-  s="${s//$'\n'/\\n}"
-  printf '"%s"' "$(tr -d '\000-\010\013\014\016-\037' <<<"$s")"
-}
-
-# A file's JSON as is when it holds any, else null.
-json_file() {
-  if [[ -s "$1" ]] && grep -q '[{[]' "$1"; then cat "$1"; else printf 'null'; fi
-}
-
-passed=$(awk -F'\t' '$3 == "passed"' "$RESULTS" | wc -l)
-failed=$(awk -F'\t' '$3 == "failed"' "$RESULTS" | wc -l)
-skipped=$(awk -F'\t' '$3 == "skipped"' "$RESULTS" | wc -l)
-JSON="$OUT_DIR/gpu-check.json"
-{
-  printf '{\n  "tool": "gpu-check",\n'
-  printf '  "finished": %s,\n' "$(json_string "$(date -u +%Y-%m-%dT%H:%M:%SZ)")"
-  printf '  "gpus": %s,\n' "$(json_string "$gpu_list")"
-  printf '  "driver": %s,\n' "$(json_string "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)")"
-  printf '  "build_dir": %s,\n' "$(json_string "$BUILD_DIR")"
-  printf '  "commit": %s,\n' "$(json_string "$(git -C "$SOURCE_DIR" rev-parse HEAD 2>/dev/null || echo unknown)")"
-  printf '  "missing_libraries": %s,\n' "$(json_string "$missing")"
-  printf '  "summary": {"passed": %d, "failed": %d, "skipped": %d},\n' "$passed" "$failed" "$skipped"
-  printf '  "checks": [\n'
-  first=1
-  while IFS=$'\t' read -r group name status seconds detail; do
-    [[ $first -eq 1 ]] || printf ',\n'
-    first=0
-    printf '    {"group": %s, "name": %s, "status": %s, "seconds": %s, "detail": %s}' \
-      "$(json_string "$group")" "$(json_string "$name")" "$(json_string "$status")" \
-      "$seconds" "$(json_string "$detail")"
-  done < "$RESULTS"
-  printf '\n  ],\n  "figures": {\n'
-  printf '    "strata_info": %s,\n' "$(json_file "$OUT_DIR/strata-info.json")"
-  printf '    "offload_bench_paths": %s,\n' "$(json_file "$OUT_DIR/bench-paths.json")"
-  printf '    "offload_bench_train_step": %s,\n' "$(json_file "$OUT_DIR/bench-train-step.json")"
-  printf '    "offload_bench_optimizer": %s,\n' "$(json_file "$OUT_DIR/bench-optimizer.json")"
-  printf '    "torch_activations": %s\n' "$(json_file "$OUT_DIR/torch-activations.json")"
-  printf '  }\n}\n'
-} > "$JSON"
-rm -f "$RESULTS"
-
-echo "gpu-check: $passed passed, $failed failed, $skipped skipped; $JSON and $LOG"
-[[ $failed -eq 0 ]]
+# shellcheck source=gpu-check/run.sh
+source "$script_dir/gpu-check/run.sh"
+# shellcheck source=gpu-check/report.sh
+source "$script_dir/gpu-check/report.sh"
