@@ -246,6 +246,11 @@ if [[ $smi_rc -ne 0 ]] || ! grep -q '^GPU [0-9]' <<<"$gpu_list"; then
   die "no GPU: 'nvidia-smi -L' lists no device (exit $smi_rc: $(head -1 <<<"$gpu_list"))" "$NO_GPU_EXIT"
 fi
 
+FROM_TARBALL="$FROM_DIR"
+[[ -d "$FROM_DIR" ]] && FROM_TARBALL="$FROM_DIR/$BUNDLE_NAME"
+[[ -z "$FROM_DIR" || -f "$FROM_TARBALL" ]] ||
+  die "--from: no bundle at $FROM_TARBALL: make it with 'tools/gpu-check.sh --bundle DIR' on the build machine and name DIR in the device tool's carry"
+
 mkdir -p "$OUT_DIR" || die "cannot create the output folder '$OUT_DIR'"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 for f in "${OUTPUT_FILES[@]}"; do rm -f "$OUT_DIR/$f"; done

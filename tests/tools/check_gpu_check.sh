@@ -26,6 +26,7 @@ expect() {  # expect FILE TEXT: FILE holds TEXT (fixed string)
 # file whose tests run the build machine's cmake and python by absolute paths, and objects.
 make_checkout() {  # make_checkout DIR
   local repo="$1" b="$1/build"
+  command -v git > /dev/null || { echo "SKIPPED: git is not installed"; exit 77; }
   mkdir -p "$repo/tools" "$repo/tests/python" "$repo/examples/torch_trainer"
   cp "$script" "$repo/tools/gpu-check.sh"
   cp -r "$(dirname "$script")/gpu-check" "$repo/tools/"
@@ -150,6 +151,15 @@ case "$mode" in
     grep -q "^gpu-check: no GPU: 'nvidia-smi -L' lists no device (exit 6: No devices were found)" \
       "$work/err" || fail "with no device: $(cat "$work/err")"
     [[ ! -e "$work/out" ]] || fail "wrote $work/out although there is no GPU"
+    # A GPU, but no bundle where --from says: refused before anything is written.
+    printf '#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-fake)"\n' > "$work/fake/nvidia-smi"
+    set +e
+    PATH="$work/fake:$PATH" "$script" --from "$work/no-bundle" --out "$work/out" 2>"$work/err"
+    rc=$?
+    set -e
+    [[ $rc -eq 2 ]] || fail "--from without a bundle: exit $rc, not 2: $(cat "$work/err")"
+    expect "$work/err" "--from: no bundle at $work/no-bundle: make it with 'tools/gpu-check.sh --bundle DIR'"
+    [[ ! -e "$work/out" ]] || fail "wrote $work/out although there is no bundle"
     ;;
   bundle)
     repo="$work/a/repo"
@@ -252,8 +262,9 @@ case "$mode" in
     expect "$s" "ctest: 3 run of 3, 2 passed, 1 failed, 0 skipped"
     expect "$s" "  fake.fail ***Failed"
     # Nothing written into the checkout but the build it unpacked.
-    [[ "$(cd "$work/b/repo" && ls -A | tr '\n' ' ')" == ".gitignore build examples out tests tools " ]] ||
-      fail "the run wrote into the checkout: $(ls -A "$work/b/repo")"
+    top="$(cd "$work/b/repo" && find . -mindepth 1 -maxdepth 1 | sort | tr '\n' ' ')"
+    [[ "$top" == "./.gitignore ./build ./examples ./out ./tests ./tools " ]] ||
+      fail "the run wrote into the checkout: $top"
     expect "$s" "pytest: 1 failed, 2 passed"
     expect "$s" "FAILED tests/python/test_core.py::test_gpu"
     expect "$work/out/bench.txt" "fake bench table --workload=train-step"

@@ -56,7 +56,7 @@ JSON="$OUT_DIR/gpu-check.json"
   printf '{\n  "tool": "gpu-check",\n'
   printf '  "finished": %s,\n' "$(json_string "$(date -u +%Y-%m-%dT%H:%M:%SZ)")"
   printf '  "gpus": %s,\n' "$(json_string "$gpu_list")"
-  printf '  "driver": %s,\n' "$(json_string "$(timeout 20 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)")"
+  printf '  "driver": %s,\n' "$(json_string "$(timeout 10 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)")"
   printf '  "build_dir": %s,\n' "$(json_string "$BUILD_DIR")"
   printf '  "commit": %s,\n' "$(json_string "$(manifest_value commit || git -C "$SOURCE_DIR" rev-parse HEAD 2>/dev/null)")"
   printf '  "bundle_made": %s,\n' "$(json_string "$(manifest_value made || true)")"

@@ -4,6 +4,14 @@
 # ---- running checks -----------------------------------------------------------------------------
 
 time_left() { echo $((DEADLINE - (SECONDS - START) - RESERVE)); }
+# limit_for CAP: CAP seconds, or what is left before the deadline when less (at least 1).
+limit_for() {
+  local left
+  left=$(time_left)
+  [[ $left -lt $1 ]] || left=$1
+  [[ $left -ge 1 ]] || left=1
+  echo "$left"
+}
 
 # run_check GROUP NAME CAP LOGFILE COMMAND...: runs the command for at most CAP seconds (less if
 # the deadline is nearer), its output appended to LOGFILE (and kept in $WORK/last.out); records
@@ -14,7 +22,7 @@ run_check() {
   local limit start end rc status detail
   limit=$(time_left)
   [[ $limit -gt $cap ]] && limit=$cap
-  if [[ $limit -lt 3 ]]; then
+  if [[ $limit -lt 3 ]]; then  # a step that could not even start
     skip "$group" "$name" "no time left before the ${DEADLINE}s deadline"
     return 0
   fi
@@ -60,12 +68,9 @@ MANIFEST=""
 manifest_value() { [[ -n "$MANIFEST" ]] && sed -n "s/^$1=//p" "$MANIFEST" | head -1; }
 
 unpack_bundle() {
-  local tarball="$FROM_DIR" src here build start
-  [[ -d "$FROM_DIR" ]] && tarball="$FROM_DIR/$BUNDLE_NAME"
-  [[ -f "$tarball" ]] ||
-    die "--from: no bundle at $tarball: make it with 'tools/gpu-check.sh --bundle DIR' on the build machine and name DIR in the device tool's carry"
+  local tarball="$FROM_TARBALL" src here build start
   start=$(date +%s.%N)
-  timeout 60 tar -xzf "$tarball" -C "$WORK" strata-bundle ||
+  timeout "$(limit_for 60)" tar -xzf "$tarball" -C "$WORK" strata-bundle ||
     die "--from: cannot unpack $tarball (strata-bundle/): is it a bundle of this version?" 1
   MANIFEST="$WORK/strata-bundle/bundle.txt"
   src="$(manifest_value source_dir)"
@@ -84,7 +89,7 @@ unpack_bundle() {
     note "linked $src -> $here (the path the build was made at)"
   fi
   mkdir -p "$build" || die "--from: cannot create $build" 1
-  timeout 120 tar -xzf "$tarball" -C "$build" --strip-components=1 build ||
+  timeout "$(limit_for 120)" tar -xzf "$tarball" -C "$build" --strip-components=1 build ||
     die "--from: cannot unpack the build of $tarball into $build" 1
   BUILD_DIR="$build"
   LIBS_DIR="$WORK/strata-bundle"
@@ -96,7 +101,7 @@ unpack_bundle() {
 
 # The directory of torch's NCCL (nvidia/nccl/lib of the interpreter's site-packages), if any.
 torch_nccl_dir() {
-  timeout 30 "$PYTHON" - <<'EOF' 2>/dev/null
+  timeout "$(limit_for 30)" "$PYTHON" - <<'EOF' 2>/dev/null
 import os, site
 dirs = []
 try:
@@ -157,7 +162,7 @@ step_info() {
   run_check info nvidia-smi 20 "$LOG" nvidia-smi
   run_check info strata-info 30 "$LOG" "$BUILD_DIR/tools/strata-info"
   if [[ -x "$BUILD_DIR/tools/strata-info" ]]; then
-    timeout 30 "$BUILD_DIR/tools/strata-info" --json > "$WORK/strata-info.json" 2>> "$LOG"
+    timeout "$(limit_for 30)" "$BUILD_DIR/tools/strata-info" --json > "$WORK/strata-info.json" 2>> "$LOG"
   fi
   missing="$(missing_libraries)"
   if [[ -n "$missing" ]]; then
@@ -176,7 +181,7 @@ step_cuda() {
   for bin in "$BUILD_DIR"/tests/*_test; do
     [[ -x "$bin" && -f "$bin" ]] || continue
     grep -qa -- --list-test-names-only "$bin" || continue  # a Catch2 binary (not c_api_c_test)
-    names="$(timeout 20 "$bin" --list-test-names-only "[cuda]" 2>>"$LOG" | grep -v '^\s*$')"
+    names="$(timeout "$(limit_for 20)" "$bin" --list-test-names-only "[cuda]" 2>>"$LOG" | grep -v '^\s*$')"
     [[ -n "$names" ]] || continue
     n=$((n + 1))
     cap=$((group_end - SECONDS)); [[ $cap -gt 90 ]] && cap=90
@@ -207,11 +212,11 @@ step_pytest() {
     skip python pytest "'import strata' failed with $PYTHON (see gpu-check.log)"
     return
   fi
-  torch_cuda="$(timeout 60 "$PYTHON" -c 'import torch; print("yes" if torch.cuda.is_available() else "no: torch " + torch.__version__ + " sees no CUDA device")' 2>&1 | tail -1)"
+  torch_cuda="$(timeout "$(limit_for 60)" "$PYTHON" -c 'import torch; print("yes" if torch.cuda.is_available() else "no: torch " + torch.__version__ + " sees no CUDA device")' 2>&1 | tail -1)"
   log "torch: $torch_cuda"
   if [[ "$torch_cuda" != yes ]]; then
     skip python pytest "no CUDA torch for $PYTHON ($torch_cuda)"
-  elif ! timeout 30 "$PYTHON" -c 'import pytest' >/dev/null 2>&1; then
+  elif ! timeout "$(limit_for 30)" "$PYTHON" -c 'import pytest' >/dev/null 2>&1; then
     skip python pytest "pytest is not installed for $PYTHON"
   else
     run_check python pytest 120 "$OUT_DIR/pytest.log" "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs \
