@@ -25,6 +25,12 @@ using namespace config_internal;  // NOLINT(build/namespaces): this file impleme
 
 using namespace text;  // std::string_view helpers (Debian's Abseil has its own string_view)
 
+constexpr std::string_view kLocalRankForm =
+    "use an integer from 0 to LOCAL_WORLD_SIZE-1 (torchrun and strata-run set it)";
+constexpr std::string_view kLocalWorldSizeForm =
+    "use the number of ranks on this node, an integer of at least 1 (torchrun and strata-run "
+    "set it)";
+
 constexpr std::string_view kIoBlockForm =
     "use a positive multiple of 4KiB up to 64MiB (e.g. 256KiB, 1MiB, 4MiB)";
 
@@ -146,9 +152,9 @@ absl::Status check_paths(const std::vector<std::string>& paths, std::string_view
 }  // namespace
 
 void config_internal::validate_values(const Config& c, Errors& errors) {
-  if (c.device < 0) {
+  if (c.device && *c.device < 0) {
     errors.add(invalid(
-        cat(kDevice, "=", c.device, " is negative: use a CUDA device ordinal (0, 1, ...)")));
+        cat(kDevice, "=", *c.device, " is negative: use a CUDA device ordinal (0, 1, ...)")));
   }
   if (c.gpu_bytes) check_setting(*c.gpu_bytes, kGpuBytes, errors);
   check_setting(c.cpu_bytes, kCpuBytes, errors);
@@ -161,9 +167,21 @@ void config_internal::validate_values(const Config& c, Errors& errors) {
         invalid(cat(kIoBlock, "=", size_text(c.io_block), " is not allowed: ", kIoBlockForm)));
   }
   if (c.comm.timeout < kMinCommTimeout || c.comm.timeout > kMaxCommTimeout) {
-    errors.add(invalid(cat(kCommTimeout, "=", format_duration(c.comm.timeout),
-                           " is out of range: use ", format_duration(kMinCommTimeout), " to ",
-                           format_duration(kMaxCommTimeout))));
+    errors.add(
+        invalid(cat(kCommTimeout, "=", format_duration(c.comm.timeout), " is out of range: use ",
+                    format_duration(kMinCommTimeout), " to ", format_duration(kMaxCommTimeout))));
+  }
+  const LocalRanks& local = c.local;
+  if (local.rank && (*local.rank < 0 || *local.rank >= kMaxLocalRanks)) {
+    errors.add(invalid(cat(kLocalRank, "=", *local.rank, " is out of range: ", kLocalRankForm)));
+  }
+  if (local.world_size && (*local.world_size < 1 || *local.world_size > kMaxLocalRanks)) {
+    errors.add(invalid(
+        cat(kLocalWorldSize, "=", *local.world_size, " is out of range: ", kLocalWorldSizeForm)));
+  } else if (local.rank && local.world_size && *local.rank >= *local.world_size) {
+    errors.add(invalid(cat(kLocalRank, "=", *local.rank, " is not below ", kLocalWorldSize, "=",
+                           *local.world_size, ": local ranks run from 0 to ", kLocalWorldSize,
+                           "-1 (a launcher sets both; check the one that started this process)")));
   }
   if (c.staging_bytes == 0) {
     errors.add(invalid(cat(kStagingBytes, "=0 is zero: sizes must be positive")));
@@ -209,7 +227,7 @@ struct Variable {
 const std::vector<Variable>& variables() {
   static const std::vector<Variable> table = {
       {kBackend, "auto", field(parse_backend, [](Config& c, Backend v) { c.backend = v; })},
-      {kDevice, "0",
+      {kDevice, "LOCAL_RANK when set, else 0",
        field(
            [](std::string_view t) {
              return parse_integer(t, 0, std::numeric_limits<int>::max(), "a CUDA device ordinal");
@@ -256,8 +274,37 @@ const std::vector<Variable>& variables() {
       {kCommBackend, "auto",
        field(parse_comm_backend, [](Config& c, CommBackendKind v) { c.comm.backend = v; })},
       {kCommTimeout, "300s",
-       field(parse_comm_timeout, [](Config& c, std::chrono::milliseconds v) { c.comm.timeout = v; })},
+       field(parse_comm_timeout,
+             [](Config& c, std::chrono::milliseconds v) { c.comm.timeout = v; })},
       {kCommDebug, "off", field(parse_switch, [](Config& c, bool v) { c.comm.debug = v; })},
+  };
+  return table;
+}
+
+// The launch variables read with the STRATA_* ones (LocalRanks). Malformed values are errors
+// that name them, as comm/launch.cc reports the others.
+const std::vector<Variable>& launch_variables() {
+  static const std::vector<Variable> table = {
+      {kLocalRank, "unset",
+       field(
+           [](std::string_view t) -> absl::StatusOr<int64_t> {
+             int64_t v = 0;
+             if (!absl::SimpleAtoi(to_absl(trim(t)), &v) || v < 0 || v >= kMaxLocalRanks) {
+               return invalid(cat("'", t, "' is not a local rank: ", kLocalRankForm));
+             }
+             return v;
+           },
+           [](Config& c, int64_t v) { c.local.rank = static_cast<int>(v); })},
+      {kLocalWorldSize, "unset",
+       field(
+           [](std::string_view t) -> absl::StatusOr<int64_t> {
+             int64_t v = 0;
+             if (!absl::SimpleAtoi(to_absl(trim(t)), &v) || v < 1 || v > kMaxLocalRanks) {
+               return invalid(cat("'", t, "' is not a rank count: ", kLocalWorldSizeForm));
+             }
+             return v;
+           },
+           [](Config& c, int64_t v) { c.local.world_size = static_cast<int>(v); })},
   };
   return table;
 }
@@ -334,6 +381,10 @@ absl::StatusOr<Config> Config::from_variables(const std::map<std::string, std::s
     }
     errors.add_prefixed(v.name, v.parse(config, it->second));
   }
+  for (const Variable& v : launch_variables()) {
+    const auto it = vars.find(std::string(v.name));
+    if (it != vars.end()) errors.add_prefixed(v.name, v.parse(config, it->second));
+  }
   for (const auto& [name, value] : vars) {
     if (!name.starts_with(kPrefix)) continue;
     const auto& known = known_variables();
@@ -358,7 +409,9 @@ std::map<std::string, std::string> Config::environment_variables() {
     const size_t equals = text.find('=');
     if (equals == std::string_view::npos) continue;
     const std::string_view name = text.substr(0, equals);
-    if (name.starts_with(kPrefix)) vars.emplace(name, text.substr(equals + 1));
+    if (name.starts_with(kPrefix) || name == kLocalRank || name == kLocalWorldSize) {
+      vars.emplace(name, text.substr(equals + 1));
+    }
   }
   return vars;
 }

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -270,6 +271,9 @@ absl::StatusOr<MachineInfo> probe_machine(const std::vector<std::string>& nvme_p
   }
   probe_cpu(m);
   probe_memlock(m);
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible != nullptr) {
+    m.cuda_visible_devices = visible;
+  }
   // The NVMe floor's own probe (a ring set up and a READ through it), so that the facts shown
   // here are the ones decide_io_engine() judges by.
   const IoUringProbe uring = probe_io_uring();

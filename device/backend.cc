@@ -23,8 +23,8 @@ bool built_with_cuda() {
 
 namespace {
 
-// Why CUDA cannot be used, or OK with the selected GPU's facts.
-absl::StatusOr<GpuInfo> probe_cuda([[maybe_unused]] int device_ordinal) {
+// The number of visible CUDA devices (at least 1), or why CUDA cannot be used.
+absl::StatusOr<int> probe_cuda() {
 #if defined(STRATA_HAVE_CUDA)
   auto count = cuda_device_count();
   if (!count.ok()) {
@@ -37,13 +37,7 @@ absl::StatusOr<GpuInfo> probe_cuda([[maybe_unused]] int device_ordinal) {
     return count.status();
   }
   if (*count == 0) return absl::FailedPreconditionError("no CUDA device is visible");
-  if (device_ordinal < 0 || device_ordinal >= *count) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("STRATA_DEVICE=%d but %d CUDA device(s) are visible: use 0..%d (check "
-                        "CUDA_VISIBLE_DEVICES)",
-                        device_ordinal, *count, *count - 1));
-  }
-  return cuda_device_info(device_ordinal);
+  return *count;
 #else
   return absl::FailedPreconditionError(
       "this strata build has no CUDA backend (CUDA toolkit not found at build time)");
@@ -52,7 +46,16 @@ absl::StatusOr<GpuInfo> probe_cuda([[maybe_unused]] int device_ordinal) {
 
 }  // namespace
 
-absl::StatusOr<BackendChoice> choose_backend(Backend requested, int device_ordinal) {
+absl::StatusOr<GpuInfo> gpu_info([[maybe_unused]] int ordinal) {
+#if defined(STRATA_HAVE_CUDA)
+  return cuda_device_info(ordinal);
+#else
+  return absl::FailedPreconditionError(
+      "this strata build has no CUDA backend (CUDA toolkit not found at build time)");
+#endif
+}
+
+absl::StatusOr<BackendChoice> choose_backend(Backend requested) {
   BackendChoice choice;
   switch (requested) {
     case Backend::kHost:
@@ -60,36 +63,49 @@ absl::StatusOr<BackendChoice> choose_backend(Backend requested, int device_ordin
       choice.reason = "STRATA_BACKEND=host";
       return choice;
     case Backend::kCuda: {
-      auto gpu = probe_cuda(device_ordinal);
-      if (!gpu.ok()) {
-        if (absl::IsInvalidArgument(gpu.status())) return gpu.status();
+      absl::StatusOr<int> count = probe_cuda();
+      if (!count.ok()) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "STRATA_BACKEND=cuda but CUDA cannot be used: %s; set STRATA_BACKEND=auto or host",
-            gpu.status().message()));
+            count.status().message()));
       }
       choice.backend = Backend::kCuda;
       choice.reason = "STRATA_BACKEND=cuda";
-      choice.gpu = *std::move(gpu);
+      choice.device_count = *count;
       return choice;
     }
     case Backend::kAuto: {
-      auto gpu = probe_cuda(device_ordinal);
-      if (gpu.ok()) {
+      absl::StatusOr<int> count = probe_cuda();
+      if (count.ok()) {
         choice.backend = Backend::kCuda;
-        choice.reason =
-            absl::StrFormat("STRATA_BACKEND=auto: CUDA device %d is visible", device_ordinal);
-        choice.gpu = *std::move(gpu);
+        choice.reason = absl::StrFormat("STRATA_BACKEND=auto: %d CUDA device%s visible", *count,
+                                        *count == 1 ? " is" : "s are");
+        choice.device_count = *count;
         return choice;
       }
-      if (absl::IsInvalidArgument(gpu.status())) return gpu.status();  // bad STRATA_DEVICE
       choice.backend = Backend::kHost;
       choice.reason =
           absl::StrFormat("STRATA_BACKEND=auto: %s, so the host backend simulates the device",
-                          gpu.status().message());
+                          count.status().message());
       return choice;
     }
   }
   return absl::InvalidArgumentError("unknown backend");
+}
+
+absl::StatusOr<BackendChoice> choose_backend(Backend requested, int device_ordinal) {
+  absl::StatusOr<BackendChoice> choice = choose_backend(requested);
+  if (!choice.ok() || choice->backend != Backend::kCuda) return choice;
+  if (device_ordinal < 0 || device_ordinal >= choice->device_count) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("STRATA_DEVICE=%d but %d CUDA device(s) are visible: use 0..%d (check "
+                        "CUDA_VISIBLE_DEVICES)",
+                        device_ordinal, choice->device_count, choice->device_count - 1));
+  }
+  absl::StatusOr<GpuInfo> gpu = gpu_info(device_ordinal);
+  if (!gpu.ok()) return gpu.status();
+  choice->gpu = *std::move(gpu);
+  return choice;
 }
 
 absl::StatusOr<std::unique_ptr<Device>> make_device(Backend backend,

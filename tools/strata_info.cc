@@ -24,32 +24,47 @@ namespace {
 
 constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
 
-std::string memlock_text(const MachineInfo& m, uint64_t staging_bytes) {
+// `registered`: what the configuration registers with io_uring across this node's ranks
+// (io_uring_registered_bytes_per_user); nullopt when the configuration is invalid.
+std::string memlock_text(const MachineInfo& m, std::optional<uint64_t> registered) {
+  const std::string what = registered
+                               ? absl::StrFormat(
+                                     "the %s that this configuration registers with io_uring "
+                                     "(the CPU tier once per NVMe path, for every local rank)",
+                                     format_bytes(*registered))
+                               : std::string("buffers");
   if (m.has_cap_ipc_lock) {
-    return "not enforced (the process has CAP_IPC_LOCK): staging buffers can be registered "
-           "with io_uring";
+    return absl::StrFormat("not enforced (the process has CAP_IPC_LOCK): %s can be registered",
+                           what);
   }
   if (m.memlock_limit_bytes == kUnlimited) {
-    return "unlimited: staging buffers can be registered with io_uring";
+    return absl::StrFormat("unlimited: %s can be registered", what);
   }
   const std::string limit = format_bytes(m.memlock_limit_bytes);
-  if (memlock_allows(m, staging_bytes)) {
-    return absl::StrFormat("%s: enough to register the %s of staging buffers with io_uring", limit,
-                           format_bytes(staging_bytes));
+  if (!registered) return limit;
+  if (*registered == 0) {
+    return absl::StrFormat("%s (nothing is registered with io_uring: no NVMe tier or psync)",
+                           limit);
+  }
+  if (memlock_allows(m, *registered)) {
+    return absl::StrFormat("%s: enough to register %s", limit, what);
   }
   return absl::StrFormat(
-      "%s: too small to register the %s of staging buffers with io_uring, so NVMe I/O runs "
-      "without registered buffers (more CPU per GB); raise it with ulimit -l unlimited, docker "
-      "run --ulimit memlock=-1 or LimitMEMLOCK=infinity",
-      limit, format_bytes(staging_bytes));
+      "%s: too small to register %s, so NVMe I/O runs without registered buffers (more CPU per "
+      "GB); raise it with ulimit -l unlimited, docker run --ulimit memlock=-1 or "
+      "LimitMEMLOCK=infinity",
+      limit, what);
 }
 
 std::string gpu_text(const MachineInfo& m) {
-  if (!m.gpu) return absl::StrFormat("none (%s)", m.backend_reason);
+  if (!m.gpu) {
+    if (m.gpu_count > 0) return absl::StrFormat("%d visible (none selected)", m.gpu_count);
+    return absl::StrFormat("none (%s)", m.backend_reason);
+  }
   const GpuInfo& g = *m.gpu;
-  return absl::StrFormat("%s (device %d, compute capability %d.%d): %s free of %s", g.name,
-                         g.ordinal, g.cc_major, g.cc_minor, format_bytes(g.free_bytes),
-                         format_bytes(g.total_bytes));
+  return absl::StrFormat("%s (device %d of %d visible, compute capability %d.%d): %s free of %s",
+                         g.name, g.ordinal, m.gpu_count, g.cc_major, g.cc_minor,
+                         format_bytes(g.free_bytes), format_bytes(g.total_bytes));
 }
 
 std::string path_text(const PathInfo& p) {
@@ -59,7 +74,7 @@ std::string path_text(const PathInfo& p) {
                          p.logical_block_size, p.block_size_known ? "" : " (assumed)");
 }
 
-void print_text(const MachineInfo& m, const ResolvedConfig* config, uint64_t staging_bytes) {
+void print_text(const MachineInfo& m, const ResolvedConfig* config) {
   std::ostringstream out;
   if (config != nullptr) {
     out << "Configuration (STRATA_* variables; defaults where unset)\n";
@@ -72,16 +87,26 @@ void print_text(const MachineInfo& m, const ResolvedConfig* config, uint64_t sta
     out << "\n";
   }
   const auto row = [&out](std::string_view name, const std::string& value) {
-    out << absl::StrFormat("  %-14s %s\n", std::string(name), value);
+    out << absl::StrFormat("  %-20s %s\n", std::string(name), value);
   };
   out << "Machine\n";
   row("backend", absl::StrFormat("%s (%s)", std::string(to_string(m.backend)), m.backend_reason));
   row("GPU", gpu_text(m));
+  if (config != nullptr) {
+    const std::string& why = config->device_reason;
+    row("device",
+        absl::StrFormat("device %d%s%s%s", config->device, why.starts_with("from ") ? " " : ": ",
+                        why, m.backend == Backend::kCuda ? "" : " (unused on host)"));
+  }
+  row("CUDA_VISIBLE_DEVICES", m.cuda_visible_devices.value_or("unset"));
   row("CPU", absl::StrFormat("%s, %u CPUs available", m.cpu_model, m.cpu_count));
   row("memory",
       absl::StrFormat("%s physical (from %s), %s available", format_bytes(m.physical_memory_bytes),
                       m.physical_memory_source, format_bytes(m.available_memory_bytes)));
-  row("memlock limit", memlock_text(m, staging_bytes));
+  row("memlock limit",
+      memlock_text(m, config != nullptr
+                          ? std::optional<uint64_t>(io_uring_registered_bytes_per_user(*config))
+                          : std::nullopt));
   row("io_uring", m.io_uring_available
                       ? absl::StrFormat("available (%s)", m.io_uring_detail)
                       : absl::StrFormat("unavailable: %s; NVMe I/O uses psync", m.io_uring_detail));
@@ -154,8 +179,16 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const std::string
                            .str("backend", to_string(c->backend))
                            .str("backend_reason", c->backend_reason)
                            .num("device", static_cast<uint64_t>(c->device))
+                           .str("device_reason", c->device_reason)
+                           .num("gpu_sharing", static_cast<uint64_t>(c->gpu_sharing))
+                           .str("gpu_sharing_reason", c->gpu_sharing_reason)
+                           .raw("local_rank", c->local_rank ? std::to_string(*c->local_rank)
+                                                            : std::string("null"))
+                           .num("local_world_size", static_cast<uint64_t>(c->local_ranks))
                            .num("gpu_bytes", c->gpu_bytes)
+                           .str("gpu_bytes_basis", c->gpu_bytes_basis)
                            .num("cpu_bytes", c->cpu_bytes)
+                           .str("cpu_bytes_basis", c->cpu_bytes_basis)
                            .raw("nvme_paths", json_list(paths))
                            .num("nvme_bytes", c->nvme_bytes)
                            .str("io_engine", to_string(c->io_engine))
@@ -163,6 +196,7 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const std::string
                            .num("io_depth", c->io_depth)
                            .num("io_block", c->io_block)
                            .num("staging_bytes", c->staging_bytes)
+                           .num("io_uring_registered_bytes", io_uring_registered_bytes(*c))
                            .flag("verify", c->verify)
                            .str("log", to_string(c->log))
                            .done());
@@ -184,7 +218,11 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const std::string
                         .done());
   }
   JsonObject machine;
-  machine.str("backend", to_string(m.backend)).str("backend_reason", m.backend_reason);
+  machine.str("backend", to_string(m.backend))
+      .str("backend_reason", m.backend_reason)
+      .num("gpu_count", static_cast<uint64_t>(m.gpu_count))
+      .raw("cuda_visible_devices",
+           m.cuda_visible_devices ? json_string(*m.cuda_visible_devices) : std::string("null"));
   if (m.gpu) {
     machine.raw("gpu", JsonObject()
                            .num("ordinal", static_cast<uint64_t>(m.gpu->ordinal))
@@ -230,26 +268,21 @@ int run(int argc, char** argv) {
   }
 
   // The same steps as load_configuration(), kept apart so that the machine's facts are still
-  // printed when the configuration does not fit them.
+  // printed when the configuration does not fit them (a device out of range included).
   const auto fail = [](const absl::Status& status) {
     return cli::print_error("strata-info", std::string(status.message()));
   };
   absl::StatusOr<Config> config = Config::from_environment();
   if (!config.ok()) return fail(config.status());
-  absl::StatusOr<MachineInfo> machine = probe_machine(config->nvme_paths);
+  absl::StatusOr<MachineInfo> machine = probe_machine_for(*config);
   if (!machine.ok()) return fail(machine.status());
-  absl::StatusOr<BackendChoice> choice = choose_backend(config->backend, config->device);
-  if (!choice.ok()) return fail(choice.status());
-  machine->backend = choice->backend;
-  machine->backend_reason = choice->reason;
-  machine->gpu = choice->gpu;
 
   absl::StatusOr<ResolvedConfig> resolved = resolve(*config, *machine);
   const ResolvedConfig* shown = resolved.ok() ? &*resolved : nullptr;
   if (json) {
     print_json(*machine, shown, resolved.ok() ? "" : std::string(resolved.status().message()));
   } else {
-    print_text(*machine, shown, config->staging_bytes);
+    print_text(*machine, shown);
   }
   if (!resolved.ok()) return fail(resolved.status());
   return 0;

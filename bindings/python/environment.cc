@@ -19,14 +19,20 @@ bool is_launch_variable(const std::string& name) {
   return false;
 }
 
+// The launch variables the configuration reads (the device, the memory shares): Config's.
+bool is_config_launch_variable(const std::string& name) {
+  return name == "LOCAL_RANK" || name == "LOCAL_WORLD_SIZE";
+}
+
 // os.environ rather than getenv: what Python code (and pytest's monkeypatch) sees. With
-// `launch`, the launch variables too.
+// `launch`, the launch variables too; always those the configuration reads.
 std::map<std::string, std::string> strata_environment(bool launch = false) {
   std::map<std::string, std::string> vars;
   py::dict environ = py::module_::import("os").attr("environ").attr("copy")();
   for (auto [key, value] : environ) {
     const auto name = key.cast<std::string>();
-    if (name.starts_with("STRATA_") || (launch && is_launch_variable(name))) {
+    if (name.starts_with("STRATA_") || is_config_launch_variable(name) ||
+        (launch && is_launch_variable(name))) {
       vars[name] = value.cast<std::string>();
     }
   }

@@ -1,4 +1,5 @@
-// The environment a Python Runtime is built from: the STRATA_* variables of os.environ, with
+// The environment a Python Runtime is built from: the STRATA_* variables of os.environ and
+// LOCAL_RANK / LOCAL_WORLD_SIZE (which pick the device and divide the node's memory), with
 // Runtime(**overrides) applied (gpu_bytes="64MiB" sets STRATA_GPU_BYTES; None unsets), and
 // those of a Communicator.
 #pragma once

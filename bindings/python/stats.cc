@@ -72,6 +72,7 @@ py::dict config_dict(const ResolvedConfig& c) {
   d["backend"] = std::string(to_string(c.backend));
   d["backend_reason"] = c.backend_reason;
   d["device"] = c.device;
+  d["device_reason"] = c.device_reason;
   d["gpu_bytes"] = c.gpu_bytes;
   d["cpu_bytes"] = c.cpu_bytes;
   d["nvme_paths"] = c.nvme_paths;

@@ -45,7 +45,9 @@ bool contains(const std::string& text, std::string_view part) {
 TEST_CASE("Config defaults match the documented table", "[config]") {
   const Config c = config_of({{"PATH", "/usr/bin"}, {"HOME", "/root"}});  // others ignored
   CHECK(c.backend == Backend::kAuto);
-  CHECK(c.device == 0);
+  CHECK_FALSE(c.device.has_value());  // LOCAL_RANK when set, else 0 (choose_device)
+  CHECK_FALSE(c.local.rank.has_value());
+  CHECK_FALSE(c.local.world_size.has_value());
   CHECK_FALSE(c.gpu_bytes.has_value());
   CHECK(c.cpu_bytes == SizeSetting::of_percent(25));
   CHECK(c.nvme_paths.empty());
@@ -292,16 +294,15 @@ TEST_CASE("STRATA_COMM_BACKEND, STRATA_COMM_TIMEOUT, STRATA_COMM_DEBUG", "[confi
   CHECK(set.comm.debug);
   CHECK(config_of({{"STRATA_COMM_BACKEND", "nccl"}}).comm.backend == CommBackendKind::kNccl);
 
-  const std::pair<const char*, int64_t> durations[] = {
-      {"90", 90000}, {"500ms", 500}, {"5min", 300000}, {"2m", 120000}, {"1h", 3600000},
-      {" 30s ", 30000}};
+  const std::pair<const char*, int64_t> durations[] = {{"90", 90000},    {"500ms", 500},
+                                                       {"5min", 300000}, {"2m", 120000},
+                                                       {"1h", 3600000},  {" 30s ", 30000}};
   for (const auto& [text, ms] : durations) {
     INFO(text);
     CHECK(config_of({{"STRATA_COMM_TIMEOUT", text}}).comm.timeout.count() == ms);
   }
 
-  CHECK(error_of({{"STRATA_COMM_BACKEND", "mpi"}}).find("auto, nccl or gloo") !=
-        std::string::npos);
+  CHECK(error_of({{"STRATA_COMM_BACKEND", "mpi"}}).find("auto, nccl or gloo") != std::string::npos);
   for (const char* bad : {"soon", "10 parsecs", "-5s", "0", "50ms", "25h", "nan", "s"}) {
     INFO(bad);
     const std::string message = error_of({{"STRATA_COMM_TIMEOUT", bad}});

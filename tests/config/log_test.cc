@@ -101,18 +101,18 @@ class LowMemlock {
   bool dropped_ = false;
 };
 
-// A host runtime with an NVMe tier in a fresh directory; `staging` makes the warning's text (and
-// so warn_once's key) unique to the test.
+// A host runtime with an NVMe tier in a fresh directory; `cpu` makes the memlock warning's text
+// (and so warn_once's key) unique to the test.
 absl::StatusOr<std::unique_ptr<Runtime>> runtime_with(const std::string& dir,
-                                                      const std::string& staging,
+                                                      const std::string& cpu,
                                                       const std::string& level) {
   auto config = Config::from_variables({{"STRATA_BACKEND", "host"},
                                         {"STRATA_GPU_BYTES", "4MiB"},
-                                        {"STRATA_CPU_BYTES", "32MiB"},
+                                        {"STRATA_CPU_BYTES", cpu},
                                         {"STRATA_NVME_PATHS", dir},
                                         {"STRATA_NVME_BYTES", "16MiB"},
                                         {"STRATA_IO_BLOCK", "256KiB"},
-                                        {"STRATA_STAGING_BYTES", staging},
+                                        {"STRATA_STAGING_BYTES", "3MiB"},
                                         {"STRATA_LOG", level}});
   if (!config.ok()) return config.status();
   return Runtime::create(*config);
@@ -136,9 +136,9 @@ TEST_CASE("Runtime::create prints each warning once, however many runtimes", "[l
   TempDir dir;
   LogCapture log;
   LowMemlock low;
-  auto first = runtime_with(dir.path(), "3MiB", "warn");
+  auto first = runtime_with(dir.path(), "24MiB", "warn");
   REQUIRE(first.ok());
-  auto second = runtime_with(dir.path(), "3MiB", "warn");
+  auto second = runtime_with(dir.path(), "24MiB", "warn");
   REQUIRE(second.ok());
   const std::vector<std::string>& warnings = (*first)->warnings();
   REQUIRE_FALSE(warnings.empty());
@@ -150,7 +150,7 @@ TEST_CASE("Runtime::create prints each warning once, however many runtimes", "[l
     if (!lines.empty()) CHECK(lines[0] == "strata: warning: " + warning + "\n");
   }
   // The psync fallback or the memlock warning, whichever this machine has.
-  CHECK((log.matching("STRATA_STAGING_BYTES=3MiB is above RLIMIT_MEMLOCK").size() +
+  CHECK((log.matching("STRATA_CPU_BYTES (24.00 MiB) is above RLIMIT_MEMLOCK").size() +
          log.matching("NVMe I/O uses psync").size()) >= 1);
   CHECK(log.matching("strata: info:").empty());  // STRATA_LOG=warn: no info line
 }
@@ -159,20 +159,20 @@ TEST_CASE("STRATA_LOG=error silences warnings; info adds the resolved tiers", "[
   TempDir dir;
   LogCapture log;
   LowMemlock low;
-  auto quiet = runtime_with(dir.path(), "5MiB", "error");
+  auto quiet = runtime_with(dir.path(), "32MiB", "error");
   REQUIRE(quiet.ok());
   CHECK_FALSE((*quiet)->warnings().empty());  // there is something to say
   CHECK(log.all().empty());                   // but nothing is said
   CHECK(log::threshold() == LogLevel::kError);
 
-  auto chatty = runtime_with(dir.path(), "5MiB", "info");
+  auto chatty = runtime_with(dir.path(), "32MiB", "info");
   REQUIRE(chatty.ok());
   CHECK(log::threshold() == LogLevel::kInfo);
   // The warnings withheld at error are said now, once (a text said by an earlier runtime of this
   // process, such as the psync fallback, at most once).
   for (const std::string& warning : (*chatty)->warnings()) {
     INFO(warning);
-    const size_t expected = contains(warning, "STRATA_STAGING_BYTES=5MiB") ? 1 : 0;
+    const size_t expected = contains(warning, "STRATA_CPU_BYTES (32.00 MiB)") ? 1 : 0;
     CHECK(log.matching(warning).size() >= expected);
     CHECK(log.matching(warning).size() <= 1);
   }

@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "fake_machine.h"
 #include "strata/config/config.h"
 #include "strata/config/machine_info.h"
 #include "strata/testing/swap_config.h"
@@ -17,60 +18,14 @@
 namespace strata {
 namespace {
 
-constexpr uint64_t kMiB = uint64_t{1} << 20;
-constexpr uint64_t kGiB = uint64_t{1} << 30;
-
-bool contains(const std::string& text, std::string_view part) {
-  return text.find(part) != std::string::npos;
-}
-
-// A machine with known facts: 64 GiB, io_uring, host backend, no paths.
-MachineInfo fake_machine() {
-  MachineInfo m;
-  m.physical_memory_bytes = 64 * kGiB;
-  m.physical_memory_source = "test";
-  m.available_memory_bytes = 60 * kGiB;
-  m.cpu_count = 8;
-  m.memlock_limit_bytes = std::numeric_limits<uint64_t>::max();
-  m.io_uring_available = true;
-  m.io_uring_detail = "test ring";
-  m.backend = Backend::kHost;
-  m.backend_reason = "test: host";
-  return m;
-}
-
-MachineInfo fake_cuda_machine() {
-  MachineInfo m = fake_machine();
-  m.backend = Backend::kCuda;
-  m.backend_reason = "test: GPU 0 visible";
-  m.gpu = GpuInfo{0, "Test GPU", 80 * kGiB, 70 * kGiB, 9, 0};
-  return m;
-}
-
-PathInfo fake_path(std::string path, uint64_t free_bytes) {
-  PathInfo p;
-  p.path = std::move(path);
-  p.exists = p.is_directory = p.writable = true;
-  p.free_bytes = free_bytes;
-  p.total_bytes = 4 * free_bytes;
-  p.logical_block_size = 512;
-  p.block_size_known = true;
-  p.filesystem = "xfs";
-  return p;
-}
-
-ResolvedConfig resolved_of(const Config& config, const MachineInfo& machine) {
-  absl::StatusOr<ResolvedConfig> r = resolve(config, machine);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  return *r;
-}
-
-std::string resolve_error(const Config& config, const MachineInfo& machine) {
-  absl::StatusOr<ResolvedConfig> r = resolve(config, machine);
-  REQUIRE_FALSE(r.ok());
-  return std::string(r.status().message());
-}
+using testing::contains;
+using testing::fake_cuda_machine;
+using testing::fake_machine;
+using testing::fake_path;
+using testing::kGiB;
+using testing::kMiB;
+using testing::resolve_error;
+using testing::resolved_of;
 
 // A fresh directory under the temp dir, removed at scope exit.
 using testing::TempDir;
@@ -119,14 +74,15 @@ TEST_CASE("resolve: GPU bytes on host are a share of physical memory", "[config]
   CHECK(contains(resolve_error(c, fake_machine()),
                  "STRATA_GPU_BYTES=65GiB (65.00 GiB) is more than the 64.00 GiB of physical "
                  "memory (from test) that backs the host backend's arena"));
-  // The arena, the CPU tier and staging share the same memory on host.
+  // The arena and the CPU tier share the same memory on host (staging is carved from the tier).
   c.gpu_bytes = SizeSetting::of_percent(80);
   c.cpu_bytes = SizeSetting::of_percent(25);
   const std::string sum = resolve_error(c, fake_machine());
-  CHECK(contains(sum,
-                 "STRATA_CPU_BYTES (16.00 GiB) + STRATA_STAGING_BYTES (256.00 MiB) + "
-                 "STRATA_GPU_BYTES (51.20 GiB"));
-  CHECK(contains(sum, "exceed the 64.00 GiB of physical memory"));
+  CHECK(sum ==
+        "STRATA_CPU_BYTES (16.00 GiB) + STRATA_GPU_BYTES (51.20 GiB, host memory on the host "
+        "backend) exceed the 64.00 GiB of physical memory (from test): lower one of them");
+  c.gpu_bytes = SizeSetting::of_percent(75);
+  CHECK(resolved_of(c, fake_machine()).gpu_bytes == 48 * kGiB);  // 75% + 25%: fits exactly
 }
 
 TEST_CASE("resolve: CPU bytes against physical memory", "[config][resolve]") {
@@ -269,7 +225,8 @@ TEST_CASE("resolve: I/O engine", "[config][resolve]") {
   CHECK(r.warnings.empty());
 }
 
-TEST_CASE("resolve: staging above RLIMIT_MEMLOCK is a warning, not an error", "[config][resolve]") {
+TEST_CASE("resolve: a CPU tier above RLIMIT_MEMLOCK is a warning, not an error",
+          "[config][resolve]") {
   MachineInfo m = fake_machine();
   m.paths = {fake_path("/nvme0", 100 * kGiB)};
   m.memlock_limit_bytes = 8 * kMiB;
@@ -277,7 +234,10 @@ TEST_CASE("resolve: staging above RLIMIT_MEMLOCK is a warning, not an error", "[
   c.nvme_paths = {"/nvme0"};
   ResolvedConfig r = resolved_of(c, m);
   REQUIRE(r.warnings.size() == 1);
-  CHECK(contains(r.warnings[0], "STRATA_STAGING_BYTES=256MiB is above RLIMIT_MEMLOCK (8.00 MiB)"));
+  CHECK(contains(r.warnings[0],
+                 "the pinned CPU tier is registered with io_uring once per NVMe path: "
+                 "STRATA_CPU_BYTES (16.00 GiB) is above RLIMIT_MEMLOCK (8.00 MiB) and the "
+                 "process lacks CAP_IPC_LOCK"));
   m.has_cap_ipc_lock = true;
   CHECK(resolved_of(c, m).warnings.empty());
 }
@@ -364,8 +324,9 @@ TEST_CASE("render lists every variable, aligned", "[config]") {
     start = end + 1;
     ++lines;
   }
-  CHECK(lines == known_variables().size());
+  CHECK(lines == known_variables().size() + 2);  // and LOCAL_RANK, LOCAL_WORLD_SIZE
   for (std::string_view name : known_variables()) CHECK(contains(text, name));
+  CHECK(contains(text, "\nLOCAL_RANK           = unset\n"));
   CHECK(contains(text, "STRATA_BACKEND       = host (test: host)\n"));
   CHECK(contains(text, "STRATA_NVME_BYTES    = 8.00 GiB (8589934592 bytes) per path\n"));
 }

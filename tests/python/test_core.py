@@ -29,6 +29,23 @@ def test_runtime_reads_the_environment_and_keywords_win(monkeypatch):
     assert rt.config["gpu_bytes"] == 8 * MiB
 
 
+def test_local_rank_picks_the_device_and_local_world_size_divides_memory(monkeypatch):
+    monkeypatch.delenv("STRATA_DEVICE", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    rt = strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="1%")
+    assert rt.config["device"] == 1
+    assert rt.config["device_reason"] == "from LOCAL_RANK=1 (STRATA_DEVICE unset)"
+    whole = strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="1%", device=0)
+    assert whole.config["device"] == 0
+    assert whole.config["device_reason"] == "from STRATA_DEVICE=0"
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    alone = strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="1%")
+    # 1% of this rank's share: half of it with two ranks on the node (rounding aside).
+    assert abs(rt.config["cpu_bytes"] * 2 - alone.config["cpu_bytes"]) <= 8192
+
+
 def test_bad_size_string_raises_value_error_with_the_runtime_message():
     with pytest.raises(ValueError, match=r"STRATA_GPU_BYTES='12XB' is not a size") as info:
         strata.Runtime(backend="host", gpu_bytes="12XB")

@@ -45,14 +45,32 @@ const std::vector<std::string_view>& known_variables();
 inline constexpr uint64_t kIoBlockAlignment = 4096;
 inline constexpr uint64_t kMaxIoBlock = uint64_t{64} << 20;
 
+// The two launch variables (torchrun's) that the configuration reads with the STRATA_* ones:
+// the device and the memory budgets depend on where this rank sits on its node. The others
+// (RANK, WORLD_SIZE, MASTER_*) are the communication floor's (comm/launch.h).
+inline constexpr std::string_view kLocalRank = "LOCAL_RANK";
+inline constexpr std::string_view kLocalWorldSize = "LOCAL_WORLD_SIZE";
+inline constexpr int kMaxLocalRanks = 1 << 20;
+
+struct LocalRanks {
+  std::optional<int> rank;        // LOCAL_RANK: 0 .. LOCAL_WORLD_SIZE-1
+  std::optional<int> world_size;  // LOCAL_WORLD_SIZE: ranks on this node
+  // Ranks sharing this node's memory: LOCAL_WORLD_SIZE, 1 when unset.
+  int count() const { return world_size.value_or(1); }
+};
+
 struct Config {
   Backend backend = Backend::kAuto;
-  int device = 0;
-  // nullopt: 80% of free device memory on cuda, 1GiB on host. A percentage is of free device
-  // memory on cuda and of physical memory on the host backend.
+  // nullopt (STRATA_DEVICE unset): LOCAL_RANK when set (torchrun's convention), else 0; see
+  // choose_device().
+  std::optional<int> device;
+  // nullopt: 80% on cuda, 1GiB on host. A percentage is of this rank's share of the selected
+  // GPU on cuda (free memory, divided among the local ranks that share the device) and of this
+  // rank's share of physical memory on the host backend.
   std::optional<SizeSetting> gpu_bytes;
-  SizeSetting cpu_bytes = SizeSetting::of_percent(25);  // percentage of physical memory
-  std::vector<std::string> nvme_paths;                  // empty: no NVMe tier
+  // A percentage is of this rank's share of physical memory (divided by LOCAL_WORLD_SIZE).
+  SizeSetting cpu_bytes = SizeSetting::of_percent(25);
+  std::vector<std::string> nvme_paths;                                // empty: no NVMe tier
   SizeSetting nvme_bytes = SizeSetting::of_bytes(uint64_t{8} << 30);  // per path; % of free space
   IoEngineKind io_engine = IoEngineKind::kAuto;
   uint32_t io_depth = 32;
@@ -61,21 +79,55 @@ struct Config {
   bool verify = true;
   LogLevel log = LogLevel::kWarn;
   CommSettings comm;  // STRATA_COMM_BACKEND, STRATA_COMM_TIMEOUT, STRATA_COMM_DEBUG
+  LocalRanks local;   // LOCAL_RANK, LOCAL_WORLD_SIZE
 
   // Reads the process environment.
   static absl::StatusOr<Config> from_environment();
-  // The STRATA_* variables of the process environment, for callers that add overrides.
+  // The STRATA_* variables of the process environment, and LOCAL_RANK / LOCAL_WORLD_SIZE where
+  // set, for callers that add overrides.
   static std::map<std::string, std::string> environment_variables();
-  // Same, from a name → value map; names not starting with STRATA_ are ignored.
+  // Same, from a name → value map; other names not starting with STRATA_ are ignored.
   static absl::StatusOr<Config> from_variables(const std::map<std::string, std::string>& vars);
 };
+
+// Which device this rank uses, why, and how many local ranks are taken to share it.
+struct DeviceChoice {
+  int ordinal = 0;
+  // "from LOCAL_RANK=3 (STRATA_DEVICE unset)", "from STRATA_DEVICE=1", "neither STRATA_DEVICE
+  // nor LOCAL_RANK is set", or the CUDA_VISIBLE_DEVICES case.
+  std::string reason;
+  // Local ranks assumed to use this device (its memory budget is divided among them): 1 when
+  // LOCAL_RANK picks (one device per rank) or CUDA_VISIBLE_DEVICES shows this rank one device;
+  // with STRATA_DEVICE set, the fewest per device that LOCAL_WORLD_SIZE ranks over the visible
+  // devices allow (ceil(ranks / devices)); with neither set, every local rank (all use 0).
+  // Always 1 on the host backend, whose "device" memory is this rank's share of RAM.
+  int sharing = 1;
+  std::string sharing_reason;  // empty when sharing is 1 for want of other local ranks
+};
+
+// The device for `config` on `machine` (backend, gpu_count and cuda_visible_devices used;
+// gpu ignored). STRATA_DEVICE set wins; else LOCAL_RANK; else 0. On cuda, a number that is not
+// below machine.gpu_count is an error naming LOCAL_RANK, STRATA_DEVICE and the count — except
+// that with STRATA_DEVICE unset and exactly one device visible through CUDA_VISIBLE_DEVICES,
+// that device is this rank's (Slurm's --gpus-per-task, per-rank wrappers). On the host backend
+// the number is unused and not range-checked, but chosen and explained the same way.
+absl::StatusOr<DeviceChoice> choose_device(const Config& config, const MachineInfo& machine);
 
 struct ResolvedConfig {
   Backend backend = Backend::kHost;  // kCuda or kHost, never kAuto
   std::string backend_reason;
   int device = 0;
+  std::string device_reason;  // DeviceChoice::reason
+  int gpu_sharing = 1;        // DeviceChoice::sharing
+  std::string gpu_sharing_reason;
+  std::optional<int> local_rank;  // LOCAL_RANK as set
+  int local_ranks = 1;            // LOCAL_WORLD_SIZE (1 when unset): ranks sharing this node's RAM
   uint64_t gpu_bytes = 0;
   uint64_t cpu_bytes = 0;
+  // How a percentage was turned into bytes ("25% of this rank's share of RAM (125.00 GiB /
+  // LOCAL_WORLD_SIZE=4 = 31.25 GiB)"); empty for absolute sizes.
+  std::string gpu_bytes_basis;
+  std::string cpu_bytes_basis;
   std::vector<std::string> nvme_paths;
   uint64_t nvme_bytes = 0;                                 // per path; 0 when there is no NVMe tier
   IoEngineKind io_engine = IoEngineKind::kPsync;           // kIoUring or kPsync, never kAuto
@@ -88,19 +140,41 @@ struct ResolvedConfig {
   bool verify = true;
   LogLevel log = LogLevel::kWarn;
   CommSettings comm;  // as configured (the backend is chosen when a communicator is created)
-  // Things that work but not as well as they could (e.g. staging above RLIMIT_MEMLOCK, so
-  // buffers are not registered with io_uring). Printed by strata-info, logged by the runtime.
+  // Things that work but not as well as they could (e.g. the CPU tier above RLIMIT_MEMLOCK, so
+  // it is not registered with io_uring). Printed by strata-info, logged by the runtime.
   std::vector<std::string> warnings;
 };
 
+// Bytes this rank registers with io_uring as fixed buffers, which RLIMIT_MEMLOCK limits: the
+// whole pinned CPU tier (staging is carved from it), once per NVMe path, since each path's ring
+// registers it (runtime/swap_config.cc, nvme/uring_engine.cc); 0 without an NVMe tier or with
+// psync. The one place that knows how registration is laid out: change it with the swap space.
+uint64_t io_uring_registered_bytes(const ResolvedConfig& config);
+
+// The kernel charges registered buffers to the user (user->locked_vm), so the local ranks of a
+// node, run as one user, share one RLIMIT_MEMLOCK: io_uring_registered_bytes × local_ranks.
+uint64_t io_uring_registered_bytes_per_user(const ResolvedConfig& config);
+
 // Sizes to bytes and every check against the machine. `machine.backend` must be set (kCuda or
-// kHost, from choose_backend) and `machine.paths` must hold every path in config.nvme_paths.
+// kHost, from choose_backend), on cuda with gpu_count and, for the device choose_device()
+// picks, gpu; `machine.paths` must hold every path in config.nvme_paths. probe_machine_for()
+// fills all of it. Percentages are of this rank's share: RAM / LOCAL_WORLD_SIZE, and the GPU's
+// free memory divided among the local ranks that share it (DeviceChoice::sharing). Absolute
+// sizes must fit the machine when every local rank asks the same (the ranks of a launch share
+// one environment): size × LOCAL_WORLD_SIZE against RAM, size × sharing against the GPU.
 absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& machine);
 
-// probe_machine → choose_backend → resolve: what the runtime and strata-info do at start.
+// probe_machine, then the device layer's facts for `config`: the backend, the visible CUDA
+// devices and the chosen GPU (choose_device). A device out of range is not an error here:
+// machine.gpu stays empty and resolve() names the variables, so strata-info can still print
+// what the machine offers.
+absl::StatusOr<MachineInfo> probe_machine_for(const Config& config);
+
+// probe_machine_for → resolve: what the runtime and strata-info do at start.
 absl::StatusOr<std::pair<ResolvedConfig, MachineInfo>> load_configuration(const Config& config);
 
-// Aligned "STRATA_NAME = value" lines, one per variable, each ending in '\n'.
+// Aligned "STRATA_NAME = value" lines, one per variable and then LOCAL_RANK and
+// LOCAL_WORLD_SIZE, each ending in '\n'. Sizes given as percentages say what they are of.
 std::string render(const ResolvedConfig& config);
 
 }  // namespace strata

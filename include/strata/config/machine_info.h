@@ -49,8 +49,14 @@ struct MachineInfo {
 
   std::vector<PathInfo> paths;  // one per requested NVMe path, same order
 
-  // Filled by the caller from the device layer (choose_backend in strata/device/backend.h).
-  std::optional<GpuInfo> gpu;
+  // CUDA_VISIBLE_DEVICES as this process sees it (nullopt: unset). A launcher that sets it per
+  // rank (Slurm's --gpus-per-task) shows each rank its own devices, numbered from 0.
+  std::optional<std::string> cuda_visible_devices;
+
+  // Filled by the caller from the device layer (choose_backend and gpu_info in
+  // strata/device/backend.h; probe_machine_for in strata/config/config.h does it all).
+  std::optional<GpuInfo> gpu;  // the device choose_device() picks, on cuda
+  int gpu_count = 0;           // visible CUDA devices; 0 on the host backend
   Backend backend = Backend::kAuto;
   std::string backend_reason;
 
@@ -58,8 +64,8 @@ struct MachineInfo {
   const PathInfo* find_path(std::string_view path) const;
 };
 
-// Host facts; leaves gpu/backend/backend_reason for the caller. Paths that are missing or not
-// writable are reported in PathInfo, not as errors: resolve() turns them into errors that name
+// Host facts; leaves gpu/gpu_count/backend/backend_reason for the caller. Paths that are missing or
+// not writable are reported in PathInfo, not as errors: resolve() turns them into errors that name
 // the variable. Fails only if the machine cannot be queried at all.
 absl::StatusOr<MachineInfo> probe_machine(const std::vector<std::string>& nvme_paths);
 
