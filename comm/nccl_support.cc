@@ -94,7 +94,7 @@ absl::StatusOr<EventPtr> create_event() {
 
 absl::Status NcclWork::wait() {
   if (std::optional<absl::Status> r = state_->result(); r.has_value() && !r->ok()) return *r;
-  return health_->get();
+  return health_->verdict();
 }
 
 absl::Status NcclWork::synchronize() {
@@ -102,10 +102,10 @@ absl::Status NcclWork::synchronize() {
   Backoff backoff;
   while (true) {
     if (std::optional<absl::Status> r = state_->result()) return *r;
-    if (absl::Status broken = health_->get(); !broken.ok()) return broken;
+    if (absl::Status broken = health_->verdict(); !broken.ok()) return broken;
     const cudaError_t q = end_ == nullptr ? cudaSuccess : cudaEventQuery(end_.get());
     // Done — unless an abort ended it, which the health tells.
-    if (q == cudaSuccess) return health_->get();
+    if (q == cudaSuccess) return health_->verdict();
     if (q != cudaErrorNotReady) {
       return absl::InternalError(to_absl(cat(what_, ": ", cuda_error(q, "cudaEventQuery"))));
     }

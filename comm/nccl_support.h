@@ -18,6 +18,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "communicator_base.h"
 #include "strata/base/mutex.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/tcp_store.h"
@@ -47,21 +48,6 @@ class Backoff {
 
 using EventPtr = std::shared_ptr<std::remove_pointer_t<cudaEvent_t>>;
 absl::StatusOr<EventPtr> create_event();  // without timing
-
-// Whether the communicator has failed; shared with the work handles, which may outlive it.
-struct Health {
-  absl::Mutex mutex;
-  absl::Status broken ABSL_GUARDED_BY(mutex);
-
-  absl::Status get() {
-    MutexLock lock(&mutex);
-    return broken;
-  }
-  void set(absl::Status status) {
-    MutexLock lock(&mutex);
-    if (broken.ok()) broken = std::move(status);
-  }
-};
 
 // One operation's outcome as the watchdog saw it (the first finish() wins).
 struct OpState {
