@@ -9,6 +9,7 @@
 
 #include "collective_call.h"
 #include "communicator_base.h"
+#include "gpu_assignment.h"
 #include "job_monitor.h"
 #include "nccl_support.h"
 #include "strata/base/log.h"
@@ -475,7 +476,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const Com
   parts.monitor = *std::move(monitor);
   TcpStore& store = parts.monitor->store();
 
-  absl::StatusOr<ncclComm_t> comm = nccl_rendezvous(launch, options.settings, store);
+  const GpuIdentity gpu = GpuIdentity::on_this_machine(device->pci_bus_id(), parts.ordinal);
+  absl::StatusOr<ncclComm_t> comm = nccl_rendezvous(launch, options.settings, store, gpu);
   if (!comm.ok()) return comm.status();
   parts.comm = *comm;
   (void)ncclGetVersion(&parts.version);

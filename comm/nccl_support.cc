@@ -120,8 +120,12 @@ absl::Status NcclWork::synchronize() {
 }
 
 absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommSettings& settings,
-                                           TcpStore& store) {
+                                           TcpStore& store, const GpuIdentity& gpu) {
   const std::string who = cat("rank ", launch.rank, " of ", launch.world_size);
+  absl::StatusOr<std::vector<GpuIdentity>> gpus =
+      exchange_gpu_identities(store, launch.rank, launch.world_size, gpu);
+  if (!gpus.ok()) return gpus.status();
+  if (absl::Status s = check_one_gpu_per_rank(*gpus); !s.ok()) return s;
   // Rank 0 makes the unique id; the others read it from the rendezvous.
   ncclUniqueId id{};
   if (launch.rank == 0) {

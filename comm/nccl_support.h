@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "communicator_base.h"
+#include "gpu_assignment.h"
 #include "strata/base/mutex.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/tcp_store.h"
@@ -96,10 +97,12 @@ class NcclWork final : public CollectiveWork {
   EventPtr end_;
 };
 
-// Rank 0 makes NCCL's unique id and sets it in the store, the others read it; then every rank
+// First the ranks exchange their GPUs (`gpu`: this rank's) and every rank fails alike when
+// two share one (check_one_gpu_per_rank: NCCL would fail them with a misleading message). Then
+// rank 0 makes NCCL's unique id and sets it in the store, the others read it, and every rank
 // creates its non-blocking communicator on the current CUDA device, polled until ready within
 // the timeout (else aborted, with an error naming the ranks that never arrived or died).
 absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommSettings& settings,
-                                           TcpStore& store);
+                                           TcpStore& store, const GpuIdentity& gpu);
 
 }  // namespace strata::comm_internal
