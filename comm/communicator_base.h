@@ -23,11 +23,12 @@
 //                       check_signatures() where its engine orders the exchange before the data
 //                       (Gloo: on its worker thread; NCCL: on the stream, at issue).
 //   abort_transport()   the first failure: end whatever waits on a peer (NCCL: ncclCommAbort).
-//                       Called once, before the post-mortem, with no base lock held.
+//                       Called once, before the post-mortem, on whichever thread failed first
+//                       (in start(), under the issue lock, or on one of the backend's threads).
 //   on_broken(error)    the verdict is known: fail what is still pending with it.
 //
-// Lock order: the issue lock, then the backend's own locks, then Health's (a leaf). fail() takes
-// no base lock, so a backend calls it after releasing its own.
+// Lock order: the issue lock, then the backend's own locks, then Health's (a leaf). A backend
+// calls fail() without holding its own locks: abort_transport() and on_broken() take them.
 #pragma once
 
 #include <absl/status/status.h>
