@@ -1,6 +1,5 @@
 #include "gloo_communicator.h"
 
-#include <absl/synchronization/mutex.h>
 #include <absl/time/time.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
@@ -14,20 +13,16 @@
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
 
-#include <climits>
 #include <cstring>
-#include <deque>
-#include <functional>
 #include <numeric>
-#include <thread>
 #include <vector>
 
 #include "collective_call.h"
+#include "communicator_base.h"
 #include "host_reduce.h"
 #include "job_monitor.h"
 #include "ordered_executor.h"
 #include "strata/base/log.h"
-#include "strata/base/mutex.h"
 #include "strata/base/text.h"
 #include "strata/device/device.h"
 
@@ -198,12 +193,11 @@ std::string message_of(const std::exception& e) {
 #endif
 }
 
-class GlooCommunicator final : public Communicator {
+class GlooCommunicator final : public CommunicatorBase {
  public:
   GlooCommunicator(const CommOptions& options, std::unique_ptr<JobMonitor> monitor,
                    std::shared_ptr<gloo::rendezvous::Context> context)
-      : options_(options),
-        monitor_(std::move(monitor)),
+      : CommunicatorBase(options, std::move(monitor)),
         context_(std::move(context)),
         executor_(std::make_shared<OrderedExecutor>()) {}
 
@@ -211,114 +205,62 @@ class GlooCommunicator final : public Communicator {
     // Runs what was issued (each bounded by the timeout): the tasks use this communicator, and
     // work handles may keep the executor itself alive past it.
     executor_->drain();
-    context_.reset();  // close Gloo's pairs before the job's rendezvous goes
-    monitor_.reset();
+    context_.reset();  // close Gloo's pairs before the job's rendezvous goes (the base's)
   }
 
-  int rank() const override { return options_.launch.rank; }
-  int size() const override { return options_.launch.world_size; }
   CommBackendKind backend() const override { return CommBackendKind::kGloo; }
-  CommStats stats() const override {
-    MutexLock lock(&mutex_);
-    return stats_;
-  }
-  std::string description() const override {
-    return cat("gloo, rank ", rank(), " of ", size(), ", rendezvous at ",
-               options_.launch.master_addr, ":", options_.launch.master_port, ", timeout ",
-               format_duration(options_.settings.timeout),
-               options_.settings.debug ? ", signatures checked" : "");
+
+ protected:
+  std::string engine() const override { return "gloo"; }
+
+  absl::Status check_options(const CollectiveOptions& options) override {
+    if (options.stream != nullptr && this->options().device == nullptr) {
+      return absl::InvalidArgumentError(
+          "a collective was given a stream but the communicator has no device: pass "
+          "CommOptions::device (or the device to Communicator::from_environment)");
+    }
+    return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> all_gather(
-      const void* send, void* recv, std::span<const uint64_t> counts, DataType type,
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kAllGather, type);
-    call.counts.assign(counts.begin(), counts.end());
-    return issue(std::move(call), options, [this, send, recv, type](const CollectiveCall& c) {
-      const size_t element = element_size(type);
-      // Gathering moves bytes only: byte counts, one code path for every type.
-      std::vector<size_t> byte_counts;
-      for (uint64_t count : c.counts) byte_counts.push_back(count * element);
-      const uint64_t offset =
-          std::accumulate(c.counts.begin(), c.counts.begin() + rank(), uint64_t{0});
-      uint8_t* own = static_cast<uint8_t*>(recv) + offset * element;
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> start(const Operation& op,
+                                                        const CollectiveOptions& options) override {
+    auto task = std::make_shared<Task>(Task{op, nullptr});
+    if (options.stream != nullptr) {
+      Device& device = *this->options().device;
+      absl::StatusOr<std::unique_ptr<Event>> event = device.create_event();
+      absl::Status recorded = event.ok() ? device.record(**event, *options.stream) : event.status();
+      if (!recorded.ok()) return fail(op.call, text::to_std(recorded.message()));
+      task->ready = *std::move(event);
+    }
+    std::shared_ptr<OrderedExecutor::Ticket> ticket =
+        executor_->submit([this, task] { return run(*task); });
+    return std::make_unique<GlooWork>(executor_, std::move(ticket), op.call.sequence,
+                                      settings().timeout);
+  }
+
+  // Every rank gathers every rank's signature of this call.
+  absl::StatusOr<std::vector<CollectiveCall::Signature>> exchange_signatures(
+      const CollectiveCall& call, const CollectiveOptions&) override {
+    const CollectiveCall::Signature mine = call.signature();
+    std::vector<CollectiveCall::Signature> all(size());
+    try {
       gloo::AllgathervOptions opts(context_);
-      if (send != own) {
-        opts.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), byte_counts[rank()]);
-      }
-      opts.setOutput(static_cast<uint8_t*>(recv), std::move(byte_counts));
-      opts.setTag(tag(c));
+      opts.setInput(const_cast<uint64_t*>(mine.data()), mine.size());
+      opts.setOutput(all.front().data(), std::vector<size_t>(size(), mine.size()));
+      opts.setTag(tag(call) + 1);
       gloo::allgatherv(opts);
-    });
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(to_absl(message_of(e)));
+    }
+    return all;
   }
 
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> reduce_scatter(
-      const void* send, void* recv, std::span<const uint64_t> counts, DataType type, ReduceOp op,
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kReduceScatter, type, op);
-    call.counts.assign(counts.begin(), counts.end());
-    return issue(std::move(call), options, [this, send, recv, type, op](const CollectiveCall& c) {
-      reduce_scatter_in_pieces(c, static_cast<const uint8_t*>(send), static_cast<uint8_t*>(recv),
-                               type, op);
-      if (op == ReduceOp::kAverage) divide_in_place(recv, c.counts[rank()], type, size());
-    });
-  }
-
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> all_reduce(
-      const void* send, void* recv, uint64_t count, DataType type, ReduceOp op,
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kAllReduce, type, op);
-    call.counts = {count};
-    return issue(std::move(call), options, [this, send, recv, type, op](const CollectiveCall& c) {
-      const size_t element = element_size(type);
-      if (send != recv) std::memcpy(recv, send, c.total_bytes());
-      const CombineFn combine = combine_function(type, op);
-      with_storage_type(type, [&](auto zero) {
-        using T = decltype(zero);
-        gloo::AllreduceOptions opts(context_);
-        opts.setOutput(static_cast<T*>(recv), c.total_count());
-        // x = a op b over n elements (x may be a).
-        opts.setReduceFunction([combine, element](void* x, const void* a, const void* b, size_t n) {
-          if (x != a) std::memcpy(x, a, n * element);
-          combine(x, b, n);
-        });
-        opts.setTag(tag(c));
-        gloo::allreduce(opts);
-      });
-      if (op == ReduceOp::kAverage) divide_in_place(recv, c.total_count(), type, size());
-    });
-  }
-
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> broadcast(
-      void* data, uint64_t count, DataType type, int root,
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kBroadcast, type);
-    call.root = root;
-    call.counts = {count};
-    return issue(std::move(call), options, [this, data, root](const CollectiveCall& c) {
-      gloo::BroadcastOptions opts(context_);
-      opts.setOutput(static_cast<uint8_t*>(data), c.total_bytes());
-      opts.setRoot(root);
-      opts.setTag(tag(c));
-      gloo::broadcast(opts);
-    });
-  }
-
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> barrier(
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kBarrier, DataType::kUInt8);
-    return issue(std::move(call), options, [this](const CollectiveCall& c) {
-      gloo::BarrierOptions opts(context_);
-      opts.setTag(tag(c));
-      gloo::barrier(opts);
-    });
-  }
+  void abort_transport() override {}  // Gloo's calls end by themselves (bounded by the timeout)
+  void on_broken(const absl::Status&) override {}  // each queued task checks health() first
 
  private:
-  using Body = std::function<void(const CollectiveCall&)>;
   struct Task {
-    CollectiveCall call;
-    Body body;
+    Operation op;
     std::unique_ptr<Event> ready;  // recorded on CollectiveOptions::stream at issue
   };
 
@@ -327,36 +269,91 @@ class GlooCommunicator final : public Communicator {
     return static_cast<uint32_t>(call.sequence * 2);
   }
 
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> issue(CollectiveCall call,
-                                                        const CollectiveOptions& options,
-                                                        Body body) {
-    Task task;
-    if (options.stream != nullptr) {
-      if (options_.device == nullptr) {
-        return absl::InvalidArgumentError(
-            "a collective was given a stream but the communicator has no device: pass "
-            "CommOptions::device (or the device to Communicator::from_environment)");
+  absl::Status run(Task& task) {
+    if (health()->failing()) return broken_error();
+    const CollectiveCall& call = task.op.call;
+    if (task.ready != nullptr) {
+      if (absl::Status s = options().device->synchronize(*task.ready); !s.ok()) {
+        return fail(call, text::to_std(s.message()));
       }
-      absl::StatusOr<std::unique_ptr<Event>> event = options_.device->create_event();
-      if (!event.ok()) return event.status();
-      if (absl::Status s = options_.device->record(**event, *options.stream); !s.ok()) return s;
-      task.ready = *std::move(event);
     }
-    MutexLock lock(&mutex_);
-    if (!broken_.ok()) return broken_;
-    call.sequence = sequence_ + 1;  // taken only by a call that is issued
-    if (absl::Status s = check_counts(call, size()); !s.ok()) return s;
-    ++sequence_;
-    add_to_stats(stats_, call, size(), rank());
-    monitor_->issued(call);
-    task.call = std::move(call);
-    task.body = std::move(body);
-    const uint64_t sequence = task.call.sequence;
-    auto shared_task = std::make_shared<Task>(std::move(task));
-    std::shared_ptr<OrderedExecutor::Ticket> ticket =
-        executor_->submit([this, shared_task] { return run(*shared_task); });
-    return std::make_unique<GlooWork>(executor_, std::move(ticket), sequence,
-                                      options_.settings.timeout);
+    if (settings().debug) {
+      if (absl::Status s = check_signatures(call, {}); !s.ok()) return s;
+    }
+    if (call.kind != CollectiveKind::kBarrier && call.total_count() == 0) return absl::OkStatus();
+    try {
+      transport(task.op);
+    } catch (const std::exception& e) {
+      return fail(call, message_of(e));
+    }
+    return absl::OkStatus();
+  }
+
+  void transport(const Operation& op) {
+    const CollectiveCall& c = op.call;
+    switch (c.kind) {
+      case CollectiveKind::kAllGather:
+        return all_gather_bytes(c, op.send, op.recv);
+      case CollectiveKind::kReduceScatter:
+        reduce_scatter_in_pieces(c, static_cast<const uint8_t*>(op.send),
+                                 static_cast<uint8_t*>(op.recv));
+        if (c.op == ReduceOp::kAverage) divide_in_place(op.recv, c.counts[rank()], c.type, size());
+        return;
+      case CollectiveKind::kAllReduce:
+        if (op.send != op.recv) std::memcpy(op.recv, op.send, c.total_bytes());
+        all_reduce_in_place(c, op.recv, c.total_count(), c.op);
+        if (c.op == ReduceOp::kAverage) divide_in_place(op.recv, c.total_count(), c.type, size());
+        return;
+      case CollectiveKind::kBroadcast: {
+        gloo::BroadcastOptions opts(context_);
+        opts.setOutput(static_cast<uint8_t*>(op.recv), c.total_bytes());
+        opts.setRoot(c.root);
+        opts.setTag(tag(c));
+        return gloo::broadcast(opts);
+      }
+      case CollectiveKind::kBarrier: {
+        gloo::BarrierOptions opts(context_);
+        opts.setTag(tag(c));
+        return gloo::barrier(opts);
+      }
+    }
+  }
+
+  // Gathering moves bytes only: byte counts, one code path for every type.
+  void all_gather_bytes(const CollectiveCall& c, const void* send, void* recv) {
+    const size_t element = element_size(c.type);
+    std::vector<size_t> byte_counts;
+    for (uint64_t count : c.counts) byte_counts.push_back(count * element);
+    const uint64_t offset =
+        std::accumulate(c.counts.begin(), c.counts.begin() + rank(), uint64_t{0});
+    uint8_t* own = static_cast<uint8_t*>(recv) + offset * element;
+    gloo::AllgathervOptions opts(context_);
+    if (send != own) {
+      opts.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), byte_counts[rank()]);
+    }
+    opts.setOutput(static_cast<uint8_t*>(recv), std::move(byte_counts));
+    opts.setTag(tag(c));
+    gloo::allgatherv(opts);
+  }
+
+  // gloo::allreduce of `count` elements at `data` with strata's element-wise reduction `op`
+  // (average: the sum, divided by the caller).
+  void all_reduce_in_place(const CollectiveCall& c, void* data, uint64_t count, ReduceOp op) {
+    const size_t element = element_size(c.type);
+    const CombineFn combine =
+        combine_function(c.type, op == ReduceOp::kAverage ? ReduceOp::kSum : op);
+    with_storage_type(c.type, [&](auto zero) {
+      using T = decltype(zero);
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(static_cast<T*>(data), count);
+      // x = a op b over n elements (x may be a).
+      opts.setReduceFunction([combine, element](void* x, const void* a, const void* b, size_t n) {
+        if (x != a) std::memcpy(x, a, n * element);
+        combine(x, b, n);
+      });
+      opts.setTag(tag(c));
+      gloo::allreduce(opts);
+    });
   }
 
   // Gloo's halving-doubling reduce-scatter reduces in the buffer it is given and leaves this
@@ -365,9 +362,8 @@ class GlooCommunicator final : public Communicator {
   // of at most kReduceScatterPieceBytes: piece j takes the j-th part of every rank's slice,
   // packed into a scratch buffer (which also keeps `send` intact out of place). A small call
   // made in place runs on the caller's buffer directly.
-  void reduce_scatter_in_pieces(const CollectiveCall& c, const uint8_t* send, uint8_t* recv,
-                                DataType type, ReduceOp op) {
-    const uint64_t element = element_size(type);
+  void reduce_scatter_in_pieces(const CollectiveCall& c, const uint8_t* send, uint8_t* recv) {
+    const uint64_t element = element_size(c.type);
     const int world = size();
     std::vector<uint64_t> offsets(world + 1, 0);
     for (int r = 0; r < world; ++r) offsets[r + 1] = offsets[r] + c.counts[r];
@@ -377,11 +373,11 @@ class GlooCommunicator final : public Communicator {
         1, (total * element + kReduceScatterPieceBytes - 1) / kReduceScatterPieceBytes);
     const bool in_place = recv == send + offsets[rank()] * element;
     const auto run_piece = [&](void* buffer, const std::vector<int>& counts) {
-      with_storage_type(type, [&](auto zero) {
+      with_storage_type(c.type, [&](auto zero) {
         using T = decltype(zero);
         const int count = std::accumulate(counts.begin(), counts.end(), 0);
         gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, {static_cast<T*>(buffer)}, count,
-                                                        counts, gloo_reduction<T>(op));
+                                                        counts, gloo_reduction<T>(c.op));
         algorithm.run();
       });
     };
@@ -395,19 +391,7 @@ class GlooCommunicator final : public Communicator {
         scratch_.assign(send, send + total * element);
         buffer = scratch_.data();
       }
-      const CombineFn combine =
-          combine_function(type, op == ReduceOp::kAverage ? ReduceOp::kSum : op);
-      with_storage_type(type, [&](auto zero) {
-        using T = decltype(zero);
-        gloo::AllreduceOptions opts(context_);
-        opts.setOutput(reinterpret_cast<T*>(buffer), total);
-        opts.setReduceFunction([combine, element](void* x, const void* a, const void* b, size_t n) {
-          if (x != a) std::memcpy(x, a, n * element);
-          combine(x, b, n);
-        });
-        opts.setTag(tag(c));
-        gloo::allreduce(opts);
-      });
+      all_reduce_in_place(c, buffer, total, c.op);
       uint8_t* own = buffer + offsets[rank()] * element;
       if (mine > 0 && own != recv) std::memmove(recv, own, mine * element);
       return;
@@ -456,59 +440,7 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  absl::Status run(Task& task) {
-    {
-      MutexLock lock(&mutex_);
-      if (!broken_.ok()) return broken_;
-    }
-    const CollectiveCall& call = task.call;
-    if (task.ready != nullptr) {
-      if (absl::Status s = options_.device->synchronize(*task.ready); !s.ok()) return fail(s);
-    }
-    try {
-      if (options_.settings.debug && size() > 1) {
-        if (absl::Status s = check_signatures(call); !s.ok()) return fail(s);
-      }
-      if (call.kind == CollectiveKind::kBarrier || call.total_count() > 0) task.body(call);
-    } catch (const std::exception& e) {
-      return fail(monitor_->post_mortem(call, message_of(e)));
-    }
-    return absl::OkStatus();
-  }
-
-  // Every rank gathers every rank's signature of this call; all see the same table, so all
-  // reach the same verdict without a further exchange.
-  absl::Status check_signatures(const CollectiveCall& call) {
-    const CollectiveCall::Signature mine = call.signature();
-    std::vector<CollectiveCall::Signature> all(size());
-    gloo::AllgathervOptions opts(context_);
-    opts.setInput(const_cast<uint64_t*>(mine.data()), mine.size());
-    opts.setOutput(all.front().data(), std::vector<size_t>(size(), mine.size()));
-    opts.setTag(tag(call) + 1);
-    gloo::allgatherv(opts);
-    for (const auto& s : all) {
-      if (s != mine) {
-        return absl::FailedPreconditionError(to_absl(
-            cat(call.describe(), " on rank ", rank(), ": ", mismatch_message(all, rank()))));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // Marks the communicator broken: every later call returns this error.
-  absl::Status fail(absl::Status status) {
-    MutexLock lock(&mutex_);
-    if (broken_.ok()) broken_ = status;
-    return status;
-  }
-
-  const CommOptions options_;
-  std::unique_ptr<JobMonitor> monitor_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  mutable absl::Mutex mutex_;
-  uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
-  CommStats stats_ ABSL_GUARDED_BY(mutex_);
-  absl::Status broken_ ABSL_GUARDED_BY(mutex_);
   std::shared_ptr<OrderedExecutor> executor_;  // shared with the works it hands out
   std::vector<uint8_t> scratch_;               // reduce-scatter pieces; used by one task at a time
 };
@@ -566,9 +498,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const Com
                     "(rendezvous at ",
                     launch.master_addr, ":", launch.master_port, "): ", cause)));
   }
-  CommOptions served = options;  // a lone rank's port 0 becomes the one it serves
-  served.launch.master_port = (*monitor)->launch().master_port;
-  return std::make_unique<GlooCommunicator>(served, *std::move(monitor), std::move(context));
+  return std::make_unique<GlooCommunicator>(options, *std::move(monitor), std::move(context));
 }
 
 }  // namespace strata::comm_internal

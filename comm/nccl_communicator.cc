@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "collective_call.h"
+#include "communicator_base.h"
+#include "gpu_assignment.h"
 #include "job_monitor.h"
 #include "nccl_support.h"
 #include "strata/base/log.h"
@@ -45,11 +47,10 @@ struct NcclParts {
   std::unique_ptr<JobMonitor> monitor;
 };
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public CommunicatorBase {
  public:
   NcclCommunicator(const CommOptions& options, NcclParts parts)
-      : options_(options),
-        monitor_(std::move(parts.monitor)),
+      : CommunicatorBase(options, std::move(parts.monitor)),
         ordinal_(parts.ordinal),
         version_(parts.version),
         stream_(std::move(parts.stream)),
@@ -62,103 +63,24 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override;
 
-  int rank() const override { return options_.launch.rank; }
-  int size() const override { return options_.launch.world_size; }
   CommBackendKind backend() const override { return CommBackendKind::kNccl; }
-  CommStats stats() const override {
-    MutexLock lock(&mutex_);
-    return stats_;
-  }
-  std::string description() const override {
-    return cat("nccl ", version_ / 10000, ".", version_ / 100 % 100, ".", version_ % 100, ", rank ",
-               rank(), " of ", size(), " on cuda:", ordinal_, ", rendezvous at ",
-               options_.launch.master_addr, ":", options_.launch.master_port, ", timeout ",
-               format_duration(options_.settings.timeout),
-               options_.settings.debug ? ", signatures checked" : "");
-  }
 
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> all_gather(
-      const void* send, void* recv, std::span<const uint64_t> counts, DataType type,
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kAllGather, type);
-    call.counts.assign(counts.begin(), counts.end());
-    return issue(std::move(call), options,
-                 [this, send, recv](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
-                   const bool equal = std::all_of(c.counts.begin(), c.counts.end(),
-                                                  [&](uint64_t n) { return n == c.counts[0]; });
-                   if (equal) {
-                     return ncclAllGather(send, recv, c.counts[0], nccl_type(c.type), comm, s);
-                   }
-                   // Uneven shards: one broadcast per rank into its slice (PyTorch's
-                   // all_gather_v), fused into one group.
-                   return group(c, [&](int peer, uint64_t offset) {
-                     char* slice = at(recv, offset, c.type);
-                     return ncclBroadcast(peer == rank() ? send : slice, slice, c.counts[peer],
-                                          nccl_type(c.type), peer, comm, s);
-                   });
-                 });
+ protected:
+  std::string engine() const override {
+    return cat("nccl ", version_ / 10000, ".", version_ / 100 % 100, ".", version_ % 100,
+               " on cuda:", ordinal_);
   }
-
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> reduce_scatter(
-      const void* send, void* recv, std::span<const uint64_t> counts, DataType type, ReduceOp op,
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kReduceScatter, type, op);
-    call.counts.assign(counts.begin(), counts.end());
-    return issue(std::move(call), options,
-                 [this, send, recv](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
-                   const bool equal = std::all_of(c.counts.begin(), c.counts.end(),
-                                                  [&](uint64_t n) { return n == c.counts[0]; });
-                   if (equal) {
-                     return ncclReduceScatter(send, recv, c.counts[0], nccl_type(c.type),
-                                              nccl_op(c.op), comm, s);
-                   }
-                   // Uneven shards: one reduce per rank, rooted there (NCCL reads recvbuff on
-                   // the root only, so the other ranks need no scratch).
-                   return group(c, [&](int peer, uint64_t offset) {
-                     return ncclReduce(at(send, offset, c.type), peer == rank() ? recv : nullptr,
-                                       c.counts[peer], nccl_type(c.type), nccl_op(c.op), peer, comm,
-                                       s);
-                   });
-                 });
+  absl::Status check_options(const CollectiveOptions& options) override {
+    return stream_for(options).status();
   }
-
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> all_reduce(
-      const void* send, void* recv, uint64_t count, DataType type, ReduceOp op,
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kAllReduce, type, op);
-    call.counts = {count};
-    return issue(std::move(call), options,
-                 [send, recv](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
-                   return ncclAllReduce(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op),
-                                        comm, s);
-                 });
-  }
-
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> broadcast(
-      void* data, uint64_t count, DataType type, int root,
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kBroadcast, type);
-    call.root = root;
-    call.counts = {count};
-    return issue(
-        std::move(call), options, [data](const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
-          return ncclBroadcast(data, data, c.counts[0], nccl_type(c.type), c.root, comm, s);
-        });
-  }
-
-  // An all-reduce of one int on the scratch: later work on the stream waits for every rank.
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> barrier(
-      const CollectiveOptions& options) override {
-    CollectiveCall call = CollectiveCall::of(CollectiveKind::kBarrier, DataType::kUInt8);
-    void* flag = scratch_->data();
-    return issue(std::move(call), options,
-                 [flag](const CollectiveCall&, ncclComm_t comm, cudaStream_t s) {
-                   return ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm, s);
-                 });
-  }
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> start(const Operation& op,
+                                                        const CollectiveOptions& options) override;
+  absl::StatusOr<std::vector<CollectiveCall::Signature>> exchange_signatures(
+      const CollectiveCall& call, const CollectiveOptions& options) override;
+  void abort_transport() override;
+  void on_broken(const absl::Status& error) override;
 
  private:
-  using Enqueue = std::function<ncclResult_t(const CollectiveCall&, ncclComm_t, cudaStream_t)>;
   struct Pending {
     CollectiveCall call;
     EventPtr start;  // the operation's turn on its stream: the timeout counts from here
@@ -171,39 +93,19 @@ class NcclCommunicator final : public Communicator {
     std::string local;  // in the engine's words
   };
 
+  ncclResult_t enqueue(const Operation& op, cudaStream_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // ncclGroupStart, one call per rank with elements (every rank skips the same empty ones),
   // ncclGroupEnd.
   ncclResult_t group(const CollectiveCall& c,
-                     const std::function<ncclResult_t(int peer, uint64_t offset)>& each) const {
-    ncclResult_t result = ncclGroupStart();
-    if (result != ncclSuccess) return result;
-    uint64_t offset = 0;
-    for (int peer = 0; peer < size(); ++peer) {
-      if (c.counts[peer] > 0) {
-        result = each(peer, offset);
-        if (result != ncclSuccess && result != ncclInProgress) {
-          (void)ncclGroupEnd();
-          return result;
-        }
-      }
-      offset += c.counts[peer];
-    }
-    return ncclGroupEnd();
-  }
+                     const std::function<ncclResult_t(int peer, uint64_t offset)>& each) const;
 
-  absl::StatusOr<cudaStream_t> stream_for(const CollectiveOptions& options) {
+  absl::StatusOr<cudaStream_t> stream_for(const CollectiveOptions& options) const {
     if (options.stream == nullptr) return stream_handle_;
-    absl::StatusOr<uintptr_t> native = options_.device->native_handle(*options.stream);
+    absl::StatusOr<uintptr_t> native = this->options().device->native_handle(*options.stream);
     if (!native.ok()) return native.status();
     return reinterpret_cast<cudaStream_t>(*native);
   }
 
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> issue(CollectiveCall call,
-                                                        const CollectiveOptions& options,
-                                                        const Enqueue& enqueue);
-  absl::Status check_signatures_locked(const CollectiveCall& call, cudaStream_t stream,
-                                       std::optional<Failure>& failure)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::string settle_locked(ncclResult_t result, std::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   std::string wait_event_locked(cudaEvent_t event, std::string_view what)
@@ -212,157 +114,185 @@ class NcclCommunicator final : public Communicator {
   void watch();
   std::optional<Failure> poll(bool& exit);
 
-  absl::Status fail(const CollectiveCall& call, std::string_view local);
-  absl::Status fail_with(absl::Status error);
-  bool begin_failure();
-  absl::Status finish_failure(absl::Status error);
-  absl::Status broken_error();
-
-  const CommOptions options_;
-  std::unique_ptr<JobMonitor> monitor_;  // destroyed after the members below
   const int ordinal_;
   const int version_;
   std::unique_ptr<Stream> stream_;
   const cudaStream_t stream_handle_;
   std::unique_ptr<DeviceMemory> scratch_;
   std::unique_ptr<PinnedHostMemory> signatures_;
-  const std::shared_ptr<Health> health_ = std::make_shared<Health>();
 
-  mutable absl::Mutex mutex_;
-  absl::CondVar cv_;  // pending_ changed, or stopping_
+  mutable absl::Mutex mutex_;  // after the base's issue lock
+  absl::CondVar cv_;           // pending_ changed, or stopping_
   // Null once aborted or destroyed. NCCL calls on it are made under mutex_, so an abort never
   // frees it under another call.
   ncclComm_t comm_ ABSL_GUARDED_BY(mutex_);
-  uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
-  CommStats stats_ ABSL_GUARDED_BY(mutex_);
-  bool failing_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mutex_);
   std::thread watchdog_;
 };
 
-absl::StatusOr<std::unique_ptr<CollectiveWork>> NcclCommunicator::issue(
-    CollectiveCall call, const CollectiveOptions& options, const Enqueue& enqueue) {
+ncclResult_t NcclCommunicator::enqueue(const Operation& op, cudaStream_t s) {
+  const CollectiveCall& c = op.call;
+  const bool equal =
+      std::all_of(c.counts.begin(), c.counts.end(), [&](uint64_t n) { return n == c.counts[0]; });
+  const void* send = op.send;
+  void* recv = op.recv;
+  switch (c.kind) {
+    case CollectiveKind::kAllGather:
+      if (equal) return ncclAllGather(send, recv, c.counts[0], nccl_type(c.type), comm_, s);
+      // Uneven shards: one broadcast per rank into its slice (PyTorch's all_gather_v), fused
+      // into one group.
+      return group(c, [&](int peer, uint64_t offset) {
+        char* slice = at(recv, offset, c.type);
+        return ncclBroadcast(peer == rank() ? send : slice, slice, c.counts[peer],
+                             nccl_type(c.type), peer, comm_, s);
+      });
+    case CollectiveKind::kReduceScatter:
+      if (equal) {
+        return ncclReduceScatter(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op), comm_,
+                                 s);
+      }
+      // Uneven shards: one reduce per rank, rooted there (NCCL reads recvbuff on the root only,
+      // so the other ranks need no scratch).
+      return group(c, [&](int peer, uint64_t offset) {
+        return ncclReduce(at(send, offset, c.type), peer == rank() ? recv : nullptr, c.counts[peer],
+                          nccl_type(c.type), nccl_op(c.op), peer, comm_, s);
+      });
+    case CollectiveKind::kAllReduce:
+      return ncclAllReduce(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op), comm_, s);
+    case CollectiveKind::kBroadcast:
+      return ncclBroadcast(send, recv, c.counts[0], nccl_type(c.type), c.root, comm_, s);
+    case CollectiveKind::kBarrier:
+      // An all-reduce of one int on the scratch: later work on the stream waits for every rank.
+      return ncclAllReduce(scratch_->data(), scratch_->data(), 1, ncclInt32, ncclSum, comm_, s);
+  }
+  return ncclInvalidArgument;
+}
+
+ncclResult_t NcclCommunicator::group(
+    const CollectiveCall& c,
+    const std::function<ncclResult_t(int peer, uint64_t offset)>& each) const {
+  ncclResult_t result = ncclGroupStart();
+  if (result != ncclSuccess) return result;
+  uint64_t offset = 0;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (c.counts[peer] > 0) {
+      result = each(peer, offset);
+      if (result != ncclSuccess && result != ncclInProgress) {
+        (void)ncclGroupEnd();
+        return result;
+      }
+    }
+    offset += c.counts[peer];
+  }
+  return ncclGroupEnd();
+}
+
+absl::StatusOr<std::unique_ptr<CollectiveWork>> NcclCommunicator::start(
+    const Operation& op, const CollectiveOptions& options) {
+  const CollectiveCall& call = op.call;
   absl::StatusOr<cudaStream_t> stream = stream_for(options);
-  if (!stream.ok()) return stream.status();
+  if (!stream.ok()) return fail(call, text::to_std(stream.status().message()));
+  if (settings().debug) {
+    if (absl::Status s = check_signatures(call, options); !s.ok()) return s;
+  }
+  auto state = std::make_shared<OpState>();
   // Every rank knows every count, so all skip the same empty operations.
   const bool run = call.kind == CollectiveKind::kBarrier || call.total_count() > 0;
   EventPtr start, end;
+  std::string local;
   if (run) {
     absl::StatusOr<EventPtr> s = create_event();
-    if (!s.ok()) return s.status();
-    absl::StatusOr<EventPtr> e = create_event();
-    if (!e.ok()) return e.status();
-    start = *std::move(s);
-    end = *std::move(e);
-  }
-  auto state = std::make_shared<OpState>();
-  std::optional<Failure> failure;
-  absl::Status verdict;  // a signature mismatch: every rank reaches it, no post-mortem needed
-  std::unique_ptr<CollectiveWork> work;
-  bool broken = false;
-  {
-    MutexLock lock(&mutex_);
-    broken = failing_;
-    if (!broken) {
-      call.sequence = ++sequence_;
-      if (absl::Status s = check_counts(call, size()); !s.ok()) return s;
-      add_to_stats(stats_, call, size(), rank());
-      monitor_->issued(call);
-      work = std::make_unique<NcclWork>(call.sequence, call.describe(), options_.settings.timeout,
-                                        health_, state, end);
-      if (cudaError_t e = cudaSetDevice(ordinal_); e != cudaSuccess) {
-        failure = Failure{call, cuda_error(e, cat("cudaSetDevice(", ordinal_, ")"))};
-      }
-      if (!failure && options_.settings.debug) {
-        verdict = check_signatures_locked(call, *stream, failure);
-      }
-      if (!failure && verdict.ok() && run) {
-        std::string local;
-        if (cudaError_t e = cudaEventRecord(start.get(), *stream); e != cudaSuccess) {
-          local = cuda_error(e, "cudaEventRecord");
-        }
-        if (local.empty()) local = settle_locked(enqueue(call, comm_, *stream), call.describe());
-        if (cudaError_t e = cudaEventRecord(end.get(), *stream);
-            local.empty() && e != cudaSuccess) {
-          local = cuda_error(e, "cudaEventRecord");
-        }
-        if (local.empty()) {
-          pending_.push_back(Pending{call, std::move(start), std::move(end), std::nullopt, state});
-          cv_.SignalAll();
-        } else {
-          failure = Failure{call, std::move(local)};
-        }
-      } else if (!failure && verdict.ok()) {
-        state->finish(absl::OkStatus());  // nothing to move
-      }
+    absl::StatusOr<EventPtr> e = s.ok() ? create_event() : s.status();
+    if (e.ok()) {
+      start = *std::move(s);
+      end = *std::move(e);
+    } else {
+      local = std::string(e.status().message());
     }
   }
-  if (broken) return broken_error();
-  if (failure) return fail(failure->call, failure->local);
-  if (!verdict.ok()) return fail_with(verdict);
-  return work;
+  {
+    MutexLock lock(&mutex_);
+    if (comm_ == nullptr) {
+      local = "the NCCL communicator was aborted";
+    } else if (cudaError_t e = cudaSetDevice(ordinal_); local.empty() && e != cudaSuccess) {
+      local = cuda_error(e, cat("cudaSetDevice(", ordinal_, ")"));
+    }
+    if (local.empty() && run) {
+      if (cudaError_t e = cudaEventRecord(start.get(), *stream); e != cudaSuccess) {
+        local = cuda_error(e, "cudaEventRecord");
+      }
+      if (local.empty()) local = settle_locked(enqueue(op, *stream), call.describe());
+      if (cudaError_t e = cudaEventRecord(end.get(), *stream); local.empty() && e != cudaSuccess) {
+        local = cuda_error(e, "cudaEventRecord");
+      }
+      if (local.empty()) {
+        pending_.push_back(Pending{call, start, end, std::nullopt, state});
+        cv_.SignalAll();
+      }
+    } else if (local.empty()) {
+      state->finish(absl::OkStatus());  // nothing to move
+    }
+  }
+  if (!local.empty()) return fail(call, local);
+  return std::make_unique<NcclWork>(call.sequence, call.describe(), settings().timeout, health(),
+                                    std::move(state), std::move(end));
 }
 
-// Every rank all-gathers every rank's signature of this call through NCCL; all see the same
-// table, so all reach the same verdict. The host waits (bounded): debug mode only.
-absl::Status NcclCommunicator::check_signatures_locked(const CollectiveCall& call,
-                                                       cudaStream_t stream,
-                                                       std::optional<Failure>& failure) {
+// Every rank all-gathers every rank's signature of this call through NCCL, on the call's stream.
+// The host waits (bounded): debug mode only.
+absl::StatusOr<std::vector<CollectiveCall::Signature>> NcclCommunicator::exchange_signatures(
+    const CollectiveCall& call, const CollectiveOptions& options) {
+  absl::StatusOr<cudaStream_t> stream = stream_for(options);
+  if (!stream.ok()) return stream.status();
+  absl::StatusOr<EventPtr> done = create_event();
+  if (!done.ok()) return done.status();
   const CollectiveCall::Signature mine = call.signature();
   auto* host = static_cast<uint8_t*>(signatures_->data());
   std::memcpy(host, mine.data(), kSignatureBytes);
   auto* device = static_cast<uint8_t*>(scratch_->data());
   const uint64_t table_bytes = kSignatureBytes * static_cast<uint64_t>(size());
   std::string local;
-  absl::StatusOr<EventPtr> done = create_event();
-  if (!done.ok()) {
-    local = std::string(done.status().message());
-  } else if (cudaError_t e = cudaMemcpyAsync(device + kSignatureOffset, host, kSignatureBytes,
-                                             cudaMemcpyHostToDevice, stream);
-             e != cudaSuccess) {
-    local = cuda_error(e, "cudaMemcpyAsync (signature)");
-  } else {
-    local = settle_locked(ncclAllGather(device + kSignatureOffset, device + kGatherOffset,
-                                        kSignatureBytes, ncclUint8, comm_, stream),
-                          cat("the signature check of ", call.describe()));
+  {
+    MutexLock lock(&mutex_);
+    if (comm_ == nullptr) return absl::AbortedError("the NCCL communicator was aborted");
+    if (cudaError_t e = cudaSetDevice(ordinal_); e != cudaSuccess) {
+      local = cuda_error(e, cat("cudaSetDevice(", ordinal_, ")"));
+    } else if (cudaError_t c = cudaMemcpyAsync(device + kSignatureOffset, host, kSignatureBytes,
+                                               cudaMemcpyHostToDevice, *stream);
+               c != cudaSuccess) {
+      local = cuda_error(c, "cudaMemcpyAsync (signature)");
+    } else {
+      local = settle_locked(ncclAllGather(device + kSignatureOffset, device + kGatherOffset,
+                                          kSignatureBytes, ncclUint8, comm_, *stream),
+                            "ncclAllGather");
+    }
+    if (local.empty()) {
+      const cudaError_t e = cudaMemcpyAsync(host + kSignatureBytes, device + kGatherOffset,
+                                            table_bytes, cudaMemcpyDeviceToHost, *stream);
+      if (e != cudaSuccess) local = cuda_error(e, "cudaMemcpyAsync (signatures)");
+    }
+    if (local.empty()) {
+      const cudaError_t e = cudaEventRecord(done->get(), *stream);
+      if (e != cudaSuccess) local = cuda_error(e, "cudaEventRecord");
+    }
+    if (local.empty()) local = wait_event_locked(done->get(), "the signature exchange");
   }
-  if (local.empty()) {
-    const cudaError_t e = cudaMemcpyAsync(host + kSignatureBytes, device + kGatherOffset,
-                                          table_bytes, cudaMemcpyDeviceToHost, stream);
-    if (e != cudaSuccess) local = cuda_error(e, "cudaMemcpyAsync (signatures)");
-  }
-  if (local.empty()) {
-    const cudaError_t e = cudaEventRecord(done->get(), stream);
-    if (e != cudaSuccess) local = cuda_error(e, "cudaEventRecord");
-  }
-  if (local.empty()) {
-    local = wait_event_locked(done->get(), cat("the signature check of ", call.describe()));
-  }
-  if (!local.empty()) {
-    failure = Failure{call, std::move(local)};
-    return absl::OkStatus();
-  }
+  if (!local.empty()) return absl::UnavailableError(to_absl(local));
   std::vector<CollectiveCall::Signature> all(size());
   std::memcpy(all.data(), host + kSignatureBytes, table_bytes);
-  for (const auto& s : all) {
-    if (s != mine) {
-      return absl::FailedPreconditionError(
-          to_absl(cat(call.describe(), " on rank ", rank(), ": ", mismatch_message(all, rank()))));
-    }
-  }
-  return absl::OkStatus();
+  return all;
 }
 
 // A non-blocking communicator may still be enqueuing when a call returns (ncclInProgress): poll
 // until it is done, bounded by the timeout. Returns the failure in words, or "".
 std::string NcclCommunicator::settle_locked(ncclResult_t result, std::string_view what) {
-  const auto deadline = Clock::now() + options_.settings.timeout;
+  const auto deadline = Clock::now() + settings().timeout;
   Backoff backoff;
   while (result == ncclInProgress) {
     if (Clock::now() >= deadline) {
       return cat(what, " was still being enqueued by NCCL after STRATA_COMM_TIMEOUT (",
-                 format_duration(options_.settings.timeout), ")");
+                 format_duration(settings().timeout), ")");
     }
     backoff.pause();
     ncclResult_t async = ncclSuccess;
@@ -374,7 +304,7 @@ std::string NcclCommunicator::settle_locked(ncclResult_t result, std::string_vie
 
 // Waits on the host for `event`, bounded by the timeout and ended early by an NCCL error.
 std::string NcclCommunicator::wait_event_locked(cudaEvent_t event, std::string_view what) {
-  const auto deadline = Clock::now() + options_.settings.timeout;
+  const auto deadline = Clock::now() + settings().timeout;
   Backoff backoff;
   while (true) {
     const cudaError_t q = cudaEventQuery(event);
@@ -385,7 +315,7 @@ std::string NcclCommunicator::wait_event_locked(cudaEvent_t event, std::string_v
     if (async != ncclSuccess && async != ncclInProgress) return nccl_error(async, what);
     if (Clock::now() >= deadline) {
       return cat(what, " did not finish within STRATA_COMM_TIMEOUT (",
-                 format_duration(options_.settings.timeout), ")");
+                 format_duration(settings().timeout), ")");
     }
     backoff.pause();
   }
@@ -404,7 +334,7 @@ void NcclCommunicator::watch() {
 std::optional<NcclCommunicator::Failure> NcclCommunicator::poll(bool& exit) {
   constexpr absl::Duration kPollPeriod = absl::Milliseconds(1);
   MutexLock lock(&mutex_);
-  if (pending_.empty() || failing_) {
+  if (pending_.empty() || comm_ == nullptr) {
     if (stopping_) {
       exit = true;
       return std::nullopt;
@@ -427,9 +357,9 @@ std::optional<NcclCommunicator::Failure> NcclCommunicator::poll(bool& exit) {
     }
     if (q != cudaErrorNotReady) return Failure{it->call, cuda_error(q, "cudaEventQuery")};
     if (!it->started && cudaEventQuery(it->start.get()) == cudaSuccess) it->started = now;
-    if (it->started && now - *it->started > options_.settings.timeout) {
+    if (it->started && now - *it->started > settings().timeout) {
       return Failure{it->call, cat("the operation did not finish within STRATA_COMM_TIMEOUT (",
-                                   format_duration(options_.settings.timeout),
+                                   format_duration(settings().timeout),
                                    ") after its turn on the stream came")};
     }
     ++it;
@@ -442,52 +372,25 @@ std::optional<NcclCommunicator::Failure> NcclCommunicator::poll(bool& exit) {
   return std::nullopt;
 }
 
-absl::Status NcclCommunicator::fail(const CollectiveCall& call, std::string_view local) {
-  if (!begin_failure()) return broken_error();
-  return finish_failure(monitor_->post_mortem(call, local));
-}
-
-absl::Status NcclCommunicator::fail_with(absl::Status error) {
-  if (!begin_failure()) return broken_error();
-  return finish_failure(std::move(error));
-}
-
-// The first failure aborts the communicator (ending any NCCL kernel that waits on a peer);
-// returns false when another thread got there first.
-bool NcclCommunicator::begin_failure() {
+// The first failure aborts the communicator, ending any NCCL kernel that waits on a peer.
+void NcclCommunicator::abort_transport() {
   MutexLock lock(&mutex_);
-  if (failing_) return false;
-  failing_ = true;
   if (comm_ != nullptr) {
     (void)ncclCommAbort(comm_);
     comm_ = nullptr;
   }
   cv_.SignalAll();
-  return true;
 }
 
-absl::Status NcclCommunicator::finish_failure(absl::Status error) {
+void NcclCommunicator::on_broken(const absl::Status& error) {
   STRATA_LOG(kError, "%s", error.message());
-  health_->set(error);
   std::deque<Pending> pending;
   {
     MutexLock lock(&mutex_);
     pending.swap(pending_);
     cv_.SignalAll();
   }
-  const absl::Status broken = health_->get();
-  for (Pending& p : pending) p.state->finish(broken);
-  return broken;
-}
-
-// Another thread is writing the post-mortem (a bounded exchange): its verdict, once known.
-absl::Status NcclCommunicator::broken_error() {
-  const auto deadline = Clock::now() + options_.settings.timeout + std::chrono::seconds(10);
-  while (Clock::now() < deadline) {
-    if (absl::Status broken = health_->get(); !broken.ok()) return broken;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return absl::InternalError("the NCCL communicator was aborted after a failure: create a new one");
+  for (Pending& p : pending) p.state->finish(error);
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -495,8 +398,8 @@ NcclCommunicator::~NcclCommunicator() {
     // Enqueued work finishes, or the watchdog fails it, within the timeout.
     MutexLock lock(&mutex_);
     const absl::Time deadline =
-        absl::Now() + absl::FromChrono(options_.settings.timeout) + absl::Seconds(5);
-    while (!pending_.empty() && !failing_ && absl::Now() < deadline) {
+        absl::Now() + absl::FromChrono(settings().timeout) + absl::Seconds(5);
+    while (!pending_.empty() && comm_ != nullptr && absl::Now() < deadline) {
       (void)wait_with_timeout(&cv_, &mutex_, deadline - absl::Now());
     }
     stopping_ = true;
@@ -526,7 +429,6 @@ NcclCommunicator::~NcclCommunicator() {
   stream_.reset();
   scratch_.reset();
   signatures_.reset();
-  monitor_.reset();
 }
 
 }  // namespace
@@ -574,13 +476,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const Com
   parts.monitor = *std::move(monitor);
   TcpStore& store = parts.monitor->store();
 
-  absl::StatusOr<ncclComm_t> comm = nccl_rendezvous(launch, options.settings, store);
+  const GpuIdentity gpu = GpuIdentity::on_this_machine(device->pci_bus_id(), parts.ordinal);
+  absl::StatusOr<ncclComm_t> comm = nccl_rendezvous(launch, options.settings, store, gpu);
   if (!comm.ok()) return comm.status();
   parts.comm = *comm;
   (void)ncclGetVersion(&parts.version);
-  CommOptions served = options;  // a lone rank's port 0 becomes the one it serves
-  served.launch.master_port = parts.monitor->launch().master_port;
-  auto communicator = std::make_unique<NcclCommunicator>(served, std::move(parts));
+  auto communicator = std::make_unique<NcclCommunicator>(options, std::move(parts));
   STRATA_LOG(kInfo, "%s", communicator->description());
   return communicator;
 }

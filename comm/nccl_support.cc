@@ -94,7 +94,7 @@ absl::StatusOr<EventPtr> create_event() {
 
 absl::Status NcclWork::wait() {
   if (std::optional<absl::Status> r = state_->result(); r.has_value() && !r->ok()) return *r;
-  return health_->get();
+  return health_->verdict();
 }
 
 absl::Status NcclWork::synchronize() {
@@ -102,10 +102,10 @@ absl::Status NcclWork::synchronize() {
   Backoff backoff;
   while (true) {
     if (std::optional<absl::Status> r = state_->result()) return *r;
-    if (absl::Status broken = health_->get(); !broken.ok()) return broken;
+    if (absl::Status broken = health_->verdict(); !broken.ok()) return broken;
     const cudaError_t q = end_ == nullptr ? cudaSuccess : cudaEventQuery(end_.get());
     // Done — unless an abort ended it, which the health tells.
-    if (q == cudaSuccess) return health_->get();
+    if (q == cudaSuccess) return health_->verdict();
     if (q != cudaErrorNotReady) {
       return absl::InternalError(to_absl(cat(what_, ": ", cuda_error(q, "cudaEventQuery"))));
     }
@@ -120,8 +120,12 @@ absl::Status NcclWork::synchronize() {
 }
 
 absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommSettings& settings,
-                                           TcpStore& store) {
+                                           TcpStore& store, const GpuIdentity& gpu) {
   const std::string who = cat("rank ", launch.rank, " of ", launch.world_size);
+  absl::StatusOr<std::vector<GpuIdentity>> gpus =
+      exchange_gpu_identities(store, launch.rank, launch.world_size, gpu);
+  if (!gpus.ok()) return gpus.status();
+  if (absl::Status s = check_one_gpu_per_rank(*gpus); !s.ok()) return s;
   // Rank 0 makes the unique id; the others read it from the rendezvous.
   ncclUniqueId id{};
   if (launch.rank == 0) {

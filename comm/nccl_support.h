@@ -18,6 +18,8 @@
 #include <thread>
 #include <type_traits>
 
+#include "communicator_base.h"
+#include "gpu_assignment.h"
 #include "strata/base/mutex.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/tcp_store.h"
@@ -47,21 +49,6 @@ class Backoff {
 
 using EventPtr = std::shared_ptr<std::remove_pointer_t<cudaEvent_t>>;
 absl::StatusOr<EventPtr> create_event();  // without timing
-
-// Whether the communicator has failed; shared with the work handles, which may outlive it.
-struct Health {
-  absl::Mutex mutex;
-  absl::Status broken ABSL_GUARDED_BY(mutex);
-
-  absl::Status get() {
-    MutexLock lock(&mutex);
-    return broken;
-  }
-  void set(absl::Status status) {
-    MutexLock lock(&mutex);
-    if (broken.ok()) broken = std::move(status);
-  }
-};
 
 // One operation's outcome as the watchdog saw it (the first finish() wins).
 struct OpState {
@@ -110,10 +97,12 @@ class NcclWork final : public CollectiveWork {
   EventPtr end_;
 };
 
-// Rank 0 makes NCCL's unique id and sets it in the store, the others read it; then every rank
+// First the ranks exchange their GPUs (`gpu`: this rank's) and every rank fails alike when
+// two share one (check_one_gpu_per_rank: NCCL would fail them with a misleading message). Then
+// rank 0 makes NCCL's unique id and sets it in the store, the others read it, and every rank
 // creates its non-blocking communicator on the current CUDA device, polled until ready within
 // the timeout (else aborted, with an error naming the ranks that never arrived or died).
 absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommSettings& settings,
-                                           TcpStore& store);
+                                           TcpStore& store, const GpuIdentity& gpu);
 
 }  // namespace strata::comm_internal

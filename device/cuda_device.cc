@@ -115,6 +115,12 @@ class CudaDevice final : public Device {
                            info_.cc_minor, format_bytes(info_.total_bytes));
   }
 
+  std::string pci_bus_id() const override {
+    char id[32] = {};  // "dddd:bb:dd.f" and its terminator, with room to spare
+    if (cudaDeviceGetPCIBusId(id, sizeof(id), ordinal_) != cudaSuccess) return {};
+    return id;
+  }
+
   absl::StatusOr<std::unique_ptr<DeviceMemory>> allocate_device_memory(uint64_t bytes) override {
     if (auto status = select(ordinal_); !status.ok()) return status;
     void* data = nullptr;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/device_copier.h"
 #include "device/device_fixtures.h"
 #include "strata/comm/communicator.h"
 
@@ -33,14 +34,11 @@ std::unique_ptr<Communicator> nccl_or_skip(Device& device, bool debug = false) {
   return *std::move(comm);
 }
 
-// Device memory with host copies in and out (each a synchronized copy on its own stream).
+// Device memory with host copies in and out (each a synchronized copy).
 class DeviceBuffer {
  public:
-  DeviceBuffer(Device& device, uint64_t bytes) : device_(device), bytes_(bytes) {
-    auto memory = device.allocate_device_memory(bytes == 0 ? 1 : bytes);
-    REQUIRE(memory.ok());
-    memory_ = *std::move(memory);
-  }
+  DeviceBuffer(Device& device, uint64_t bytes)
+      : copier_(device), memory_(copier_.allocate(bytes)), bytes_(bytes) {}
   void* data() const { return memory_->data(); }
   char* bytes_at(uint64_t offset) const { return static_cast<char*>(data()) + offset; }
 
@@ -48,40 +46,23 @@ class DeviceBuffer {
   void upload(const std::vector<T>& values, uint64_t offset_bytes = 0) {
     const uint64_t n = values.size() * sizeof(T);
     REQUIRE(offset_bytes + n <= bytes_);
-    auto pinned = device_.allocate_pinned(n == 0 ? 1 : n, "test upload");
-    auto stream = device_.create_stream();
-    REQUIRE(pinned.ok());
-    REQUIRE(stream.ok());
-    std::memcpy((*pinned)->data(), values.data(), n);
-    REQUIRE(device_
-                .copy_async(bytes_at(offset_bytes), (*pinned)->data(), n, CopyKind::kHostToDevice,
-                            **stream)
-                .ok());
-    REQUIRE(device_.synchronize(**stream).ok());
+    copier_.upload(bytes_at(offset_bytes), values.data(), n);
   }
 
   template <typename T>
   std::vector<T> download(uint64_t count, uint64_t offset_bytes = 0) {
     const uint64_t n = count * sizeof(T);
     REQUIRE(offset_bytes + n <= bytes_);
-    auto pinned = device_.allocate_pinned(n == 0 ? 1 : n, "test download");
-    auto stream = device_.create_stream();
-    REQUIRE(pinned.ok());
-    REQUIRE(stream.ok());
-    REQUIRE(device_
-                .copy_async((*pinned)->data(), bytes_at(offset_bytes), n, CopyKind::kDeviceToHost,
-                            **stream)
-                .ok());
-    REQUIRE(device_.synchronize(**stream).ok());
+    const std::vector<uint8_t> raw = copier_.download(bytes_at(offset_bytes), n);
     std::vector<T> out(count);
-    std::memcpy(out.data(), (*pinned)->data(), n);
+    std::memcpy(out.data(), raw.data(), n);
     return out;
   }
 
  private:
-  Device& device_;
-  uint64_t bytes_;
+  testing::DeviceCopier copier_;
   std::unique_ptr<DeviceMemory> memory_;
+  uint64_t bytes_;
 };
 
 std::vector<float> floats(uint64_t n, int seed) {

@@ -97,6 +97,9 @@ class Device {
   virtual Backend backend() const = 0;
   // A line for people: "cuda:0 NVIDIA H200 (139.8 GiB)" or "host (simulated device)".
   virtual std::string description() const = 0;
+  // The GPU's PCI bus id ("0000:3b:00.0"), the same in every process on this machine that uses
+  // it (NCCL needs one GPU per rank); "" where there is no GPU (the host backend) or no answer.
+  virtual std::string pci_bus_id() const { return {}; }
 
   // One device allocation of `bytes` (the GPU arena is one such allocation, made at start).
   virtual absl::StatusOr<std::unique_ptr<DeviceMemory>> allocate_device_memory(uint64_t bytes) = 0;
