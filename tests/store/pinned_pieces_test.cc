@@ -110,6 +110,7 @@ TEST_CASE("The pinned CPU tier pins a piece when it first hands out bytes in it"
   const std::vector<uint32_t> all = later.pieces();
   CHECK(std::set<uint32_t>(all.begin(), all.end()).size() == cpu.stats().pinning.pinned_pieces);
   CHECK(seen.pieces().size() == 3);
+  cpu.set_piece_listener(nullptr);  // before `later` and `seen` go
 }
 
 // HostDevice refuses a registration that overlaps another, as a stand-in for cudaHostRegister
