@@ -3,8 +3,11 @@
 #include <absl/strings/str_format.h>
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <utility>
+#include <vector>
 
+#include "host_ranges.h"
 #include "strata/base/size.h"
 
 namespace strata {
@@ -91,10 +94,15 @@ class CudaMemory final : public DeviceMemory {
 
 class CudaHostRegistration final : public HostRegistration {
  public:
-  explicit CudaHostRegistration(void* data) : data_(data) {}
-  ~CudaHostRegistration() override { cudaHostUnregister(data_); }
+  CudaHostRegistration(std::shared_ptr<detail::RangeSet> registered, void* data)
+      : registered_(std::move(registered)), data_(data) {}
+  ~CudaHostRegistration() override {
+    registered_->remove(data_);
+    cudaHostUnregister(data_);
+  }
 
  private:
+  const std::shared_ptr<detail::RangeSet> registered_;
   void* const data_;
 };
 
@@ -146,7 +154,11 @@ class CudaDevice final : public Device {
         !status.ok()) {
       return status;
     }
-    return std::make_unique<CudaHostRegistration>(data);
+    if (auto status = registered_->add(data, bytes, "cudaHostRegister"); !status.ok()) {
+      cudaHostUnregister(data);  // CUDA refuses overlapping registrations first; not expected
+      return status;
+    }
+    return std::make_unique<CudaHostRegistration>(registered_, data);
   }
 
   absl::StatusOr<std::unique_ptr<Stream>> create_stream() override {
@@ -199,9 +211,31 @@ class CudaDevice final : public Device {
       }
     }
     if (auto status = select(ordinal_); !status.ok()) return status;
-    return cuda_status(
-        cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), s->handle),
-        absl::StrFormat("cudaMemcpyAsync(%s, %s)", to_string(kind), format_bytes(bytes)));
+    // CUDA copies within one registration, or within memory not registered at all: a host range
+    // spanning several pieces of the pinned CPU tier (registered piece by piece as it fills) is
+    // copied one piece at a time, in stream order. Memory strata did not register (a framework's
+    // cudaHostAlloc buffer, pageable memory) is one piece, passed through as it is.
+    const void* host = kind == CopyKind::kDeviceToHost ? dst : src;
+    std::vector<detail::RangeSet::Segment> pieces;
+    if (kind != CopyKind::kDeviceToDevice) pieces = registered_->segments(host, bytes);
+    if (pieces.size() <= 1) {
+      return cuda_status(
+          cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), s->handle),
+          absl::StrFormat("cudaMemcpyAsync(%s, %s)", to_string(kind), format_bytes(bytes)));
+    }
+    for (const detail::RangeSet::Segment& piece : pieces) {
+      const auto at = static_cast<uint64_t>(piece.data - static_cast<const std::byte*>(host));
+      if (auto status =
+              cuda_status(cudaMemcpyAsync(static_cast<std::byte*>(dst) + at,
+                                          static_cast<const std::byte*>(src) + at, piece.bytes,
+                                          memcpy_kind(kind), s->handle),
+                          absl::StrFormat("cudaMemcpyAsync(%s, %s of %s)", to_string(kind),
+                                          format_bytes(piece.bytes), format_bytes(bytes)));
+          !status.ok()) {
+        return status;
+      }
+    }
+    return absl::OkStatus();
   }
 
   absl::Status launch_host_callback(Stream& stream,
@@ -278,6 +312,9 @@ class CudaDevice final : public Device {
 
   const int ordinal_;
   const GpuInfo info_;
+  // Host ranges registered through register_host, to cut copies at their edges. Shared with the
+  // registrations, which may outlive the device.
+  const std::shared_ptr<detail::RangeSet> registered_ = std::make_shared<detail::RangeSet>();
 };
 
 }  // namespace

@@ -350,13 +350,21 @@ class HostDevice final : public Device {
     Link* link = kind == CopyKind::kHostToDevice   ? &shared_->h2d
                  : kind == CopyKind::kDeviceToHost ? &shared_->d2h
                                                    : &shared_->d2d;
-    host_stream->enqueue([dst, src, bytes, link, kind, gate = shared_->options.gate] {
-      if (gate != nullptr) gate->pass(kind);
-      const absl::Time finish = link->reserve(bytes);
-      std::memcpy(dst, src, bytes);
-      const absl::Duration left = finish - absl::Now();
-      if (left > absl::ZeroDuration()) absl::SleepFor(left);
-    });
+    // One copy per registration the host side spans, back to back, as CudaDevice issues them
+    // (device memory is never registered: a device-to-device copy stays one piece).
+    const void* host = kind == CopyKind::kDeviceToHost ? dst : src;
+    for (const RangeSet::Segment& piece : shared_->registered_host.segments(host, bytes)) {
+      const auto at = static_cast<uint64_t>(piece.data - static_cast<const std::byte*>(host));
+      host_stream->enqueue([dst = static_cast<std::byte*>(dst) + at,
+                            src = static_cast<const std::byte*>(src) + at, n = piece.bytes, link,
+                            kind, gate = shared_->options.gate] {
+        if (gate != nullptr) gate->pass(kind);
+        const absl::Time finish = link->reserve(n);
+        std::memcpy(dst, src, n);
+        const absl::Duration left = finish - absl::Now();
+        if (left > absl::ZeroDuration()) absl::SleepFor(left);
+      });
+    }
     return absl::OkStatus();
   }
 
@@ -553,9 +561,15 @@ void HostCopyGate::wait_held(CopyKind kind, uint64_t count) {
   while (held_[static_cast<size_t>(kind)] < count) wait(&changed_, &mu_);
 }
 
+uint64_t HostCopyGate::passed(CopyKind kind) const {
+  MutexLock lock(&mu_);
+  return passed_[static_cast<size_t>(kind)];
+}
+
 void HostCopyGate::pass(CopyKind kind) {
   const auto k = static_cast<size_t>(kind);
   MutexLock lock(&mu_);
+  ++passed_[k];
   if (!closed_[k]) return;
   ++held_[k];
   changed_.SignalAll();

@@ -1,6 +1,6 @@
-// The host device's bookkeeping of memory and links: which address ranges it knows (its
+// The devices' bookkeeping of memory and links: which address ranges a device knows (its
 // allocations and registered host ranges) and the simulated bandwidth of one copy direction.
-// Private to device/host_device.cc.
+// Private to device/: host_device.cc uses both, cuda_device.cc the RangeSet of registrations.
 #pragma once
 
 #include <absl/container/btree_map.h>
@@ -10,8 +10,11 @@
 #include <absl/time/clock.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
+#include <vector>
 
 #include "strata/base/mutex.h"
 
@@ -53,6 +56,34 @@ class RangeSet {
   uint64_t total() const {
     MutexLock lock(&mu_);
     return total_;
+  }
+
+  // [data, data + bytes) cut where a range starts or ends, so that each piece lies inside one
+  // range or outside all. CUDA refuses a copy whose host side spans memory registered and not
+  // registered, and copies within one registration only; the pinned CPU tier is registered in
+  // pieces, so a tensor may span several. One piece when nothing needs cutting.
+  struct Segment {
+    std::byte* data;
+    uint64_t bytes;
+  };
+  std::vector<Segment> segments(const void* data, uint64_t bytes) const {
+    auto* const begin = static_cast<std::byte*>(const_cast<void*>(data));
+    const auto start = reinterpret_cast<uintptr_t>(data);
+    const uintptr_t end = start + bytes;
+    std::vector<Segment> out;
+    MutexLock lock(&mu_);
+    auto it = ranges_.upper_bound(start);
+    if (it != ranges_.begin() && std::prev(it)->first + std::prev(it)->second > start) --it;
+    uintptr_t at = start;
+    for (; it != ranges_.end() && it->first < end && at < end; ++it) {
+      const uintptr_t from = std::max(it->first, at);
+      const uintptr_t to = std::min(it->first + it->second, end);
+      if (from > at) out.push_back({begin + (at - start), from - at});  // a gap: unregistered
+      out.push_back({begin + (from - start), to - from});
+      at = to;
+    }
+    if (at < end) out.push_back({begin + (at - start), end - at});
+    return out;
   }
 
  private:

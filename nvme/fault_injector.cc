@@ -14,6 +14,7 @@ void FaultInjector::add(FaultRule rule) {
 void FaultInjector::clear() {
   MutexLock lock(&mu_);
   rules_.clear();
+  registrations_left_.reset();
 }
 
 uint64_t FaultInjector::fired() const {
@@ -48,6 +49,23 @@ FaultInjector::Decision FaultInjector::apply(IoOp op, uint32_t file, int64_t res
       return Decision{.result = result, .delay = rule.delay};
   }
   return Decision{.result = result};
+}
+
+void FaultInjector::fail_registrations(uint64_t skip, int error_number) {
+  MutexLock lock(&mu_);
+  registrations_left_ = skip;
+  registration_error_ = error_number;
+}
+
+int FaultInjector::apply_registration() {
+  MutexLock lock(&mu_);
+  if (!registrations_left_) return 0;
+  if (*registrations_left_ > 0) {
+    --*registrations_left_;
+    return 0;
+  }
+  ++fired_;
+  return -registration_error_;
 }
 
 }  // namespace strata

@@ -238,6 +238,7 @@ absl::StatusOr<std::unique_ptr<SwapSpace>> SwapSpace::create(SwapSpaceOptions op
         IoFile{file.fd(), absl::StrFormat("swap file in '%s'", file.dir())});
   }
   engine_options.fixed_buffers = o.fixed_buffers;
+  engine_options.lazy_buffers = o.lazy_buffers;
   engine_options.depth = o.depth;
   engine_options.workers = static_cast<uint32_t>(impl->files.size());
   engine_options.faults = o.faults;
@@ -518,6 +519,10 @@ absl::Status SwapSpace::read_sync(ExtentHandle extent, void* dst, uint64_t bytes
   return waiter.wait();
 }
 
+absl::Status SwapSpace::register_buffer(uint32_t index) {
+  return impl_->engine->register_buffer(index);
+}
+
 SwapStats SwapSpace::stats() const {
   const Impl& s = *impl_;
   SwapStats stats;
@@ -526,6 +531,11 @@ SwapStats SwapSpace::stats() const {
   stats.io = s.engine->stats();
   stats.checksum_failures = s.checksum_failures.load(std::memory_order_relaxed);
   stats.warnings = s.warnings;
+  if (const std::string late = s.engine->warning();
+      !late.empty() &&
+      std::find(stats.warnings.begin(), stats.warnings.end(), late) == stats.warnings.end()) {
+    stats.warnings.push_back(late);
+  }
   MutexLock lock(&s.mu);
   stats.extents = s.live_extents;
   for (size_t p = 0; p < s.files.size(); ++p) {

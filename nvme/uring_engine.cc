@@ -25,6 +25,7 @@
 #include "strata/base/mutex.h"
 #include "strata/base/unique_fd.h"
 #include "strata/testing/fault_injector.h"
+#include "uring_buffers.h"
 
 namespace strata {
 namespace {
@@ -33,7 +34,6 @@ using io::Attempt;
 using io::errno_text;
 
 constexpr uint64_t kWakeTag = UINT64_MAX;
-constexpr uint64_t kMaxRegisteredBytes = uint64_t{1} << 30;  // the kernel's per-iovec limit
 
 // Owns an initialised ring.
 class Ring {
@@ -79,51 +79,25 @@ std::string setup_failure(int err) {
   return absl::StrFormat("io_uring_queue_init failed: %s: %s", errno_text(err), why);
 }
 
-std::string registration_warning(int err, uint64_t bytes) {
-  std::string why;
-  if (err == ENOMEM) {
-    why =
-        "RLIMIT_MEMLOCK is too small to pin them: raise `ulimit -l` (e.g. unlimited) or grant "
-        "the process CAP_IPC_LOCK";
-  } else if (err == EFAULT || err == EOPNOTSUPP) {
-    why =
-        "the kernel cannot pin that memory: allocate it as anonymous memory (aligned_alloc or "
-        "mmap MAP_ANONYMOUS, writable), not cudaHostAlloc or a file mapping";
-  } else {
-    why = "unexpected error";
-  }
-  return absl::StrFormat(
-      "io_uring: %d bytes of fixed buffers not registered (%s): %s; I/O works but costs more CPU",
-      bytes, errno_text(err), why);
-}
-
-// What every worker of an engine shares; read-only once the workers run, except the counters.
+// What every worker of an engine shares; read-only once the workers run, except the counters
+// and the registration state (UringBuffers).
 struct Shared {
+  Shared(const IoEngineOptions& options, uint32_t workers)
+      : files(options.files),
+        buffers(options.fixed_buffers, options.lazy_buffers, workers, options.faults),
+        faults(options.faults),
+        names(options.names) {}
   std::vector<IoFile> files;
-  std::vector<iovec> iovecs;  // fixed buffers cut into <= 1 GiB pieces, sorted by address
+  UringBuffers buffers;
   std::shared_ptr<FaultInjector> faults;
   IoSettingNames names;
   io::StatsCounter stats;
-
-  // The registered piece holding [p, p + n) entirely, or -1.
-  int fixed_index(const void* p, uint64_t n) const {
-    const auto* b = static_cast<const std::byte*>(p);
-    auto it =
-        std::upper_bound(iovecs.begin(), iovecs.end(), b, [](const std::byte* x, const iovec& v) {
-          return x < static_cast<const std::byte*>(v.iov_base);
-        });
-    if (it == iovecs.begin()) return -1;
-    --it;
-    const auto* base = static_cast<const std::byte*>(it->iov_base);
-    if (static_cast<uint64_t>(b - base) + n > it->iov_len) return -1;
-    return static_cast<int>(it - iovecs.begin());
-  }
 };
 
 class Worker {
  public:
-  static absl::StatusOr<std::unique_ptr<Worker>> create(Shared& shared, uint32_t depth,
-                                                        std::string* warning);
+  static absl::StatusOr<std::unique_ptr<Worker>> create(Shared& shared, uint32_t index,
+                                                        uint32_t depth, std::string* warning);
   ~Worker() {
     {
       MutexLock lock(&mu_);
@@ -153,8 +127,9 @@ class Worker {
   }
 
   // Use create(); public only for make_unique.
-  Worker(Shared& shared, uint32_t depth, int event_fd)
+  Worker(Shared& shared, uint32_t index, uint32_t depth, int event_fd)
       : shared_(shared),
+        index_(index),
         slots_(depth),
         state_(depth, SlotState::kFree),
         buf_index_(depth, -1),
@@ -189,6 +164,7 @@ class Worker {
   void drain_dead();
 
   Shared& shared_;
+  const uint32_t index_;  // this worker's ring among the engine's (UringBuffers)
   absl::Mutex mu_;
   absl::CondVar cv_;  // only a dead worker sleeps on it
   std::deque<Attempt> pending_ ABSL_GUARDED_BY(mu_);
@@ -209,7 +185,6 @@ class Worker {
   bool wake_armed_ = false;  // the eventfd READ is prepared or in the kernel
   uint64_t wake_value_ = 0;  // its target
   bool fixed_files_ = false;
-  bool fixed_buffers_ = false;
 
   // Destroyed in reverse: the thread is joined (destructor), then the ring exits, then the
   // eventfd its armed READ refers to is closed.
@@ -218,14 +193,14 @@ class Worker {
   std::thread thread_;
 };
 
-absl::StatusOr<std::unique_ptr<Worker>> Worker::create(Shared& shared, uint32_t depth,
-                                                       std::string* warning) {
+absl::StatusOr<std::unique_ptr<Worker>> Worker::create(Shared& shared, uint32_t index,
+                                                       uint32_t depth, std::string* warning) {
   const int event_fd = eventfd(0, EFD_CLOEXEC);
   if (event_fd < 0) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("io_uring engine: eventfd: %s", errno_text(errno)));
   }
-  auto worker = std::make_unique<Worker>(shared, depth, event_fd);
+  auto worker = std::make_unique<Worker>(shared, index, depth, event_fd);
   if (absl::Status s = worker->start_ring(depth, warning); !s.ok()) return s;
   worker->thread_ = std::thread([w = worker.get()] { w->run(); });
   return worker;
@@ -247,15 +222,8 @@ absl::Status Worker::start_ring(uint32_t depth, std::string* warning) {
                                  errno_text(-ret));
     }
   }
-  if (!shared_.iovecs.empty()) {
-    const int ret = io_uring_register_buffers(ring, shared_.iovecs.data(),
-                                              static_cast<unsigned>(shared_.iovecs.size()));
-    fixed_buffers_ = ret == 0;
-    if (ret < 0 && warning->empty()) {
-      uint64_t bytes = 0;
-      for (const iovec& v : shared_.iovecs) bytes += v.iov_len;
-      *warning = registration_warning(-ret, bytes);
-    }
+  if (std::string w = shared_.buffers.attach(index_, ring); !w.empty() && warning->empty()) {
+    *warning = std::move(w);
   }
   // The wake-up path is itself a probe: a READ on the eventfd must complete.
   io_uring_sqe* sqe = io_uring_get_sqe(ring);
@@ -292,7 +260,7 @@ void Worker::take_pending() {
     slots_[s] = std::move(pending_.front());
     pending_.pop_front();
     const IoRequest& r = slots_[s].request();
-    buf_index_[s] = fixed_buffers_ ? shared_.fixed_index(r.buffer, r.length) : -1;
+    buf_index_[s] = shared_.buffers.fixed_index(index_, r.buffer, r.length);
     if (buf_index_[s] >= 0) shared_.stats.fixed();
     shared_.stats.started();
     state_[s] = SlotState::kReady;
@@ -525,12 +493,13 @@ class UringEngine final : public IoEngine {
       MutexLock lock(&mu_);
       stopping_ = true;
     }
-    workers_.clear();  // each drains its queue and in-flight requests, then joins
+    shared_->buffers.detach_all();  // waits for a registration in progress; no more after
+    workers_.clear();               // each drains its queue and in-flight requests, then joins
   }
 
   absl::Status start(uint32_t depth, uint32_t workers) {
     for (uint32_t i = 0; i < workers; ++i) {
-      absl::StatusOr<std::unique_ptr<Worker>> w = Worker::create(*shared_, depth, &warning_);
+      absl::StatusOr<std::unique_ptr<Worker>> w = Worker::create(*shared_, i, depth, &warning_);
       if (!w.ok()) return w.status();
       workers_.push_back(*std::move(w));
     }
@@ -538,7 +507,14 @@ class UringEngine final : public IoEngine {
   }
 
   std::string_view name() const override { return "io_uring"; }
-  std::string warning() const override { return warning_; }
+  // What start() found, else a registration failure since.
+  std::string warning() const override {
+    return warning_.empty() ? shared_->buffers.warning() : warning_;
+  }
+
+  absl::Status register_buffer(uint32_t index) override {
+    return shared_->buffers.register_buffer(index);
+  }
 
   absl::Status submit(std::span<IoRequest> requests) override {
     if (absl::Status s = io::validate(requests, shared_->files); !s.ok()) return s;
@@ -552,7 +528,11 @@ class UringEngine final : public IoEngine {
     return absl::OkStatus();
   }
 
-  IoStats stats() const override { return shared_->stats.snapshot(); }
+  IoStats stats() const override {
+    IoStats stats = shared_->stats.snapshot();
+    shared_->buffers.add_stats(stats);
+    return stats;
+  }
 
  private:
   std::unique_ptr<Shared> shared_;  // outlives the workers (declared first)
@@ -566,22 +546,10 @@ class UringEngine final : public IoEngine {
 
 absl::StatusOr<std::unique_ptr<IoEngine>> make_uring_engine(const IoEngineOptions& options) {
   if (absl::Status s = io::check_options("io_uring", options); !s.ok()) return s;
-  auto shared = std::make_unique<Shared>();
-  shared->files = options.files;
-  shared->faults = options.faults;
-  shared->names = options.names;
-  for (const IoBuffer& b : options.fixed_buffers) {
-    auto* p = static_cast<std::byte*>(b.data);
-    for (uint64_t at = 0; b.data != nullptr && at < b.bytes; at += kMaxRegisteredBytes) {
-      shared->iovecs.push_back({p + at, std::min(b.bytes - at, kMaxRegisteredBytes)});
-    }
-  }
-  std::sort(shared->iovecs.begin(), shared->iovecs.end(),
-            [](const iovec& a, const iovec& b) { return a.iov_base < b.iov_base; });
   const uint32_t workers = options.workers != 0
                                ? options.workers
                                : std::max<uint32_t>(1, static_cast<uint32_t>(options.files.size()));
-  auto engine = std::make_unique<UringEngine>(std::move(shared));
+  auto engine = std::make_unique<UringEngine>(std::make_unique<Shared>(options, workers));
   if (absl::Status s = engine->start(options.depth, workers); !s.ok()) return s;
   return engine;
 }

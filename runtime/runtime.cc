@@ -2,6 +2,7 @@
 
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
+#include <absl/time/clock.h>
 
 #include "strata/base/format_bytes.h"
 #include "strata/base/log.h"
@@ -51,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::from_environment(RuntimeOption
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
                                                          RuntimeOptions options) {
+  const absl::Time start = absl::Now();
   // STRATA_LOG (or the level set from C++) is the process's threshold from here on.
   log::set_threshold(config.log);
   auto loaded = load_configuration(config);
@@ -78,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
   auto gpu = MemoryTier::create_gpu_arena(*runtime->device_, c.gpu_bytes);
   if (!gpu.ok()) return context(gpu.status(), "STRATA_GPU_BYTES");
   runtime->gpu_ = *std::move(gpu);
-  auto cpu = MemoryTier::create_pinned_cpu(*runtime->device_, c.cpu_bytes);
+  auto cpu = MemoryTier::create_pinned_cpu(*runtime->device_, c.cpu_bytes, options.cpu_piece_bytes);
   if (!cpu.ok()) return context(cpu.status(), "STRATA_CPU_BYTES");
   runtime->cpu_ = *std::move(cpu);
 
@@ -88,6 +90,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
     auto swap = SwapSpace::create(std::move(swap_options));
     if (!swap.ok()) return swap.status();
     runtime->nvme_ = *std::move(swap);
+    // The CPU tier's pieces are registered with io_uring as they come into use, on the tier's
+    // background thread (~Runtime detaches this before the swap space goes).
+    runtime->cpu_->set_piece_listener(
+        [swap = runtime->nvme_.get()](uint32_t piece) { (void)swap->register_buffer(piece); });
     const SwapStats stats = runtime->nvme_->stats();
     runtime->warnings_.insert(runtime->warnings_.end(), stats.warnings.begin(),
                               stats.warnings.end());
@@ -108,9 +114,15 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
   if (!store.ok()) return store.status();
   runtime->store_ = *std::move(store);
   log_tiers(c);
+  runtime->create_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
   return runtime;
 }
 
-Runtime::~Runtime() = default;
+Runtime::~Runtime() {
+  store_.reset();
+  staging_.reset();
+  // No registration may run into the swap space once it is destroyed.
+  if (cpu_ != nullptr) cpu_->set_piece_listener(nullptr);
+}
 
 }  // namespace strata

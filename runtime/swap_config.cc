@@ -1,5 +1,8 @@
 #include "strata/testing/swap_config.h"
 
+#include <algorithm>
+#include <cstddef>
+
 namespace strata {
 
 SwapSpaceOptions swap_space_options(const ResolvedConfig& config, const MemoryTier* cpu_tier) {
@@ -13,7 +16,15 @@ SwapSpaceOptions swap_space_options(const ResolvedConfig& config, const MemoryTi
   options.verify = config.verify;
   options.names = io_setting_names();
   if (cpu_tier != nullptr) {
-    options.fixed_buffers.push_back(IoBuffer{cpu_tier->base(), cpu_tier->capacity()});
+    // One buffer per pinning piece, registered as the piece comes into use (the runtime sets
+    // the tier's piece listener to SwapSpace::register_buffer), never all at start.
+    auto* base = static_cast<std::byte*>(cpu_tier->base());
+    const uint64_t capacity = cpu_tier->capacity();
+    const uint64_t piece = cpu_tier->piece_bytes() != 0 ? cpu_tier->piece_bytes() : capacity;
+    for (uint64_t at = 0; at < capacity; at += piece) {
+      options.fixed_buffers.push_back(IoBuffer{base + at, std::min(piece, capacity - at)});
+    }
+    options.lazy_buffers = true;
   }
   return options;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "pinned_pieces.h"
 #include "strata/base/debug.h"
 #include "strata/base/mutex.h"
 #include "strata/base/size.h"
@@ -23,11 +24,11 @@ std::string_view to_string(TierKind kind) {
   return "unknown";
 }
 
-// The memory behind a tier: device memory or a pinned host slab, plus the compaction bounce
-// buffer (GPU only).
+// The memory behind a tier: device memory or a host slab pinned in pieces, plus the compaction
+// bounce buffer (GPU only).
 struct MemoryTier::Region {
   std::unique_ptr<DeviceMemory> device_memory;
-  std::unique_ptr<PinnedHostMemory> pinned;
+  std::unique_ptr<PinnedPieces> pieces;
   std::byte* base = nullptr;
   std::byte* bounce = nullptr;
   uint64_t bounce_bytes = 0;
@@ -90,7 +91,8 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::create_gpu_arena(Device&
 }
 
 absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::create_pinned_cpu(Device& device,
-                                                                          uint64_t bytes) {
+                                                                          uint64_t bytes,
+                                                                          uint64_t piece_bytes) {
   constexpr uint64_t kAlignment = PinnedHostMemory::kAlignment;
   if (bytes < kAlignment) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -98,10 +100,11 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::create_pinned_cpu(Device
   }
   auto region = std::make_unique<Region>();
   const uint64_t arena_bytes = bytes / kAlignment * kAlignment;
-  auto pinned = device.allocate_pinned(arena_bytes, "pinned CPU tier (STRATA_CPU_BYTES)");
-  if (!pinned.ok()) return pinned.status();
-  region->pinned = *std::move(pinned);
-  region->base = static_cast<std::byte*>(region->pinned->data());
+  auto pieces =
+      PinnedPieces::create(device, arena_bytes, piece_bytes, "pinned CPU tier (STRATA_CPU_BYTES)");
+  if (!pieces.ok()) return pieces.status();
+  region->pieces = *std::move(pieces);
+  region->base = region->pieces->base();
   auto arena = Arena::create(arena_bytes, kAlignment);
   if (!arena.ok()) return with_context(arena.status(), "creating the pinned CPU tier");
   return std::make_unique<MemoryTier>(Key(), TierKind::kCpu, device, std::move(region),
@@ -115,18 +118,45 @@ uint64_t MemoryTier::capacity() const {
 
 void* MemoryTier::base() const { return region_->base; }
 
+uint64_t MemoryTier::piece_bytes() const {
+  return region_->pieces != nullptr ? region_->pieces->piece_bytes() : 0;
+}
+
+void MemoryTier::set_piece_listener(absl::AnyInvocable<void(uint32_t piece)> listener) {
+  if (region_->pieces != nullptr) region_->pieces->set_listener(std::move(listener));
+}
+
+void MemoryTier::wait_piece_listener() const {
+  if (region_->pieces != nullptr) region_->pieces->wait_listener_idle();
+}
+
+std::string MemoryTier::pinning_warning() const {
+  return region_->pieces != nullptr ? region_->pieces->warning() : std::string();
+}
+
 absl::StatusOr<BlockHandle> MemoryTier::allocate(uint64_t bytes, Placement placement) {
-  MutexLock lock(&mu_);
-  const uint64_t compactions_before = STRATA_DEBUG_CHECKS ? arena_.stats().compactions : 0;
-  auto block = arena_.allocate_compacting(
-      bytes, 0,
-      [this](const CompactionPlan& plan)
-          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return execute_moves(plan); },
-      placement);
-  // Compaction rewrites the arena's structure: walk all of it in debug builds.
-  if (STRATA_DEBUG_CHECKS && arena_.stats().compactions != compactions_before) {
-    STRATA_DCHECK_OK(arena_.check_invariants());
+  absl::StatusOr<BlockHandle> block;
+  uint64_t offset = 0, size = 0;
+  {
+    MutexLock lock(&mu_);
+    const uint64_t compactions_before = STRATA_DEBUG_CHECKS ? arena_.stats().compactions : 0;
+    block = arena_.allocate_compacting(
+        bytes, 0,
+        [this](const CompactionPlan& plan)
+            ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return execute_moves(plan); },
+        placement);
+    // Compaction rewrites the arena's structure: walk all of it in debug builds.
+    if (STRATA_DEBUG_CHECKS && arena_.stats().compactions != compactions_before) {
+      STRATA_DCHECK_OK(arena_.check_invariants());
+    }
+    if (block.ok()) {
+      offset = arena_.offset(*block);
+      size = arena_.size(*block);
+    }
   }
+  // Outside the tier's lock: pinning a new piece takes milliseconds, and allocations in pieces
+  // already pinned need not wait for it. The caller has the block only after this.
+  if (block.ok() && region_->pieces != nullptr) region_->pieces->ensure(offset, size);
   return block;
 }
 
@@ -195,6 +225,7 @@ TierStats MemoryTier::stats() const {
   stats.kind = kind_;
   stats.arena = arena_.stats();
   stats.compaction_copies = compaction_copies_;
+  if (region_->pieces != nullptr) stats.pinning = region_->pieces->stats();
   return stats;
 }
 
@@ -214,8 +245,10 @@ absl::Status MemoryTier::execute_moves(const CompactionPlan& plan) {
     }
   }
   if (kind_ == TierKind::kCpu) {
-    // Host memory: memmove handles overlap, and no device work touches unpinned blocks.
+    // Host memory: memmove handles overlap, and no device work touches unpinned blocks. A block
+    // may land in a piece never used before: pin it first, as allocate() does.
     for (const CompactionMove& move : plan.moves) {
+      region_->pieces->ensure(move.to, move.bytes);
       std::memmove(region_->base + move.to, region_->base + move.from, move.bytes);
       ++compaction_copies_;
     }

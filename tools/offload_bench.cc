@@ -55,6 +55,7 @@
 #include "strata/base/size.h"
 #include "strata/config/config.h"
 #include "strata/device/backend.h"
+#include "strata/runtime/runtime.h"
 
 namespace strata::bench {
 namespace {
@@ -96,6 +97,21 @@ bool write_file(const std::string& path, const std::string& text) {
 
 int fail(const absl::Status& status) {
   return cli::print_error("offload-bench", std::string(status.message()));
+}
+
+// One line: what creating a runtime with the environment's CPU and GPU tiers costs (what a
+// trainer gets, not the tiers each pass sizes for itself), the background io_uring registration
+// included. The swap files take the passes' size: their fallocate is not what is measured here.
+std::string startup_line(Config config, const SizeSetting& nvme_bytes) {
+  config.nvme_bytes = nvme_bytes;
+  auto runtime = Runtime::create(config);
+  if (!runtime.ok()) {
+    return "runtime start-up: not measured: " + std::string(runtime.status().message());
+  }
+  (*runtime)->cpu().wait_piece_listener();
+  return "runtime start-up (the environment's CPU and GPU tiers): " +
+         absl::StrJoin(absl::StrSplit(to_string((*runtime)->startup()), '\n', absl::SkipEmpty()),
+                       "; ");
 }
 
 // to_json's document is one object; the workload's results become its last key.
@@ -500,6 +516,7 @@ int run(int argc, const char* const* argv) {
   }
   human << "; repeat " << options.repeat << "\n";
   if (dirs.has_value()) human << "nvme: directories " << dirs->describe() << "\n";
+  if (!tune) human << startup_line(*config, header.nvme_bytes) << "\n";
   human.flush();
 
   Progress progress;

@@ -73,6 +73,48 @@ TEST_CASE("HostDevice rejects what cudaMemcpyAsync would reject", "[device]") {
   }
 }
 
+// The pinned CPU tier is registered piece by piece, so one tensor may span several registrations;
+// CUDA copies within one registration (or none) only, so both devices cut copies at their edges.
+TEST_CASE("A copy spanning several registrations goes one piece at a time, every byte right",
+          "[device]") {
+  HostDeviceOptions options;
+  options.gate = std::make_shared<HostCopyGate>();
+  auto device = host_device(options);
+  constexpr uint64_t kPiece = 4096;
+  auto memory = device->allocate_device_memory(8 * kPiece);
+  REQUIRE(memory.ok());
+  auto stream = device->create_stream();
+  REQUIRE(stream.ok());
+  auto* gpu = static_cast<std::byte*>((*memory)->data());
+  std::vector<std::byte> host(8 * kPiece);
+  // Registered: pieces 1, 2 and 4; pieces 0, 3 and 5.. are not.
+  std::vector<std::unique_ptr<HostRegistration>> registrations;
+  for (const uint64_t piece : {1, 2, 4}) {
+    auto registration = device->register_host(host.data() + piece * kPiece, kPiece);
+    REQUIRE(registration.ok());
+    registrations.push_back(*std::move(registration));
+  }
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::byte>(i * 7 + i / 4096);
+  // [100, 5 pieces + 100): gap, piece 1, piece 2, gap, piece 4, gap: six copies.
+  const uint64_t from = 100, bytes = 5 * kPiece;
+  REQUIRE(
+      device->copy_async(gpu, host.data() + from, bytes, CopyKind::kHostToDevice, **stream).ok());
+  std::vector<std::byte> back(bytes);
+  REQUIRE(device->copy_async(back.data(), gpu, bytes, CopyKind::kDeviceToHost, **stream).ok());
+  REQUIRE(device->synchronize(**stream).ok());
+  CHECK(options.gate->passed(CopyKind::kHostToDevice) == 6);
+  CHECK(options.gate->passed(CopyKind::kDeviceToHost) == 1);  // `back` is not registered
+  CHECK(std::memcmp(back.data(), host.data() + from, bytes) == 0);
+  // Inside one registration, or touching none: one copy.
+  REQUIRE(device->copy_async(gpu, host.data() + kPiece, kPiece, CopyKind::kHostToDevice, **stream)
+              .ok());
+  REQUIRE(
+      device->copy_async(gpu, host.data() + 6 * kPiece, kPiece, CopyKind::kHostToDevice, **stream)
+          .ok());
+  REQUIRE(device->synchronize(**stream).ok());
+  CHECK(options.gate->passed(CopyKind::kHostToDevice) == 8);
+}
+
 TEST_CASE("HostDevice memory is bounded like a GPU's", "[device]") {
   HostDeviceOptions options;
   options.memory_bytes = 8 << 20;

@@ -26,6 +26,9 @@ class HostCopyGate {
   void open(CopyKind kind);
   // Blocks until `count` copies of `kind` are being held at once.
   void wait_held(CopyKind kind, uint64_t count);
+  // Copies of `kind` that reached the gate, open or closed. A copy whose host side spans
+  // several registrations counts once per piece, as CudaDevice issues it.
+  uint64_t passed(CopyKind kind) const;
   // The stream worker's side: returns once copies of `kind` may run.
   void pass(CopyKind kind);
 
@@ -34,6 +37,7 @@ class HostCopyGate {
   absl::CondVar changed_;
   std::array<bool, 3> closed_ ABSL_GUARDED_BY(mu_) = {};
   std::array<uint64_t, 3> held_ ABSL_GUARDED_BY(mu_) = {};
+  std::array<uint64_t, 3> passed_ ABSL_GUARDED_BY(mu_) = {};
 };
 
 struct HostDeviceOptions {

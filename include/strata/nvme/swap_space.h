@@ -36,8 +36,10 @@ struct SwapSpaceOptions {
   // made again only when io_uring fails to start or to read under auto. Without it the engine is
   // decided at start from `engine`.
   std::optional<IoEngineDecision> decided;
-  bool verify = true;                     // checksums recorded on write and checked on read
-  std::vector<IoBuffer> fixed_buffers;    // pinned memory to register (the CPU tier)
+  bool verify = true;                   // checksums recorded on write and checked on read
+  std::vector<IoBuffer> fixed_buffers;  // pinned memory to register (the CPU tier)
+  // Register each fixed buffer only on register_buffer() (IoEngineOptions::lazy_buffers).
+  bool lazy_buffers = false;
   std::shared_ptr<FaultInjector> faults;  // tests only
   IoSettingNames names;                   // how errors name the settings (the runtime's variables)
 };
@@ -68,6 +70,7 @@ struct SwapStats {
   uint64_t checksum_failures = 0;
   std::vector<SwapPathStats> paths;
   // Degraded but working (buffered I/O, psync fallback, unregistered buffers): print once.
+  // A buffer registration that failed after start is here too (and was logged once then).
   std::vector<std::string> warnings;
 };
 
@@ -109,6 +112,10 @@ class SwapSpace {
   // Whole-extent synchronous forms.
   absl::Status write_sync(ExtentHandle extent, const void* src, uint64_t bytes);
   absl::Status read_sync(ExtentHandle extent, void* dst, uint64_t bytes);
+
+  // Registers fixed_buffers[index] with the engine's rings (lazy_buffers; see
+  // IoEngine::register_buffer: a failure is reported once, and I/O goes on unregistered).
+  absl::Status register_buffer(uint32_t index);
 
   SwapStats stats() const;
 

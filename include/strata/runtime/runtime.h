@@ -29,7 +29,28 @@ struct RuntimeOptions {
   std::unique_ptr<Device> device;
   // Tests: faults to inject into the NVMe tier's I/O.
   std::shared_ptr<FaultInjector> nvme_faults;
+  // The pinned CPU tier is pinned, and registered with io_uring, in pieces of this size as it
+  // fills (0: 64 MiB; see MemoryTier::create_pinned_cpu). Tests use small pieces.
+  uint64_t cpu_piece_bytes = 0;
 };
+
+// What starting the runtime cost, and what pinning the CPU tier has cost since (it is pinned
+// with the device, and registered with io_uring, piece by piece as it fills: docs/nvme.md).
+struct StartupStats {
+  double create_seconds = 0;  // Runtime::create, from its call to its return
+  PinningStats pinning;       // the CPU tier's pieces (device pinning, io_uring listener)
+  // io_uring registration of those pieces so far, summed over the rings (IoStats); zero
+  // without an NVMe tier or with psync.
+  uint64_t registered_bytes = 0;
+  uint64_t registrations = 0;
+  double registration_seconds = 0;
+  uint64_t registration_failures = 0;
+  uint32_t rings = 0;  // io_uring rings (one per NVMe path); 0 without io_uring
+};
+
+// Lines for people (strata-info --start, offload-bench): the time to create, then how the CPU
+// tier is pinned and registered and how much so far.
+std::string to_string(const StartupStats& stats);
 
 class Runtime {
  public:
@@ -48,6 +69,7 @@ class Runtime {
   StagingPool* staging() { return staging_.get(); }
   TensorStore& store() { return *store_; }
   const ResolvedConfig& config() const { return config_; }
+  StartupStats startup() const;
   // Degraded but working (psync fallback, buffered swap, ...). create() already logged each
   // once per process through log::warn_once (unless STRATA_LOG=error); this is the full list.
   const std::vector<std::string>& warnings() const { return warnings_; }
@@ -57,6 +79,7 @@ class Runtime {
  private:
   ResolvedConfig config_;
   std::vector<std::string> warnings_;
+  double create_seconds_ = 0;
   // Destroyed in reverse: the store first, the device last.
   std::unique_ptr<Device> device_;
   std::unique_ptr<MemoryTier> gpu_;

@@ -13,11 +13,13 @@
 // synchronize_compaction() first. The CPU tier compacts with memmove on the calling thread.
 #pragma once
 
+#include <absl/functional/any_invocable.h>
 #include <absl/status/statusor.h>
 #include <absl/synchronization/mutex.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "strata/allocator/arena.h"
@@ -29,10 +31,25 @@ enum class TierKind { kGpu, kCpu, kNvme };
 
 std::string_view to_string(TierKind kind);
 
+// The pinned CPU tier's slab is pinned in pieces as the tier fills (store/pinned_pieces.h): a
+// piece with the device when the tier first hands out bytes in it, then handed to the listener
+// (the NVMe engine's io_uring registration) on a background thread. All zero for the GPU arena.
+struct PinningStats {
+  uint64_t piece_bytes = 0;
+  uint64_t pieces = 0;         // in the whole slab
+  uint64_t pinned_pieces = 0;  // pinned with the device so far
+  uint64_t pinned_bytes = 0;
+  uint64_t unpinned_pieces = 0;  // in use, left unpinned after a failure (see warning())
+  uint64_t pin_ns = 0;           // time spent pinning (register_host: cudaHostRegister)
+  uint64_t listener_pieces = 0;  // pieces the listener has registered (returned from)
+  uint64_t listener_ns = 0;      // time spent in the listener, on the background thread
+};
+
 struct TierStats {
   TierKind kind = TierKind::kGpu;
   ArenaStats arena;
   uint64_t compaction_copies = 0;  // copy operations issued by compaction (chunks count)
+  PinningStats pinning;
 };
 
 class MemoryTier {
@@ -42,9 +59,13 @@ class MemoryTier {
   static absl::StatusOr<std::unique_ptr<MemoryTier>> create_gpu_arena(Device& device,
                                                                       uint64_t bytes,
                                                                       uint64_t alignment = 256);
-  // The pinned CPU tier: one page-aligned host slab of `bytes`, registered with the device.
+  // The pinned CPU tier: one page-aligned host slab of `bytes`, reserved now and pinned with
+  // the device in pieces of `piece_bytes` (0: 64 MiB) as allocate() first hands out bytes in
+  // each (piece 0 at once). Blocks returned by allocate() lie in pinned pieces (unless pinning
+  // failed, see pinning_warning()).
   static absl::StatusOr<std::unique_ptr<MemoryTier>> create_pinned_cpu(Device& device,
-                                                                       uint64_t bytes);
+                                                                       uint64_t bytes,
+                                                                       uint64_t piece_bytes = 0);
 
   struct Region;
   class Key {  // passkey: only the factories above construct tiers
@@ -61,6 +82,17 @@ class MemoryTier {
   // The whole managed region [base, base + capacity()): for registering the pinned CPU tier
   // with io_uring. Addresses inside it belong to blocks; use address() for those.
   void* base() const;
+  // The CPU tier's pinning pieces: piece i is [base + i * piece_bytes(), + piece_bytes()),
+  // the last one possibly shorter. 0 for the GPU arena.
+  uint64_t piece_bytes() const;
+  // Called (on a background thread, once per piece, in first-use order) with each piece in use
+  // now and each piece first used later: the runtime registers it with io_uring. Null
+  // detaches, waiting for a call in progress; detach before what the listener uses goes away.
+  void set_piece_listener(absl::AnyInvocable<void(uint32_t piece)> listener);
+  // Blocks until the listener has returned for every piece in use (a test hook).
+  void wait_piece_listener() const;
+  // A pinning failure after start (pieces left unpinned), or "".
+  std::string pinning_warning() const;
   Device& device() const { return device_; }
 
   // Allocates `bytes`. When enough bytes are free but no hole is large enough, compacts (moving

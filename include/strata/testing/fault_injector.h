@@ -47,6 +47,12 @@ class FaultInjector {
   // Called by engines for each attempt: `result` is the real syscall/CQE result (bytes or -errno).
   Decision apply(IoOp op, uint32_t file, int64_t result);
 
+  // Buffer registrations (one per buffer and ring, io_uring only) after the first `skip` fail
+  // with -error_number instead of reaching the kernel: ENOMEM is what RLIMIT_MEMLOCK gives.
+  void fail_registrations(uint64_t skip, int error_number);
+  // Called by the engine before each registration: 0 to go ahead, or -errno to report instead.
+  int apply_registration();
+
  private:
   struct Armed {
     FaultRule rule;
@@ -56,6 +62,8 @@ class FaultInjector {
   mutable absl::Mutex mu_;
   std::vector<Armed> rules_ ABSL_GUARDED_BY(mu_);
   uint64_t fired_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<uint64_t> registrations_left_ ABSL_GUARDED_BY(mu_);  // nullopt: no fault armed
+  int registration_error_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace strata

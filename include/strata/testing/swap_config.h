@@ -11,8 +11,9 @@
 namespace strata {
 
 // Paths, size, stripe unit, depth, engine decision and verification from `config`, with the
-// variables' names for errors; when `cpu_tier` is given its whole slab is registered with
-// io_uring (it holds the staging buffers).
+// variables' names for errors. When `cpu_tier` is given (it holds the staging buffers), each of
+// its pinning pieces is a fixed buffer registered lazily: the caller registers piece i with
+// SwapSpace::register_buffer(i) from the tier's piece listener, as Runtime::create does.
 SwapSpaceOptions swap_space_options(const ResolvedConfig& config, const MemoryTier* cpu_tier);
 
 }  // namespace strata
