@@ -36,17 +36,25 @@ import statistics
 import sys
 import time
 
-try:
-    import torch
-except ImportError:  # the CTest test counts exit 77 as skipped
-    print("SKIP: torch is not installed (Debian: apt install python3-torch)")
-    sys.exit(77)
-from torch.nn import functional as F
+import strata  # the core module, no torch: parse_size for the arguments
 
-import strata
-import strata.torch as st
+# Imported by import_torch() once the arguments are checked: a usage error needs no torch.
+torch = F = st = TinyTransformer = None
 
-from train import TinyTransformer  # beside this file: the trainer's model, here larger
+
+def import_torch():
+    """torch, strata.torch and the trainer's model (model.py, beside this file, here larger),
+    or exit 77 (CTest's "skipped") without torch."""
+    global torch, F, st, TinyTransformer
+    try:
+        import torch as torch_module
+    except ImportError:
+        print("SKIP: torch is not installed (Debian: apt install python3-torch)", flush=True)
+        sys.exit(77)
+    from torch.nn import functional
+    import strata.torch as strata_torch
+    from model import TinyTransformer as model_class
+    torch, F, st, TinyTransformer = torch_module, functional, strata_torch, model_class
 
 MODES = ("torch", "save_on_cpu", "strata")
 
@@ -90,6 +98,10 @@ def parse_args(argv):
                                                       allow_zero=name == "prefetch_bytes"))
             except strata.InvalidArgumentError as error:
                 p.error(f"--{name.replace('_', '-')}: {error}")
+    if "auto" not in (args.window_bytes, args.prefetch_bytes) and \
+            args.prefetch_bytes > args.window_bytes:
+        p.error(f"--prefetch-bytes={args.prefetch_bytes} exceeds --window-bytes="
+                f"{args.window_bytes}")
     return args
 
 
@@ -155,6 +167,7 @@ def train(mode, reference, batches, args, device, offload=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import_torch()
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
