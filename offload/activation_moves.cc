@@ -249,6 +249,7 @@ void Impl::run_mover() {
       const ActivationId id = e.id;
       entries.erase(id);  // `e` dies here
     }
+    ++background_done;
     changed.SignalAll();
     // Room given back goes to a waiting allocate() or load() first, never to a prefetch.
     if (window_cut && was_on_gpu && counters.room_waiters == 0)
@@ -284,6 +285,7 @@ void Impl::run_fetcher() {
       if (e.loads == 0 && e.on_gpu) count_out(e);
       e.prefetched = false;
     }
+    ++background_done;
     changed.SignalAll();
     destroy_when_idle(e);
   }

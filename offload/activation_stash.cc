@@ -150,17 +150,36 @@ absl::StatusOr<ActivationStash::Buffer> ActivationStash::allocate(uint64_t bytes
   s.step_saves.push_back(e.id);
   absl::StatusOr<void*> data;
   absl::StatusOr<TensorHandle> tensor;
-  {
-    MutexUnlock unlocked(&s.mu);
-    tensor = s.store.create(e.name, bytes, s.options.home,
-                            CreateOptions{.scheduled = false, .placement = Placement::kHigh});
-    if (tensor.ok()) {
-      data = s.store.acquire(*tensor, tier, stream, AccessMode::kWrite);
-      if (!data.ok()) (void)s.store.destroy(*tensor);
+  absl::Status failed;
+  for (;;) {
+    const uint64_t done_before = s.background_done;
+    {
+      MutexUnlock unlocked(&s.mu);
+      tensor = s.store.create(e.name, bytes, s.options.home,
+                              CreateOptions{.scheduled = false, .placement = Placement::kHigh});
+      if (tensor.ok()) {
+        data = s.store.acquire(*tensor, tier, stream, AccessMode::kWrite);
+        if (!data.ok()) (void)s.store.destroy(*tensor);
+      }
     }
+    failed = tensor.ok() ? data.status() : tensor.status();
+    // A full home tier may be one the mover is emptying: activations freed in backward are
+    // destroyed in the background once the device work that used them is done (and once a
+    // fetch of theirs in flight ends), so the next step's first saves can find their room still
+    // taken. Wait for the background work to finish (as synchronize()), then try again (also
+    // when some finished while this attempt ran: its room may have come too late for it); a
+    // tier full of live activations is still an error.
+    const auto background = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+      return !s.jobs.empty() || s.running > 0 || !s.fetches.empty() || s.fetching > 0;
+    };
+    if (failed.ok() || !absl::IsResourceExhausted(failed) ||
+        (!background() && s.background_done == done_before)) {
+      break;
+    }
+    ++s.counters.home_room_waits;
+    while (background()) wait(&s.changed, &s.mu);
   }
   --e.releasing;
-  absl::Status failed = tensor.ok() ? data.status() : tensor.status();
   if (!failed.ok()) {
     if (e.on_gpu) s.count_out(e);
     s.step_saves.back() = 0;

@@ -90,9 +90,10 @@ struct ActivationStash::Impl {
   absl::flat_hash_map<ActivationId, std::unique_ptr<Entry>> entries ABSL_GUARDED_BY(mu);
   std::deque<Job> jobs ABSL_GUARDED_BY(mu);
   std::deque<Entry*> fetches ABSL_GUARDED_BY(mu);
-  uint32_t running ABSL_GUARDED_BY(mu) = 0;      // jobs taken by the mover, not finished
-  uint32_t fetching ABSL_GUARDED_BY(mu) = 0;     // fetches the fetcher works on (0 or 1)
-  uint64_t pending_gpu ABSL_GUARDED_BY(mu) = 0;  // window bytes queued jobs will give back
+  uint32_t running ABSL_GUARDED_BY(mu) = 0;          // jobs taken by the mover, not finished
+  uint32_t fetching ABSL_GUARDED_BY(mu) = 0;         // fetches the fetcher works on (0 or 1)
+  uint64_t pending_gpu ABSL_GUARDED_BY(mu) = 0;      // window bytes queued jobs will give back
+  uint64_t background_done ABSL_GUARDED_BY(mu) = 0;  // jobs and fetches finished, ever
   bool stopping ABSL_GUARDED_BY(mu) = false;
   ActivationId next_id ABSL_GUARDED_BY(mu) = 1;
   uint64_t step ABSL_GUARDED_BY(mu) = 0;

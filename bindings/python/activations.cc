@@ -178,6 +178,7 @@ py::dict stash_stats(const ActivationStashStats& s) {
   d["window_wait_seconds"] = static_cast<double>(s.window_wait_ns) * 1e-9;
   d["room_waiters"] = s.room_waiters;
   d["load_wait_seconds"] = static_cast<double>(s.load_wait_ns) * 1e-9;
+  d["home_room_waits"] = s.home_room_waits;
   d["errors"] = s.errors;
   return d;
 }

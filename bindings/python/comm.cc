@@ -1,6 +1,5 @@
 #include "comm.h"
 
-#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <cstring>
@@ -9,6 +8,7 @@
 
 #include "environment.h"
 #include "errors.h"
+#include "host_array.h"
 #include "strata/config/config.h"
 
 namespace py = pybind11;
@@ -47,54 +47,57 @@ ReduceOp parse_op(const std::string& op) {
         "'" + op + "' is not a reduction: use sum, average, max or min");
 }
 
-// A numpy array's element type as the communicator's.
-DataType data_type(const py::array& a, const std::string& caller) {
-  const py::dtype dt = a.dtype();
-  const char kind = dt.kind();
-  const auto size = dt.itemsize();
-  if (kind == 'f' && size == 4) return DataType::kFloat32;
-  if (kind == 'f' && size == 8) return DataType::kFloat64;
-  if (kind == 'f' && size == 2) return DataType::kFloat16;
-  if (kind == 'i' && size == 4) return DataType::kInt32;
-  if (kind == 'i' && size == 8) return DataType::kInt64;
-  if (kind == 'u' && size == 1) return DataType::kUInt8;
+// An array's element type as the communicator's.
+DataType data_type(const HostArray& a) {
+  const std::string name = a.dtype() != nullptr ? a.dtype()->name : "";
+  if (name == "float32") return DataType::kFloat32;
+  if (name == "float64") return DataType::kFloat64;
+  if (name == "float16") return DataType::kFloat16;
+  if (name == "int32") return DataType::kInt32;
+  if (name == "int64") return DataType::kInt64;
+  if (name == "uint8") return DataType::kUInt8;
   raise(absl::StatusCode::kInvalidArgument,
-        caller + ": numpy dtype " + py::str(py::object(dt)).cast<std::string>() +
+        a.what() + ": got " + a.description() + "; " + a.type_name() +
             " is not one the communicator reduces: use float16, float32, float64, int32, int64 "
             "or uint8");
 }
 
-py::array all_reduce(PyCommunicator& c, const py::array& input, const std::string& op_text) {
+// A copy of the argument's elements (the input stays as it was), of its dtype and shape: the
+// buffer the collective works in and the call returns.
+std::shared_ptr<HostBuffer> copy_of(const HostArray& data) {
+  data.require_contiguous();
+  auto result = std::make_shared<HostBuffer>(*data.dtype(), data.shape());
+  if (data.nbytes() > 0) std::memcpy(result->data(), data.data(), data.nbytes());
+  return result;
+}
+
+py::object all_reduce(PyCommunicator& c, const py::handle& input, const std::string& op_text) {
   if (c.comm->backend() != CommBackendKind::kGloo) {
     raise(absl::StatusCode::kFailedPrecondition,
-          "all_reduce: numpy arrays are host memory, which only the Gloo backend reduces; this "
+          "all_reduce: arrays here are host memory, which only the Gloo backend reduces; this "
           "communicator is " +
               std::string(to_string(c.comm->backend())) +
               " (STRATA_COMM_BACKEND=gloo, or a Communicator without a CUDA runtime)");
   }
   const ReduceOp op = parse_op(op_text);
-  py::array data = py::array::ensure(input, py::array::c_style);
-  if (!data) throw py::error_already_set();
-  const DataType type = data_type(data, "all_reduce");
-  // A copy: the input stays as it was, and the result is this call's own buffer.
-  py::array result(data.dtype(),
-                   std::vector<py::ssize_t>(data.shape(), data.shape() + data.ndim()));
-  std::memcpy(result.mutable_data(), data.data(), static_cast<size_t>(data.nbytes()));
-  void* buffer = result.mutable_data();
-  const auto count = static_cast<uint64_t>(data.size());
+  const HostArray data(input, "all_reduce: array");
+  const DataType type = data_type(data);
+  std::shared_ptr<HostBuffer> result = copy_of(data);
+  void* buffer = result->data();
+  const uint64_t count = data.count();
   unlocked_check([&]() -> absl::Status {
     auto work = c.comm->all_reduce(buffer, buffer, count, type, op);
     if (!work.ok()) return work.status();
     return (*work)->synchronize();
   });
-  return result;
+  return to_python(std::move(result));
 }
 
-// root's `array` on every rank: a new numpy array of the same shape and dtype.
-py::array broadcast(PyCommunicator& c, const py::array& input, int root) {
+// root's `array` on every rank: a new array of the same shape and dtype.
+py::object broadcast(PyCommunicator& c, const py::handle& input, int root) {
   if (c.comm->backend() != CommBackendKind::kGloo) {
     raise(absl::StatusCode::kFailedPrecondition,
-          "broadcast: numpy arrays are host memory, which only the Gloo backend moves; this "
+          "broadcast: arrays here are host memory, which only the Gloo backend moves; this "
           "communicator is " +
               std::string(to_string(c.comm->backend())));
   }
@@ -103,20 +106,17 @@ py::array broadcast(PyCommunicator& c, const py::array& input, int root) {
                                                   " is not a rank of this job (0.." +
                                                   std::to_string(c.comm->size() - 1) + ")");
   }
-  py::array data = py::array::ensure(input, py::array::c_style);
-  if (!data) throw py::error_already_set();
-  const DataType type = data_type(data, "broadcast");
-  py::array result(data.dtype(),
-                   std::vector<py::ssize_t>(data.shape(), data.shape() + data.ndim()));
-  std::memcpy(result.mutable_data(), data.data(), static_cast<size_t>(data.nbytes()));
-  void* buffer = result.mutable_data();
-  const auto count = static_cast<uint64_t>(data.size());
+  const HostArray data(input, "broadcast: array");
+  const DataType type = data_type(data);
+  std::shared_ptr<HostBuffer> result = copy_of(data);
+  void* buffer = result->data();
+  const uint64_t count = data.count();
   unlocked_check([&]() -> absl::Status {
     auto work = c.comm->broadcast(buffer, count, type, root);
     if (!work.ok()) return work.status();
     return (*work)->synchronize();
   });
-  return result;
+  return to_python(std::move(result));
 }
 
 py::dict comm_stats(const CommStats& s) {
@@ -157,11 +157,12 @@ comm_backend="gloo", comm_debug=True); None unsets.)doc")
           "stats", [](PyCommunicator& c) { return comm_stats(c.comm->stats()); },
           "Per collective kind {calls, bytes, wire_bytes}, and total_bytes, total_wire_bytes.")
       .def("all_reduce", &all_reduce, py::arg("array"), py::arg("op") = "sum",
-           "A new numpy array: `array` reduced over the ranks (sum, average, max, min); Gloo "
-           "only. Every rank calls it with the same shape and dtype.")
+           "A new numpy array (a memoryview without numpy): `array` (host memory: numpy, "
+           "torch CPU, any buffer; row-major) reduced over the ranks (sum, average, max, min); "
+           "Gloo only. Every rank calls it with the same shape and dtype.")
       .def("broadcast", &broadcast, py::arg("array"), py::arg("root") = 0,
-           "A new numpy array: rank `root`'s `array` on every rank; Gloo only. Every rank calls "
-           "it with the same shape and dtype.")
+           "A new numpy array (a memoryview without numpy): rank `root`'s `array` on every "
+           "rank; Gloo only. Every rank calls it with the same shape and dtype.")
       .def(
           "barrier",
           [](PyCommunicator& c) {

@@ -10,6 +10,7 @@
 //   tensor        strata.Tensor
 //   acquisition   strata.Acquisition: acquire, release, the stream protocol
 //   dlpack_export the 'dltensor' capsule
+//   host_array    arrays in and out through the buffer protocol and DLPack (never numpy's C API)
 //   stats         stats and configuration as dicts
 //   optimizer     strata.OffloadOptimizer
 //   comm          strata.Communicator
@@ -23,6 +24,7 @@
 #include "activations.h"
 #include "comm.h"
 #include "errors.h"
+#include "host_array.h"
 #include "names.h"
 #include "optimizer.h"
 #include "runtime.h"
@@ -34,6 +36,7 @@
 PYBIND11_MODULE(_strata, m) {
   m.doc() = "strata: a heterogeneous memory runtime for deep-learning training (C++ core)";
   strata::python::bind_errors(m);
+  strata::python::bind_host_array(m);
   strata::python::bind_runtime(m);
   strata::python::bind_stream(m);
   strata::python::bind_tensor(m);

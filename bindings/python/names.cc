@@ -54,17 +54,29 @@ const std::vector<DType>& dtypes() {
 
 const DType& uint8_dtype() { return dtypes()[8]; }
 
+const DType& dtype_named(const std::string& name) {
+  for (const DType& d : dtypes()) {
+    if (d.name == name) return d;
+  }
+  raise(absl::StatusCode::kInternal, "strata has no dtype named " + name);
+}
+
 DType parse_dtype(const py::handle& object) {
   std::string text;
   if (py::isinstance<py::str>(object)) {
     text = object.cast<std::string>();
   } else if (py::hasattr(object, "is_floating_point")) {  // torch.dtype: "torch.float32"
     text = py::str(object).cast<std::string>();
-  } else {  // numpy dtypes and scalar types
-    try {
-      text = py::module_::import("numpy").attr("dtype")(object).attr("name").cast<std::string>();
-    } catch (const py::error_already_set&) {
-      text = py::str(object).cast<std::string>();
+  } else {
+    // numpy dtypes and scalar types, through numpy's Python API (numpy.dtype(x).name reads the
+    // same in numpy 1.x and 2.x), and only when numpy is loaded: without it there are none.
+    text = py::str(object).cast<std::string>();
+    const py::object numpy = py::module_::import("sys").attr("modules").attr("get")("numpy");
+    if (!numpy.is_none()) {
+      try {
+        text = numpy.attr("dtype")(object).attr("name").cast<std::string>();
+      } catch (const py::error_already_set&) {
+      }
     }
   }
   std::string t = lower(text);

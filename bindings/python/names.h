@@ -26,6 +26,7 @@ struct DType {
 
 const std::vector<DType>& dtypes();
 const DType& uint8_dtype();  // what find() reports for a tensor Python did not create
+const DType& dtype_named(const std::string& name);  // one of dtypes(), by its name
 DType parse_dtype(const pybind11::handle& object);
 
 // A byte count argument: an int or a size string ("32MiB"); 0 only where `allow_zero`. `what`

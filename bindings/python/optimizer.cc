@@ -1,13 +1,14 @@
 #include "optimizer.h"
 
-#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 
 #include "errors.h"
+#include "host_array.h"
 #include "names.h"
 #include "stats.h"
 #include "tensor.h"
@@ -101,20 +102,11 @@ int64_t add_param(PyOptimizer& o, const std::string& name, const PyTensor& param
               std::to_string(grad.numel()) + " elements, the parameter " +
               std::to_string(param.numel()));
   }
-  py::array_t<float, py::array::c_style | py::array::forcecast> master;
+  std::optional<Float32Values> master;  // keeps the values readable until add_param copied them
   if (!initial_master.is_none()) {
-    py::object source = initial_master;
-    if (py::hasattr(source, "detach") && py::hasattr(source, "cpu")) {  // a torch tensor
-      source = source.attr("detach")().attr("cpu")().attr("float")().attr("numpy")();
-    }
-    master = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(source);
-    if (!master) throw py::error_already_set();
-    if (static_cast<uint64_t>(master.size()) != spec.count) {
-      raise(absl::StatusCode::kInvalidArgument,
-            "parameter '" + name + "': initial_master has " + std::to_string(master.size()) +
-                " values, the parameter " + std::to_string(spec.count));
-    }
-    spec.initial_master = std::span<const float>(master.data(), spec.count);
+    master.emplace(initial_master, "parameter '" + name + "': initial_master", spec.count,
+                   "the parameter's element count");
+    spec.initial_master = master->span();
   }
   absl::StatusOr<ParamId> id;
   {
@@ -175,8 +167,10 @@ the Adam step on the CPU, gradients handed over as backward produces them (grad_
       .def("add_param", &add_param, py::arg("name"), py::arg("param"), py::arg("grad"),
            py::arg("initial_master") = py::none(), py::arg("group") = 0,
            "Registers a parameter (its tensor and its gradient's, same element count) and "
-           "returns its id. initial_master: fp32 values (numpy, torch, any buffer); None widens "
-           "the parameter tensor's current contents.")
+           "returns its id. initial_master: the parameter's element count of float32 values (a "
+           "numpy array, torch tensor, array.array('f') or any buffer; float16 and bfloat16 are "
+           "widened, other types refused); None widens the parameter tensor's current "
+           "contents.")
       .def("find_param",
            [](PyOptimizer& o, const std::string& name) {
              return static_cast<int64_t>(check(o.opt->find_param(name)).index);
@@ -220,15 +214,20 @@ the Adam step on the CPU, gradients handed over as backward produces them (grad_
           "read_state",
           [](PyOptimizer& o, int64_t id) {
             const ParamId pid = param_id(o, id);
-            const auto n = static_cast<py::ssize_t>(o.counts[pid.index]);
-            py::array_t<float> master(n), exp_avg(n), exp_avg_sq(n);
-            std::span<float> a(master.mutable_data(), static_cast<size_t>(n));
-            std::span<float> b(exp_avg.mutable_data(), static_cast<size_t>(n));
-            std::span<float> c(exp_avg_sq.mutable_data(), static_cast<size_t>(n));
+            const auto n = static_cast<int64_t>(o.counts[pid.index]);
+            const DType& f32 = dtype_named("float32");
+            auto master = std::make_shared<HostBuffer>(f32, std::vector<int64_t>{n});
+            auto exp_avg = std::make_shared<HostBuffer>(f32, std::vector<int64_t>{n});
+            auto exp_avg_sq = std::make_shared<HostBuffer>(f32, std::vector<int64_t>{n});
+            const auto count = static_cast<size_t>(n);
+            std::span<float> a(static_cast<float*>(master->data()), count);
+            std::span<float> b(static_cast<float*>(exp_avg->data()), count);
+            std::span<float> c(static_cast<float*>(exp_avg_sq->data()), count);
             unlocked_check([&] { return o.opt->read_state(pid, a, b, c); });
-            return py::make_tuple(master, exp_avg, exp_avg_sq);
+            return py::make_tuple(to_python(master), to_python(exp_avg), to_python(exp_avg_sq));
           },
-          py::arg("param"), "(master, exp_avg, exp_avg_sq) as fp32 numpy arrays.")
+          py::arg("param"),
+          "(master, exp_avg, exp_avg_sq) as float32 numpy arrays (memoryviews without numpy).")
       .def(
           "add_group",
           [](PyOptimizer& o, const py::kwargs& kwargs) {

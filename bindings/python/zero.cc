@@ -1,8 +1,8 @@
 #include "zero.h"
 
-#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -11,6 +11,7 @@
 #include "acquisition.h"
 #include "errors.h"
 #include "float16.h"
+#include "host_array.h"
 #include "names.h"
 #include "optimizer.h"
 #include "strata/base/size.h"
@@ -20,19 +21,6 @@ namespace py = pybind11;
 
 namespace strata::python {
 namespace {
-
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
-
-// numpy, torch (detached, moved to the CPU, widened) or anything numpy converts, as fp32.
-FloatArray float_array(const py::handle& value) {
-  py::object source = py::reinterpret_borrow<py::object>(value);
-  if (py::hasattr(source, "detach") && py::hasattr(source, "cpu")) {  // a torch tensor
-    source = source.attr("detach")().attr("cpu")().attr("float")().attr("numpy")();
-  }
-  FloatArray array = FloatArray::ensure(source);
-  if (!array) throw py::error_already_set();
-  return array;
-}
 
 std::string type_name(const py::handle& value) {
   return py::str(py::type::of(value).attr("__name__")).cast<std::string>();
@@ -66,8 +54,9 @@ const DType& dtype_of(ParamType type) {
   return dtypes().front();
 }
 
-// One (name, shape[, initial[, group]]) entry; `keep` holds the initial values' array.
-ZeroParam param_of(const py::handle& item, size_t i, std::vector<FloatArray>& keep) {
+// One (name, shape[, initial[, group]]) entry; `keep` holds the initial values readable.
+ZeroParam param_of(const py::handle& item, size_t i,
+                   std::vector<std::unique_ptr<Float32Values>>& keep) {
   const std::string where = "params[" + std::to_string(i) + "]";
   if (!py::isinstance<py::sequence>(item) || py::isinstance<py::str>(item)) {
     raise(absl::StatusCode::kInvalidArgument,
@@ -92,14 +81,9 @@ ZeroParam param_of(const py::handle& item, size_t i, std::vector<FloatArray>& ke
   if (entry.size() >= 3 && !entry[2].is_none()) {
     uint64_t count = 1;
     for (int64_t d : param.shape) count *= d > 0 ? static_cast<uint64_t>(d) : 0;
-    FloatArray initial = float_array(entry[2]);
-    if (static_cast<uint64_t>(initial.size()) != count) {
-      raise(absl::StatusCode::kInvalidArgument, where + " ('" + param.name + "'): initial has " +
-                                                    std::to_string(initial.size()) +
-                                                    " values, the shape " + std::to_string(count));
-    }
-    param.initial = std::span<const float>(initial.data(), count);
-    keep.push_back(std::move(initial));
+    keep.push_back(std::make_unique<Float32Values>(
+        entry[2], where + " ('" + param.name + "') initial", count, "the shape's element count"));
+    param.initial = keep.back()->span();
   }
   return param;
 }
@@ -153,7 +137,7 @@ std::shared_ptr<PyZeroEngine> make_engine(
       o.groups.push_back(group);
     }
   }
-  std::vector<FloatArray> keep;
+  std::vector<std::unique_ptr<Float32Values>> keep;
   std::vector<ZeroParam> list;
   for (const py::handle item : params) list.push_back(param_of(item, list.size(), keep));
   absl::StatusOr<std::unique_ptr<ZeroEngine>> engine;
@@ -187,11 +171,11 @@ const ZeroLayoutParam& layout_param(const PyZeroEngine& e, ZeroParamId id) {
 py::tuple shape_tuple(const ZeroLayoutParam& p) { return py::tuple(py::cast(p.shape)); }
 
 // The parameter's value widened to fp32, shaped.
-py::array_t<float> read_param(PyZeroEngine& e, const py::handle& p) {
+py::object read_param(PyZeroEngine& e, const py::handle& p) {
   const ZeroParamId id = param_id(e, p);
   const ZeroLayoutParam& lp = layout_param(e, id);
-  py::array_t<float> out(std::vector<py::ssize_t>(lp.shape.begin(), lp.shape.end()));
-  float* dst = out.mutable_data();
+  auto out = std::make_shared<HostBuffer>(dtype_named("float32"), lp.shape);
+  auto* dst = static_cast<float*>(out->data());
   const ParamType type = e.engine->options().param_type;
   unlocked_check([&]() -> absl::Status {
     Stream& stream = e.rt->stream();
@@ -216,7 +200,7 @@ py::array_t<float> read_param(PyZeroEngine& e, const py::handle& p) {
     absl::Status released = e.engine->release_param(id, stream);
     return status.ok() ? released : status;
   });
-  return out;
+  return to_python(std::move(out));
 }
 
 // A PyTensor that describes a parameter's memory for an Acquisition (its shape and `dtype`);
@@ -343,13 +327,9 @@ void add_into(void* buffer, GradType type, const float* g, uint64_t count) {
 void add_grad(PyZeroEngine& e, const py::handle& p, const py::handle& gradient) {
   const ZeroParamId id = param_id(e, p);
   const ZeroLayoutParam& lp = layout_param(e, id);
-  const FloatArray g = float_array(gradient);
-  if (static_cast<uint64_t>(g.size()) != lp.count) {
-    raise(absl::StatusCode::kInvalidArgument,
-          "add_grad: parameter '" + lp.name + "' has " + std::to_string(lp.count) +
-              " elements; the gradient has " + std::to_string(g.size()));
-  }
-  const float* src = g.data();
+  const Float32Values g(gradient, "add_grad: parameter '" + lp.name + "': gradient", lp.count,
+                        "the parameter's element count");
+  const float* src = g.span().data();
   const GradType type = e.engine->options().grad_type;
   unlocked_check([&]() -> absl::Status {
     Stream& stream = e.rt->stream();
@@ -452,7 +432,8 @@ same order (they are collectives).)doc")
            py::arg("chunk_elements") = od.chunk_elements, py::arg("groups") = py::none(),
            R"doc(
 params: [(name, shape), (name, shape, initial), (name, shape, initial, group), ...]; initial is
-fp32 values (numpy, torch, any buffer; None: zeros), the same on every rank; group indexes
+float32 values (numpy, torch CPU, array.array('f'), any buffer; float16 and bfloat16 are widened,
+other types refused; None: zeros), the same on every rank; group indexes
 `groups`, a list of dicts of lr/betas/eps/weight_decay/decoupled over the defaults (None: one
 group of the keyword defaults). bucket_bytes and the stage-3 byte counts (persist_below_bytes,
 prefetch_bytes, max_live_bytes, reuse_window_bytes): an int or a size ("32MiB"). param_home: gpu
@@ -487,7 +468,8 @@ or cpu; at stage 3 also nvme (each rank's parameter shards).)doc")
           },
           py::arg("param"))
       .def("read_param", &read_param, py::arg("param"),
-           "A copy of the parameter's value as a float32 numpy array of its shape.")
+           "A copy of the parameter's value as a float32 numpy array of its shape (a memoryview "
+           "without numpy).")
       .def("acquire_param", &acquire_param, py::arg("param"), py::arg("tier") = "cpu",
            py::arg("mode") = "r",
            "The parameter's memory (its shape and param dtype) as an Acquisition, as "
@@ -513,7 +495,8 @@ or cpu; at stage 3 also nvme (each rank's parameter shards).)doc")
           "allowed (forward, then backward), replacing the recorded order; every rank gives the "
           "same.")
       .def("add_grad", &add_grad, py::arg("param"), py::arg("gradient"),
-           "Adds this micro-step's gradient of the parameter (numpy, torch; its element count) "
+           "Adds this micro-step's gradient of the parameter (float32, or float16/bfloat16 "
+           "widened; numpy, torch CPU or any buffer of its element count) "
            "into the engine's buffer, rounded to grad_dtype, and marks it ready.")
       .def("step",
            [](PyZeroEngine& e) {
@@ -546,14 +529,16 @@ or cpu; at stage 3 also nvme (each rank's parameter shards).)doc")
           [](PyZeroEngine& e, const py::handle& p) {
             const ZeroParamId id = param_id(e, p);
             const ZeroLayoutParam& lp = layout_param(e, id);
-            const std::vector<py::ssize_t> shape(lp.shape.begin(), lp.shape.end());
-            py::array_t<float> master(shape), exp_avg(shape), exp_avg_sq(shape);
+            const DType& f32 = dtype_named("float32");
+            auto master = std::make_shared<HostBuffer>(f32, lp.shape);
+            auto exp_avg = std::make_shared<HostBuffer>(f32, lp.shape);
+            auto exp_avg_sq = std::make_shared<HostBuffer>(f32, lp.shape);
             const auto n = static_cast<size_t>(lp.count);
-            std::span<float> a(master.mutable_data(), n);
-            std::span<float> b(exp_avg.mutable_data(), n);
-            std::span<float> c(exp_avg_sq.mutable_data(), n);
+            std::span<float> a(static_cast<float*>(master->data()), n);
+            std::span<float> b(static_cast<float*>(exp_avg->data()), n);
+            std::span<float> c(static_cast<float*>(exp_avg_sq->data()), n);
             unlocked_check([&] { return e.engine->read_state(id, a, b, c); });
-            return py::make_tuple(master, exp_avg, exp_avg_sq);
+            return py::make_tuple(to_python(master), to_python(exp_avg), to_python(exp_avg_sq));
           },
           py::arg("param"),
           "Collective: (master, exp_avg, exp_avg_sq) of the whole parameter, float32, shaped.")

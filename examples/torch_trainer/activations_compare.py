@@ -22,31 +22,46 @@ they must agree within --tolerance (cuBLAS may pick other kernels when memory di
     PYTHONPATH=<build>/python STRATA_BACKEND=host python3 examples/torch_trainer/activations_compare.py \
         --device=cpu --layers=2 --d-model=64 --seq=64 --batch=4 --steps=3   # the CTest run
 
-Exit status: 0 (prints PASS) when the modes agree; 1 (prints FAIL) otherwise; 2 on a usage error;
-77 when torch is not installed.
+Progress: a flushed line per step of every mode (mode, step i of n, seconds); strata's runtime is
+created after the two torch modes (its CPU tier is pinned at start: one step's activations and a
+quarter more, unless STRATA_CPU_BYTES says otherwise); a mode that runs out of device memory is
+reported and the others go on; past --timeout seconds (default 100) every thread's Python stack
+is printed and the run exits 1. The default model saves about 3.4 GiB a step.
+
+Exit status: 0 (prints PASS) when the modes agree; 1 (prints FAIL) otherwise (or --timeout); 2 on
+a usage error; 77 when torch is not installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import faulthandler
 import json
 import os
 import statistics
 import sys
 import time
 
-try:
-    import torch
-except ImportError:  # the CTest test counts exit 77 as skipped
-    print("SKIP: torch is not installed (Debian: apt install python3-torch)")
-    sys.exit(77)
-from torch.nn import functional as F
+import strata  # the core module, no torch: parse_size for the arguments
 
-import strata
-import strata.torch as st
+# Imported by import_torch() once the arguments are checked: a usage error needs no torch.
+torch = F = st = TinyTransformer = None
 
-from train import TinyTransformer  # beside this file: the trainer's model, here larger
+
+def import_torch():
+    """torch, strata.torch and the trainer's model (model.py, beside this file, here larger),
+    or exit 77 (CTest's "skipped") without torch."""
+    global torch, F, st, TinyTransformer
+    try:
+        import torch as torch_module
+    except ImportError:
+        print("SKIP: torch is not installed (Debian: apt install python3-torch)", flush=True)
+        sys.exit(77)
+    from torch.nn import functional
+    import strata.torch as strata_torch
+    from model import TinyTransformer as model_class
+    torch, F, st, TinyTransformer = torch_module, functional, strata_torch, model_class
 
 MODES = ("torch", "save_on_cpu", "strata")
 
@@ -59,9 +74,9 @@ def parse_args(argv):
     p.add_argument("--d-model", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=2)
     p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument("--steps", type=int, default=8, help="timed steps per mode (default 8)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per mode (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--home", choices=("cpu", "nvme"), default="cpu",
                    help="strata mode: where the activations wait (default cpu)")
@@ -74,7 +89,13 @@ def parse_args(argv):
     p.add_argument("--tolerance", type=float, default=1e-5,
                    help="CUDA: largest relative loss difference allowed (default 1e-5)")
     p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--timeout", type=float, default=100.0,
+                   help="seconds the whole run may take (default 100, under gpu-check's 120): "
+                        "past it, every thread's Python stack is printed and the run exits 1, so "
+                        "a stall says where it is (0: no limit)")
     args = p.parse_args(argv)
+    if args.timeout < 0:
+        p.error("--timeout must be at least 0")
     for name in ("layers", "d_model", "heads", "seq", "batch", "vocab", "steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -90,6 +111,10 @@ def parse_args(argv):
                                                       allow_zero=name == "prefetch_bytes"))
             except strata.InvalidArgumentError as error:
                 p.error(f"--{name.replace('_', '-')}: {error}")
+    if "auto" not in (args.window_bytes, args.prefetch_bytes) and \
+            args.prefetch_bytes > args.window_bytes:
+        p.error(f"--prefetch-bytes={args.prefetch_bytes} exceeds --window-bytes="
+                f"{args.window_bytes}")
     return args
 
 
@@ -115,6 +140,11 @@ def loss_of(model, tokens, targets):
 def synchronize(device):
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def say(text=""):
+    """A line of progress, flushed at once: a run stopped by a timeout shows how far it got."""
+    print(text, flush=True)
 
 
 def train(mode, reference, batches, args, device, offload=None):
@@ -144,8 +174,11 @@ def train(mode, reference, batches, args, device, offload=None):
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())
         synchronize(device)
+        seconds = time.perf_counter() - start
         if step >= args.warmup:
-            times.append(time.perf_counter() - start)
+            times.append(seconds)
+        kind = "warm-up" if step < args.warmup else "timed"
+        say(f"  {mode}: step {step + 1} of {len(batches)} ({kind}) {seconds:.3f} s")
     if device == "cuda":
         peak = torch.cuda.max_memory_allocated()
     weights = [p.detach().cpu() for p in model.parameters()]
@@ -153,14 +186,38 @@ def train(mode, reference, batches, args, device, offload=None):
             "step_seconds": statistics.median(times), "torch_peak_bytes": peak}
 
 
+def run_mode(mode, reference, batches, args, device, offload=None):
+    """train(), or {"error": ...} when the mode runs out of device memory (plain torch may, where
+    the offloading modes fit: that is a result, not a failure of the run)."""
+    say(f"{mode}: {len(batches)} steps ({args.warmup} warm-up)")
+    start = time.perf_counter()
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    try:
+        result = train(mode, reference, batches, args, device, offload)
+    except Exception as error:  # noqa: BLE001 - only out-of-memory is a result; others re-raise
+        if oom is None or not isinstance(error, oom):
+            raise
+        say(f"{mode}: out of device memory: {str(error).splitlines()[0]}")
+        result = {"error": "out of device memory"}
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    say(f"{mode}: done in {time.perf_counter() - start:.1f} s")
+    return result
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.timeout > 0:
+        # A stall (on a GPU machine whose output is only read afterwards) says where it is.
+        faulthandler.dump_traceback_later(args.timeout, exit=True)
+    import_torch()
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         print("--device=cuda: torch has no CUDA device", file=sys.stderr)
         return 2
+    started = time.perf_counter()
 
     torch.manual_seed(1234)
     reference = TinyTransformer(args.vocab, args.seq, args.d_model, args.heads, 4 * args.d_model,
@@ -179,7 +236,11 @@ def main(argv=None) -> int:
         print(f"--prefetch-bytes={prefetch} exceeds the window ({window} bytes)", file=sys.stderr)
         return 2
 
-    overrides = {}  # STRATA_* in the environment win; else room for the window and one step
+    # strata's tiers: STRATA_* in the environment win; else an arena for the window and a
+    # little more, and a CPU tier for one step's activations and a quarter more (the stash frees
+    # them in backward; the next step's saves wait for those frees to land). The CPU tier is
+    # pinned when the runtime starts: its size is start-up time.
+    overrides = {}
     if "STRATA_GPU_BYTES" not in os.environ:
         overrides["gpu_bytes"] = str(window + (4 << 20))
     if "STRATA_CPU_BYTES" not in os.environ:
@@ -187,53 +248,67 @@ def main(argv=None) -> int:
         if os.environ.get("STRATA_NVME_PATHS"):
             staging = strata.parse_size(os.environ.get("STRATA_STAGING_BYTES", "256MiB"),
                                         "STRATA_STAGING_BYTES")
-        overrides["cpu_bytes"] = str(2 * per_step + staging + (64 << 20))
+        overrides["cpu_bytes"] = str(per_step + per_step // 4 + staging + (64 << 20))
+    n_params = sum(p.numel() for p in reference.parameters())
+    say(f"model: {args.layers} blocks, d_model {args.d_model}, {args.heads} heads, seq "
+        f"{args.seq}, batch {args.batch}, vocab {args.vocab}: {n_params} parameters; "
+        f"{per_step / 2**20:.1f} MiB saved per step (largest tensor {largest / 2**20:.2f} MiB)")
+    say(f"device {device}; strata: home {args.home}, window {window / 2**20:.1f} MiB, prefetch "
+        f"{prefetch / 2**20:.1f} MiB; {args.warmup} warm-up and {args.steps} timed steps each")
+
+    results = {}
+    for mode in MODES[:2]:
+        results[mode] = run_mode(mode, reference, batches, args, device)
+    # strata's runtime last, so the other modes run without its arena and pinned tier.
+    start = time.perf_counter()
     rt = strata.Runtime(**overrides)
+    config = rt.config
+    say(f"strata: Runtime() in {time.perf_counter() - start:.1f} s ({rt.backend} backend, GPU "
+        f"arena {config['gpu_bytes'] / 2**20:.0f} MiB, CPU tier {config['cpu_bytes'] / 2**20:.0f}"
+        " MiB)")
     if (device == "cuda") != (rt.backend == "cuda"):
         print(f"--device={device}: strata's runtime is on the {rt.backend} backend; set "
               f"STRATA_BACKEND={'cuda' if device == 'cuda' else 'host'}", file=sys.stderr)
         return 2
     offload = st.offload_activations(rt, home=args.home, window_bytes=window,
                                      prefetch_bytes=prefetch, min_bytes="64KiB")
-    n_params = sum(p.numel() for p in reference.parameters())
-    print(f"model: {args.layers} blocks, d_model {args.d_model}, {args.heads} heads, seq "
-          f"{args.seq}, batch {args.batch}, vocab {args.vocab}: {n_params} parameters; "
-          f"{per_step / 2**20:.1f} MiB saved per step (largest tensor {largest / 2**20:.2f} MiB)")
-    print(f"device {device}; strata: home {args.home}, window {window / 2**20:.1f} MiB, prefetch "
-          f"{prefetch / 2**20:.1f} MiB; {args.warmup} warm-up and {args.steps} timed steps each")
-
-    results = {}
-    for mode in MODES:
-        results[mode] = train(mode, reference, batches, args, device,
-                              offload if mode == "strata" else None)
+    results["strata"] = run_mode("strata", reference, batches, args, device, offload)
     offload.stash.synchronize()
     stash = offload.stats()
-    results["strata"]["strata_arena_peak_bytes"] = stash["gpu_peak_bytes"]
+    if "error" not in results["strata"]:
+        results["strata"]["strata_arena_peak_bytes"] = stash["gpu_peak_bytes"]
+    say(f"strata: {stash['loads']} loads ({stash['loads_prefetched']} prefetched, "
+        f"{stash['loads_kept']} kept, {stash['loads_on_demand']} on demand), "
+        f"{stash['window_waits']} window waits ({stash['window_wait_seconds']:.2f} s), "
+        f"{stash['home_room_waits']} saves waited for the CPU tier, loads waited "
+        f"{stash['load_wait_seconds']:.2f} s for moves home, {stash['errors']} errors")
 
-    base = results["torch"]
+    ran = [m for m in MODES if "error" not in results[m]]
+    base = results[ran[0]] if ran else None
     worst = 0.0
     bitwise = True
-    for mode in MODES[1:]:
+    for mode in ran[1:]:
         r = results[mode]
         bitwise &= r["losses"] == base["losses"] and all(
             torch.equal(a, b) for a, b in zip(r["weights"], base["weights"]))
         for a, b in zip(r["losses"], base["losses"]):
             worst = max(worst, abs(a - b) / max(abs(b), 1e-12))
 
-    print(f"{'mode':<12} {'step (ms)':>10} {'vs torch':>9} {'torch peak (MiB)':>17} "
-          f"{'+ strata arena (MiB)':>21}")
+    say(f"{'mode':<12} {'step (ms)':>10} {'vs ' + ran[0] if ran else '':>12} "
+        f"{'torch peak (MiB)':>17} {'+ strata arena (MiB)':>21}")
     for mode in MODES:
         r = results[mode]
+        if "error" in r:
+            say(f"{mode:<12} {r['error']}")
+            continue
         peak = "-" if r["torch_peak_bytes"] is None else f"{r['torch_peak_bytes'] / 2**20:.1f}"
         arena = r.get("strata_arena_peak_bytes")
         arena = "-" if arena is None else f"{arena / 2**20:.1f}"
-        print(f"{mode:<12} {r['step_seconds'] * 1e3:10.2f} "
-              f"{r['step_seconds'] / base['step_seconds']:8.2f}x {peak:>17} {arena:>21}")
-    print(f"strata: {stash['loads']} loads ({stash['loads_prefetched']} prefetched, "
-          f"{stash['loads_kept']} kept, {stash['loads_on_demand']} on demand), "
-          f"{stash['window_waits']} window waits, {stash['errors']} errors")
-    print(f"losses: {'bitwise equal' if bitwise else f'largest relative difference {worst:.3g}'}"
-          " across the modes")
+        say(f"{mode:<12} {r['step_seconds'] * 1e3:10.2f} "
+            f"{r['step_seconds'] / base['step_seconds']:11.2f}x {peak:>17} {arena:>21}")
+    say(f"losses: {'bitwise equal' if bitwise else f'largest relative difference {worst:.3g}'}"
+        f" across the modes that ran ({', '.join(ran)})")
+    say(f"the whole run: {time.perf_counter() - started:.1f} s")
 
     if args.json:
         out = {"device": device, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
@@ -251,16 +326,16 @@ def main(argv=None) -> int:
             json.dump(out, f, indent=2)
             f.write("\n")
 
-    ok = stash["errors"] == 0 and stash["loads"] > 0
+    ok = stash["errors"] == 0 and stash["loads"] > 0 and "error" not in results["strata"]
     if not ok:
-        print("the strata run's stash failed or loaded nothing")
-    if device == "cpu" and not bitwise:
-        print("on the CPU the modes must be bitwise equal, and are not")
+        say("the strata run failed, its stash failed or it loaded nothing")
+    if device == "cpu" and (len(ran) < len(MODES) or not bitwise):
+        say("on the CPU every mode must run and be bitwise equal to the others, and they are not")
         ok = False
     if device == "cuda" and worst > args.tolerance:
-        print(f"the losses differ by {worst:.3g} relative, more than --tolerance {args.tolerance:g}")
+        say(f"the losses differ by {worst:.3g} relative, more than --tolerance {args.tolerance:g}")
         ok = False
-    print("PASS" if ok else "FAIL")
+    say("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
 

@@ -56,109 +56,21 @@ import os
 import sys
 import time
 
-try:
-    import torch
-except ImportError:  # the CTest test counts exit 77 as skipped
-    print("SKIP: torch is not installed (Debian: apt install python3-torch)")
-    sys.exit(77)
-from torch import nn
-from torch.nn import functional as F
+import strata  # the core module, no torch: parse_size for the arguments
 
-import strata
-import strata.torch as st
+# torch, strata.torch and the model (model.py, beside this file) are imported by import_torch()
+# once the arguments are checked: a usage error needs no torch.
 
-VOCAB = 64
-D_MODEL = 64
-HEADS = 4
-D_MLP = 256
-LAYERS = 2
-SEQ = 32
-BATCH = 8
-HYPER = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)
-MAX_GRAD_NORM = 0.5
-
-
-class SelfAttention(nn.Module):
-    """Causal multi-head self-attention from four nn.Linear (q, k, v, o)."""
-
-    def __init__(self, d_model: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(d_model, d_model)
-        self.k = nn.Linear(d_model, d_model)
-        self.v = nn.Linear(d_model, d_model)
-        self.o = nn.Linear(d_model, d_model)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        h = self.heads
-
-        def split(y):  # (b, t, d) -> (b, h, t, d/h)
-            return y.view(b, t, h, d // h).transpose(1, 2)
-
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        scores = scores.masked_fill(causal, float("-inf"))
-        y = torch.softmax(scores, dim=-1) @ v
-        return self.o(y.transpose(1, 2).reshape(b, t, d))
-
-
-class Block(nn.Module):
-    def __init__(self, d_model: int, heads: int, d_mlp: int):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d_model)
-        self.attn = SelfAttention(d_model, heads)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, d_mlp), nn.GELU(), nn.Linear(d_mlp, d_model))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class TinyTransformer(nn.Module):
-    """Embeddings, `layers` blocks, a final LayerNorm and an LM head (this trainer's sizes by
-    default; activations_compare.py builds larger ones)."""
-
-    def __init__(self, vocab=VOCAB, seq=SEQ, d_model=D_MODEL, heads=HEADS, d_mlp=D_MLP,
-                 layers=LAYERS):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(seq, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads, d_mlp) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab)
-
-    def forward(self, tokens):
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok(tokens) + self.pos(positions)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
-
-
-def markov_batches(steps: int, seed: int = 7, batch: int = BATCH):
-    """`steps` batches of (input, target) token sequences from a fixed random Markov chain whose
-    every token has 3 successors (probabilities 0.7, 0.2, 0.1): entropy ~0.8 nats, against
-    ln(64) ~4.16 for a uniform guess."""
-    g = torch.Generator().manual_seed(seed)
-    successors = torch.stack([torch.randperm(VOCAB, generator=g)[:3] for _ in range(VOCAB)])
-    probs = torch.tensor([0.7, 0.2, 0.1])
-    batches = []
-    for _ in range(steps):
-        seq = torch.empty(batch, SEQ + 1, dtype=torch.long)
-        seq[:, 0] = torch.randint(VOCAB, (batch,), generator=g)
-        for t in range(SEQ):
-            choice = torch.multinomial(probs, batch, replacement=True, generator=g)
-            seq[:, t + 1] = successors[seq[:, t], choice]
-        batches.append((seq[:, :-1], seq[:, 1:]))
-    return batches
-
-
-def lm_loss(model, tokens, targets):
-    logits = model(tokens)
-    return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+def import_torch():
+    """torch, strata.torch and model.py, or exit 77 (CTest's "skipped") without torch."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("SKIP: torch is not installed (Debian: apt install python3-torch)", flush=True)
+        sys.exit(77)
+    import model  # beside this file
+    import strata.torch as st
+    return model, st
 
 
 def parse_args(argv):
@@ -175,8 +87,8 @@ def parse_args(argv):
                    help="0: one process, strata.torch.offload (default); 1, 2, 3: ZeRO-DP over "
                         "the ranks of the job through strata.torch.zero_shard")
     p.add_argument("--batch", type=int, default=None,
-                   help=f"sequences per global batch (stage 0: {BATCH}; ZeRO stages: 12, "
-                        "divided among the ranks)")
+                   help="sequences per global batch (stage 0: model.py's BATCH, 8; ZeRO "
+                        "stages: 12, divided among the ranks)")
     p.add_argument("--units", choices=("layer", "block"), default="layer",
                    help="ZeRO units: every module with parameters (layer, default) or each "
                         "transformer block whole (block)")
@@ -202,9 +114,9 @@ def parse_args(argv):
         p.error("--steps must be at least 2")
     if not args.tolerance > 0:
         p.error("--tolerance must be positive")
-    if args.batch is None:
-        args.batch = BATCH if args.zero_stage == 0 else 12
-    if args.batch < 1:
+    if args.batch is None and args.zero_stage > 0:
+        args.batch = 12  # stage 0's default is model.BATCH (main, once torch is imported)
+    if args.batch is not None and args.batch < 1:
         p.error("--batch must be at least 1")
     world = int(os.environ.get("WORLD_SIZE", "1") or "1")
     if args.zero_stage == 0:
@@ -221,11 +133,15 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    m, st = import_torch()
+    import torch
     if args.zero_stage > 0:
         from zero_train import train_zero  # beside this file
-        return train_zero(args, sys.modules[__name__])
+        return train_zero(args, m)
+    if args.batch is None:
+        args.batch = m.BATCH
     torch.manual_seed(1234)
-    reference = TinyTransformer()
+    reference = m.TinyTransformer()
     n_params = sum(p.numel() for p in reference.parameters())
     param_bytes = 4 * n_params
     # The GPU arena: STRATA_GPU_BYTES when set; else room for the parameters (all acquired at the
@@ -257,7 +173,8 @@ def main(argv=None) -> int:
     home = "nvme" if rt.has_nvme else "cpu"
     gpu_bytes = rt.config["gpu_bytes"]
     print(f"model: {n_params} parameters ({param_bytes / 1024:.0f} KiB fp32), "
-          f"{LAYERS} blocks, d_model {D_MODEL}, {HEADS} heads, vocab {VOCAB}, seq {SEQ}, "
+          f"{m.LAYERS} blocks, d_model {m.D_MODEL}, {m.HEADS} heads, vocab {m.VOCAB}, "
+          f"seq {m.SEQ}, "
           f"batch {args.batch}")
     print(f"strata: backend {backend}, device {device}, GPU arena {gpu_bytes / 1024:.0f} KiB, "
           f"parameters homed in {home}, optimizer states in {home}")
@@ -268,8 +185,8 @@ def main(argv=None) -> int:
     model = copy.deepcopy(reference).to(device)
     reference.to(device)
     wrapped = st.offload(model, rt, home=home)
-    opt = st.OffloadAdamW(wrapped, state_home=home, max_grad_norm=MAX_GRAD_NORM, **HYPER)
-    ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **HYPER)
+    opt = st.OffloadAdamW(wrapped, state_home=home, max_grad_norm=m.MAX_GRAD_NORM, **m.HYPER)
+    ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **m.HYPER)
 
     offload = None
     if args.offload_activations:
@@ -277,7 +194,7 @@ def main(argv=None) -> int:
                                          window_bytes=args.activation_window_bytes,
                                          prefetch_bytes="64KiB", min_bytes="4KiB")
     batches = [(x.to(device), y.to(device))
-               for x, y in markov_batches(args.steps, batch=args.batch)]
+               for x, y in m.markov_batches(args.steps, batch=args.batch)]
     print(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}")
     losses, ref_losses = [], []
     worst = 0.0
@@ -287,17 +204,17 @@ def main(argv=None) -> int:
         rt.reset_peak_usage()
         if offload is not None:
             with offload:  # one step of the stash: forward's saved tensors go to strata
-                loss = lm_loss(wrapped, x, y)
+                loss = m.lm_loss(wrapped, x, y)
         else:
-            loss = lm_loss(wrapped, x, y)
+            loss = m.lm_loss(wrapped, x, y)
         loss.backward()
         result = opt.step()
         opt.zero_grad()
         clipped += result["clip_coef"] < 1.0
 
-        ref_loss = lm_loss(reference, x, y)
+        ref_loss = m.lm_loss(reference, x, y)
         ref_loss.backward()
-        nn.utils.clip_grad_norm_(reference.parameters(), MAX_GRAD_NORM)
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), m.MAX_GRAD_NORM)
         ref_opt.step()
         ref_opt.zero_grad()
 
@@ -321,7 +238,7 @@ def main(argv=None) -> int:
     print(f"bytes moved between tiers: {moved} ({moved / 2**20:.2f} MiB: {per_pair or 'none'}); "
           f"optimizer NVMe read {ostats['nvme_bytes_read']}, "
           f"written {ostats['nvme_bytes_written']}")
-    print(f"gradient clipping (max norm {MAX_GRAD_NORM:g}) applied at {clipped} of "
+    print(f"gradient clipping (max norm {m.MAX_GRAD_NORM:g}) applied at {clipped} of "
           f"{args.steps} steps")
     print(f"{args.steps} steps of both runs in {elapsed:.2f} s")
     if offload is not None:

@@ -23,7 +23,7 @@ def _relative(a: float, b: float) -> float:
 
 
 def train_zero(args, t) -> int:
-    """`t`: train.py's module (the model, the data, the hyper-parameters)."""
+    """`t`: model.py (the model, the data, the hyper-parameters)."""
     rt = strata.Runtime()
     if rt.backend == "cuda" or args.device == "cuda":
         print("--zero-stage: this example trains on the CPU (STRATA_BACKEND=host, --device=cpu); "

@@ -334,6 +334,60 @@ TEST_CASE("ActivationStash: a full CPU tier fails the save with the fix, and the
   REQUIRE(stash->free(again->id, *rig.stream).ok());
 }
 
+TEST_CASE(
+    "ActivationStash: the next step's saves wait for the previous step's frees to give the CPU "
+    "tier back, rather than failing",
+    "[offload][activations]") {
+  // A CPU tier one step fills (16 x 64 KiB), steps back to back with no synchronize(): the
+  // previous backward's frees are destroyed by the mover in the background, so the next step's
+  // first saves can find the tier still full of freed activations whose destroys are queued.
+  // Before allocate() waited for them, some of these steps failed with "no room".
+  StashRig rig(false, "1MiB");
+  ActivationStashOptions options;
+  options.window_bytes = 256 * kKiB;
+  options.prefetch_bytes = 64 * kKiB;
+  auto stash = rig.stash(options);
+  uint64_t tag = 0;
+  std::string failure;  // the first save that failed
+  for (int step = 0; step < 60 && failure.empty(); ++step) {
+    stash->step_begin();
+    std::vector<Saved> saved;
+    for (int i = 0; i < 16; ++i) {
+      auto buffer = stash->allocate(64 * kKiB, TierKind::kCpu, *rig.stream);
+      if (!buffer.ok()) {
+        failure = "step " + std::to_string(step) + ", save " + std::to_string(i) + ": " +
+                  std::string(buffer.status().message());
+        break;
+      }
+      fill(buffer->data, 64 * kKiB, ++tag);
+      REQUIRE(stash->offload(buffer->id, *rig.stream).ok());
+      saved.push_back({buffer->id, 64 * kKiB, tag});
+    }
+    backward(rig, *stash, saved, reversed(saved.size()));
+  }
+  CHECK(failure == "");
+  REQUIRE(stash->synchronize().ok());
+  const ActivationStashStats st = stash->stats();
+  CHECK(st.live == 0);
+  CHECK(st.errors == 0);
+  // A tier full of live activations is still an error, at once (nothing pending gives room).
+  stash->step_begin();
+  std::vector<Saved> live;
+  for (int i = 0; i < 16; ++i) {
+    auto buffer = stash->allocate(64 * kKiB, TierKind::kCpu, *rig.stream);
+    REQUIRE(buffer.ok());
+    fill(buffer->data, 64 * kKiB, ++tag);
+    REQUIRE(stash->offload(buffer->id, *rig.stream).ok());
+    live.push_back({buffer->id, 64 * kKiB, tag});
+  }
+  REQUIRE(stash->synchronize().ok());
+  auto over = stash->allocate(64 * kKiB, TierKind::kCpu, *rig.stream);
+  REQUIRE(absl::IsResourceExhausted(over.status()));
+  CHECK_THAT(std::string(over.status().message()), Catch::Contains("STRATA_CPU_BYTES"));
+  backward(rig, *stash, live, reversed(live.size()));
+  REQUIRE(stash->synchronize().ok());
+}
+
 TEST_CASE("ActivationStash: a window the trainer fills is an error naming the window",
           "[offload][activations]") {
   StashRig rig(false);

@@ -291,7 +291,9 @@ def test_offload_optimizer_binding(runtime, tmp_path):
     assert stats["steps"] == 2 and stats["params"] == 1
     with pytest.raises(ValueError, match=r"parameter id 7 is not registered"):
         opt.grad_ready(7)
-    with pytest.raises(ValueError, match=r"initial_master has 3 values"):
+    with pytest.raises(ValueError, match=r"parameter 'q': initial_master: got a float32 "
+                                         r"numpy.ndarray of 3 elements; need float32 with 4 "
+                                         r"elements \(the parameter's element count\)"):
         q = runtime.create("q", (4,), "float32")
         qg = runtime.create("q.grad", (4,), "float32")
         opt.add_param("q", q, qg, initial_master=np.zeros(3, np.float32))

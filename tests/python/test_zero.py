@@ -152,7 +152,7 @@ def test_zero_engine_checkpoint_round_trip(runtime, comm, tmp_path):
     after = [engine.read_param(name) for name in engine.params]
     engine.load(str(tmp_path / "ckpt"))
     assert engine.step_count == 1
-    engine.add_grad("layer.weight", np.full((3, 5), 100.0))  # dropped by zero_grad
+    engine.add_grad("layer.weight", np.full((3, 5), 100.0, np.float32))  # dropped by zero_grad
     engine.zero_grad()
     assert train(2)["step"] == 2
     for name, value in zip(engine.params, after):
@@ -218,18 +218,21 @@ def test_zero_engine_errors(runtime, comm):
     with pytest.raises(KeyError):
         engine.read_param("nope")
     with pytest.raises(ValueError, match=r"parameter id 9 is not a parameter of this engine"):
-        engine.add_grad(9, np.zeros(1))
+        engine.add_grad(9, np.zeros(1, np.float32))
     with pytest.raises(ValueError, match=r"not a float"):
         engine.read_param(1.5)
-    with pytest.raises(ValueError, match=r"add_grad: parameter 'layer.bias' has 7 elements; "
-                                         r"the gradient has 6"):
-        engine.add_grad("layer.bias", np.zeros(6))
+    with pytest.raises(ValueError, match=r"add_grad: parameter 'layer.bias': gradient: got a "
+                                         r"float32 numpy.ndarray of 6 elements; need float32 "
+                                         r"with 7 elements \(the parameter's element count\)"):
+        engine.add_grad("layer.bias", np.zeros(6, np.float32))
     with pytest.raises(ValueError, match=r"'tape' is not a tier"):
         engine.acquire_param(0, "tape")
     bad_params = [
         (["w"], r"params\[0\] is a str"),
         ([("w",)], r"params\[0\] has 1 items"),
-        ([("w", 4, np.zeros(3))], r"params\[0\] \('w'\): initial has 3 values, the shape 4"),
+        ([("w", 4, np.zeros(3, np.float32))],
+         r"params\[0\] \('w'\) initial: got a float32 numpy.ndarray of 3 elements; need float32 "
+         r"with 4 elements \(the shape's element count\)"),
     ]
     for params, message in bad_params:
         with pytest.raises(ValueError, match=message):
@@ -258,12 +261,13 @@ def test_zero_engine_errors(runtime, comm):
     # Groups select their hyper-parameters (another runtime: one engine per runtime, whose
     # tensors are named zero.*).
     grouped = strata.ZeroEngine(other, solo_communicator(other),
-                                [("a", 4, np.ones(4)), ("b", 4, np.ones(4), 1)],
+                                [("a", 4, np.ones(4, np.float32)),
+                                 ("b", 4, np.ones(4, np.float32), 1)],
                                 param_dtype="float32", grad_dtype="float32", param_home="cpu",
                                 groups=[{}, {"lr": 0.5}], lr=0.1)
     assert grouped.param_info("b")["group"] == 1
-    grouped.add_grad("a", np.ones(4))
-    grouped.add_grad("b", np.ones(4))
+    grouped.add_grad("a", np.ones(4, np.float32))
+    grouped.add_grad("b", np.ones(4, np.float32))
     grouped.step()
     # First Adam step: lr × sign(gradient).
     np.testing.assert_allclose(grouped.read_param("a"), 0.9, rtol=1e-5)

@@ -29,7 +29,9 @@ under the hooks). How it works (docs/activations.md):
   - torch.utils.checkpoint (reentrant, torch 1.13's default) saves only the checkpointed
     layers' inputs inside forward: those are what gets offloaded (DeepSpeed's cpu_checkpointing);
     the recomputation in backward runs outside the hooks and stays on the GPU.
-  - Results are bitwise those without offload: the bytes are copied, never converted.
+  - Results are bitwise those without offload: the bytes are copied, never converted (bool
+    tensors travel as their bytes, uint8, and come back viewed as bool: torch 1.13 cannot
+    import DLPack's bool type).
 """
 
 from __future__ import annotations
@@ -132,19 +134,23 @@ class ActivationOffload:
             self.kept += 1
             return t
         shape = tuple(t.shape)
-        activation_id, acquisition = self.stash.allocate(shape, t.dtype, "cpu")
+        # bool travels as its bytes (uint8): torch before 2.x cannot import DLPack's kDLBool
+        # ("Unsupported code 6"), and a causal mask is a bool tensor autograd saves.
+        stored = torch.uint8 if t.dtype == torch.bool else t.dtype
+        source = t.detach().view(torch.uint8) if t.dtype == torch.bool else t.detach()
+        activation_id, acquisition = self.stash.allocate(shape, stored, "cpu")
         try:
             dst = torch.from_dlpack(acquisition)
             if t.is_cuda:
                 side = self._side_stream(t.device)
                 side.wait_stream(torch.cuda.current_stream(t.device))
                 with torch.cuda.stream(side):
-                    dst.copy_(t.detach(), non_blocking=True)
+                    dst.copy_(source, non_blocking=True)
                 t.record_stream(side)  # torch's allocator keeps it until the copy is done
                 del dst
                 acquisition.release(stream=side)  # offloads it, ordered after the copy
             else:
-                dst.copy_(t.detach())
+                dst.copy_(source)
                 del dst
                 acquisition.release()
         except BaseException:
@@ -159,9 +165,12 @@ class ActivationOffload:
     def _unpack(self, saved):
         if isinstance(saved, torch.Tensor):
             return saved
-        acquisition = saved.owner.stash.load(saved.id, saved.shape, saved.dtype, owner=saved)
+        boolean = saved.dtype == torch.bool
+        acquisition = saved.owner.stash.load(saved.id, saved.shape,
+                                             torch.uint8 if boolean else saved.dtype, owner=saved)
         # The view owns the acquisition (DLPack): torch freeing it gives the load back.
-        return torch.from_dlpack(acquisition)
+        view = torch.from_dlpack(acquisition)
+        return view.view(torch.bool) if boolean else view
 
 
 def offload_activations(runtime: "strata.Runtime", **options) -> ActivationOffload:

@@ -38,9 +38,11 @@
 // DataLoss naming the tensor.
 //
 // Errors name the activation and the fix: a full CPU tier or NVMe swap space at allocate() (the
-// home copy is reserved there, so a later move home cannot fail for lack of room), a window too
-// small for what the trainer holds, a load of a freed activation. A failed background move is
-// returned by the next call touching that activation, and by synchronize().
+// home copy is reserved there, so a later move home cannot fail for lack of room; allocate()
+// first waits for the background destroys of freed activations, which give room back once the
+// device work that used them is done), a window too small for what the trainer holds, a load
+// of a freed activation. A failed background move is returned by the next call touching that
+// activation, and by synchronize().
 //
 // Thread-safe: load/unload/free may come from other threads than allocate/offload (torch's
 // autograd threads).
@@ -96,7 +98,10 @@ struct ActivationStashStats {
   uint64_t window_wait_ns = 0;  // host time they waited
   uint64_t room_waiters = 0;    // allocate()/load() calls waiting for room now
   uint64_t load_wait_ns = 0;    // host time load() waited for a move home to finish first
-  uint64_t errors = 0;          // failed background moves
+  // allocate() calls that found the home tier full and waited for the mover to destroy freed
+  // activations (their device work not yet done) before trying again.
+  uint64_t home_room_waits = 0;
+  uint64_t errors = 0;  // failed background moves
 };
 
 class ActivationStash {
