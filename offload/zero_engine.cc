@@ -577,10 +577,9 @@ ZeroMemory ZeroEngine::memory() const {
     m.gathered = s.counters.gathered_bytes;
   }
   if (s.options.optimizer.state_home == TierKind::kNvme) {
-    // Two swap slots of master and moments per chunk (a step writes the one not committed).
-    const OffloadOptimizerStats o = s.optimizer->stats();
+    // Two swap slots of master and moments (a step writes the one not committed).
     m.optimizer_states[static_cast<size_t>(TierKind::kNvme)] +=
-        2 * 12 * o.chunks * o.chunk_elements;
+        s.optimizer->stats().nvme_state_bytes;
   }
   return m;
 }
