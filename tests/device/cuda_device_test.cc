@@ -189,9 +189,10 @@ STRATA_BOTH_BACKENDS("Copies wait for a host flag; the host does not", "[device]
   // The flag is raised once the host has looked (a watchdog raises it in any case, so that a
   // host that did block ends the test with a failure rather than a hang).
   absl::Notification looked;
+  absl::Status raised;  // checked after the join: Catch2's assertions are not for other threads
   std::thread raiser([&] {
     looked.WaitForNotificationWithTimeout(absl::Seconds(60));
-    CHECK(device.raise_host_flag(**flag).ok());
+    raised = device.raise_host_flag(**flag);
   });
   REQUIRE(device.wait_host_flag(**stream, **flag).ok());  // returns with the flag down
   REQUIRE(
@@ -203,6 +204,7 @@ STRATA_BOTH_BACKENDS("Copies wait for a host flag; the host does not", "[device]
   const bool held = !*device.query(**copied);
   looked.Notify();
   raiser.join();
+  CHECK(raised.ok());
   CHECK(held);
   REQUIRE(device.synchronize(**stream).ok());
   CHECK(std::memcmp(host + kBytes, source.data(), kBytes) == 0);
