@@ -1,13 +1,18 @@
 #include "cuda_device.h"
 
 #include <absl/strings/str_format.h>
+#include <cuda.h>  // the driver's types for cuStreamWaitValue32 (found at run time, not linked)
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <memory>
+#include <new>
 #include <utility>
 #include <vector>
 
 #include "host_ranges.h"
+#include "strata/base/log.h"
+#include "strata/base/mutex.h"
 #include "strata/base/size.h"
 
 namespace strata {
@@ -104,6 +109,123 @@ class CudaHostRegistration final : public HostRegistration {
  private:
   const std::shared_ptr<detail::RangeSet> registered_;
   void* const data_;
+};
+
+// cuStreamWaitValue32 from the driver the runtime loaded (no link to libcuda), or null where
+// the driver has none.
+using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+WaitValue32 wait_value_32() {
+  static const WaitValue32 function = []() -> WaitValue32 {
+    void* found = nullptr;
+    cudaDriverEntryPointQueryResult result = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t error = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &found, 12000,
+                                                               cudaEnableDefault, &result);
+#else
+    const cudaError_t error =
+        cudaGetDriverEntryPoint("cuStreamWaitValue32", &found, cudaEnableDefault, &result);
+#endif
+    if (error != cudaSuccess || result != cudaDriverEntryPointSuccess) return nullptr;
+    return reinterpret_cast<WaitValue32>(found);
+  }();
+  return function;
+}
+
+// Host flags are words of mapped pinned memory that streams wait on (cuStreamWaitValue32, a
+// cyclic greater-or-equal). A slot's word only grows: a flag waits for the slot's next value and
+// is raised by storing it, so a wait an earlier, raised flag of the same slot left in a stream
+// still passes, and a slot is reused at once. The words live as long as the device.
+class FlagWords {
+ public:
+  struct Slot {
+    std::atomic<uint32_t>* word = nullptr;
+    CUdeviceptr device_word = 0;
+  };
+
+  ~FlagWords() {
+    for (void* page : pages_) cudaFreeHost(page);
+  }
+
+  absl::StatusOr<uint32_t> take() {
+    MutexLock lock(&mu_);
+    if (free_.empty()) {
+      void* page = nullptr;
+      if (auto st = cuda_status(
+              cudaHostAlloc(&page, kPageBytes, cudaHostAllocMapped | cudaHostAllocPortable),
+              "cudaHostAlloc(host flags)");
+          !st.ok()) {
+        return st;
+      }
+      void* device = nullptr;
+      if (auto st = cuda_status(cudaHostGetDevicePointer(&device, page, 0),
+                                "cudaHostGetDevicePointer(host flags)");
+          !st.ok()) {
+        cudaFreeHost(page);
+        return st;
+      }
+      pages_.push_back(page);
+      auto* words = static_cast<std::atomic<uint32_t>*>(page);
+      for (uint64_t i = 0; i < kPageBytes / sizeof(uint32_t); ++i) {
+        new (&words[i]) std::atomic<uint32_t>(0);
+        free_.push_back(static_cast<uint32_t>(slots_.size()));
+        slots_.push_back(Slot{&words[i], reinterpret_cast<CUdeviceptr>(device) + i * 4});
+      }
+    }
+    const uint32_t slot = free_.back();
+    free_.pop_back();
+    return slot;
+  }
+  Slot slot(uint32_t index) {
+    MutexLock lock(&mu_);
+    return slots_[index];
+  }
+  void give_back(uint32_t index) {
+    MutexLock lock(&mu_);
+    free_.push_back(index);
+  }
+
+ private:
+  static constexpr uint64_t kPageBytes = 4096;
+  absl::Mutex mu_;
+  std::vector<void*> pages_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+class CudaHostFlag final : public HostFlag {
+ public:
+  CudaHostFlag(std::shared_ptr<FlagWords> words, uint32_t index)
+      : words_(std::move(words)),
+        index_(index),
+        slot_(words_->slot(index)),
+        target_(slot_.word->load(std::memory_order_acquire) + 1) {}
+  ~CudaHostFlag() override {
+    raise();
+    words_->give_back(index_);
+  }
+  void raise() {
+    MutexLock lock(&mu_);
+    slot_.word->store(target_, std::memory_order_release);
+    raised_ = true;
+    changed_.SignalAll();
+  }
+  // The host's wait, where the driver has no stream memory operations.
+  void wait_raised() {
+    MutexLock lock(&mu_);
+    while (!raised_) strata::wait(&changed_, &mu_);
+  }
+  const FlagWords::Slot& slot() const { return slot_; }
+  uint32_t target() const { return target_; }
+  const FlagWords* words() const { return words_.get(); }
+
+ private:
+  const std::shared_ptr<FlagWords> words_;
+  const uint32_t index_;
+  const FlagWords::Slot slot_;
+  const uint32_t target_;
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  bool raised_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 void CUDART_CB run_host_callback(void* user_data) {
@@ -254,6 +376,48 @@ class CudaDevice final : public Device {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::unique_ptr<HostFlag>> create_host_flag() override {
+    if (auto status = select(ordinal_); !status.ok()) return status;
+    auto index = flag_words_->take();
+    if (!index.ok()) return index.status();
+    return std::make_unique<CudaHostFlag>(flag_words_, *index);
+  }
+
+  absl::Status raise_host_flag(HostFlag& flag) override {
+    auto* f = own(flag);
+    if (f == nullptr) return foreign("host flag");
+    f->raise();
+    return absl::OkStatus();
+  }
+
+  absl::Status wait_host_flag(Stream& stream, HostFlag& flag) override {
+    auto* f = own(flag);
+    auto* s = own(stream);
+    if (f == nullptr) return foreign("host flag");
+    if (s == nullptr) return foreign("stream");
+    if (auto status = select(ordinal_); !status.ok()) return status;
+    WaitValue32 wait_value = stream_waits_ ? wait_value_32() : nullptr;
+    if (wait_value != nullptr) {
+      const CUresult result =
+          wait_value(reinterpret_cast<CUstream>(s->handle), f->slot().device_word, f->target(),
+                     CU_STREAM_WAIT_VALUE_GEQ);
+      if (result == CUDA_SUCCESS) return absl::OkStatus();
+      if (result != CUDA_ERROR_NOT_SUPPORTED) {
+        return absl::InternalError(
+            absl::StrFormat("cuStreamWaitValue32 on cuda:%d failed: CUresult %d", ordinal_,
+                            static_cast<int>(result)));
+      }
+    }
+    if (stream_waits_.exchange(false)) {
+      log::warn_once(absl::StrFormat(
+          "cuda:%d: the driver offers no stream memory operations (cuStreamWaitValue32): work "
+          "ordered after the host (a Gloo collective) waits on the host instead of on the stream",
+          ordinal_));
+    }
+    f->wait_raised();
+    return absl::OkStatus();
+  }
+
   absl::Status record(Event& event, Stream& stream) override {
     auto* e = own(event);
     auto* s = own(stream);
@@ -305,6 +469,10 @@ class CudaDevice final : public Device {
     auto* e = dynamic_cast<CudaEvent*>(&event);
     return e != nullptr && e->ordinal == ordinal_ ? e : nullptr;
   }
+  CudaHostFlag* own(HostFlag& flag) const {
+    auto* f = dynamic_cast<CudaHostFlag*>(&flag);
+    return f != nullptr && f->words() == flag_words_.get() ? f : nullptr;
+  }
   absl::Status foreign(std::string_view what) const {
     return absl::InvalidArgumentError(
         absl::StrFormat("the %s was not created by CUDA device %d", what, ordinal_));
@@ -315,6 +483,8 @@ class CudaDevice final : public Device {
   // Host ranges registered through register_host, to cut copies at their edges. Shared with the
   // registrations, which may outlive the device.
   const std::shared_ptr<detail::RangeSet> registered_ = std::make_shared<detail::RangeSet>();
+  const std::shared_ptr<FlagWords> flag_words_ = std::make_shared<FlagWords>();
+  std::atomic<bool> stream_waits_{true};  // false once the driver said it cannot
 };
 
 }  // namespace

@@ -118,6 +118,31 @@ struct EventState {
   absl::btree_set<uint64_t> pending ABSL_GUARDED_BY(mu);  // records not yet reached
 };
 
+// A host flag's state, shared by the flag and the stream work that waits for it.
+struct FlagState {
+  absl::Mutex mu;
+  absl::CondVar changed;
+  bool raised ABSL_GUARDED_BY(mu) = false;
+
+  void raise() {
+    MutexLock lock(&mu);
+    raised = true;
+    changed.SignalAll();
+  }
+  void wait_raised() {
+    MutexLock lock(&mu);
+    while (!raised) strata::wait(&changed, &mu);
+  }
+};
+
+class HostFlagImpl final : public HostFlag {
+ public:
+  explicit HostFlagImpl(std::shared_ptr<const Shared> shared) : owner(std::move(shared)) {}
+  ~HostFlagImpl() override { state->raise(); }
+  const std::shared_ptr<const Shared> owner;
+  const std::shared_ptr<FlagState> state = std::make_shared<FlagState>();
+};
+
 class HostEvent final : public Event {
  public:
   explicit HostEvent(std::shared_ptr<const Shared> shared) : owner(std::move(shared)) {}
@@ -377,6 +402,28 @@ class HostDevice final : public Device {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::unique_ptr<HostFlag>> create_host_flag() override {
+    return std::make_unique<HostFlagImpl>(shared_);
+  }
+
+  absl::Status raise_host_flag(HostFlag& flag) override {
+    auto* f = own(flag);
+    if (f == nullptr) return foreign("host flag");
+    f->state->raise();
+    return absl::OkStatus();
+  }
+
+  absl::Status wait_host_flag(Stream& stream, HostFlag& flag) override {
+    auto* f = own(flag);
+    if (f == nullptr) return foreign("host flag");
+    auto* host_stream = own(stream);
+    if (host_stream == nullptr) return foreign("stream");
+    // The stream's worker waits, as a CUDA stream waits on the flag's word: its later work
+    // stays queued behind the wait, other streams run on.
+    host_stream->enqueue([state = f->state] { state->wait_raised(); });
+    return absl::OkStatus();
+  }
+
   absl::Status record(Event& event, Stream& stream) override {
     auto owned = own(event, stream);
     if (!owned.ok()) return owned.status();
@@ -447,6 +494,10 @@ class HostDevice final : public Device {
   HostEvent* own(Event& event) const {
     auto* e = dynamic_cast<HostEvent*>(&event);
     return e != nullptr && e->owner == shared_ ? e : nullptr;
+  }
+  HostFlagImpl* own(HostFlag& flag) const {
+    auto* f = dynamic_cast<HostFlagImpl*>(&flag);
+    return f != nullptr && f->owner == shared_ ? f : nullptr;
   }
   absl::StatusOr<std::pair<HostEvent*, HostStream*>> own(Event& event, Stream& stream) const {
     auto* host_event = own(event);

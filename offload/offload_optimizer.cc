@@ -23,8 +23,8 @@ namespace {
 constexpr uint64_t kOwnPoolChunkBytes = uint64_t{16} << 20;
 constexpr uint64_t kOwnPoolChunks = 4;
 // NVMe chunks hold [master | exp_avg | exp_avg_sq | parameter copy]: 12 + 2 bytes an element;
-// element counts are multiples of 1024 so that every part starts 4 KiB-aligned for O_DIRECT.
-constexpr uint64_t kNvmeChunkGranule = 1024;
+// element counts are multiples of kNvmeChunkGranule so that every part starts 4 KiB-aligned for
+// O_DIRECT.
 constexpr uint64_t kNvmeBytesPerElement = 14;
 
 absl::Status invalid(std::string_view what, std::string_view why) {
@@ -453,12 +453,13 @@ absl::Status OffloadOptimizer::Impl::read_param_state(const Param& p, float* mas
     const uint64_t chunk_begin = c * chunk_elements;
     const uint64_t begin = std::max(chunk_begin, p.flat_offset);
     const uint64_t end = std::min(chunk_begin + chunk_elements, p.flat_offset + p.count);
+    const uint64_t stride = chunk_stride(c);
     const auto* base = static_cast<const float*>(lease.data());
     float* outs[3] = {master, exp_avg, exp_avg_sq};
-    for (int a = 0; a < 3; ++a) {
+    for (uint64_t a = 0; a < 3; ++a) {
       if (outs[a] == nullptr) continue;
-      std::memcpy(outs[a] + (begin - p.flat_offset),
-                  base + a * chunk_elements + (begin - chunk_begin), (end - begin) * 4);
+      std::memcpy(outs[a] + (begin - p.flat_offset), base + a * stride + (begin - chunk_begin),
+                  (end - begin) * 4);
     }
   }
   return absl::OkStatus();
@@ -484,6 +485,7 @@ OffloadOptimizerStats OffloadOptimizer::stats() const {
   OffloadOptimizerStats out = impl_->counters;
   // Pipeline chunks over all registered elements (with states on NVMe, also swap chunks).
   out.chunks = (impl_->elements + impl_->chunk_elements - 1) / impl_->chunk_elements;
+  out.nvme_state_bytes = impl_->nvme_state_bytes();
   return out;
 }
 

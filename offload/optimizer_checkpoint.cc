@@ -272,14 +272,14 @@ absl::Status OffloadOptimizer::load(const std::string& directory) {
     }
     StagingPool::Lease lease = s.pool->acquire();
     auto* base = static_cast<float*>(lease.data());
-    const uint64_t e = s.chunk_elements;
     std::vector<uint64_t> written;
     for (uint64_t c = 0; c < chunk_count; ++c) {
-      std::memset(base, 0, s.chunk_state_bytes());
+      const uint64_t stride = s.chunk_stride(c);
+      std::memset(base, 0, s.chunk_state_bytes(c));
       for (const Piece& piece : s.chunk_pieces(c, params, nullptr)) {
         const Impl::Param& p = params[piece.param];
-        for (int a = 0; a < 3; ++a) {
-          std::memcpy(base + a * e + piece.chunk_offset,
+        for (uint64_t a = 0; a < 3; ++a) {
+          std::memcpy(base + a * stride + piece.chunk_offset,
                       states[piece.param].data() + a * p.count + piece.offset,
                       piece.count * sizeof(float));
         }
@@ -355,9 +355,10 @@ absl::Status OffloadOptimizer::write_state(ParamId param, std::span<const float>
       const uint64_t chunk_begin = c * e;
       const uint64_t begin = std::max(chunk_begin, p->flat_offset);
       const uint64_t end = std::min(chunk_begin + e, p->flat_offset + p->count);
-      for (int a = 0; a < 3 && st.ok(); ++a) {
-        std::memcpy(base + a * e + (begin - chunk_begin), sources[a] + (begin - p->flat_offset),
-                    (end - begin) * sizeof(float));
+      const uint64_t stride = s.chunk_stride(c);
+      for (uint64_t a = 0; a < 3 && st.ok(); ++a) {
+        std::memcpy(base + a * stride + (begin - chunk_begin),
+                    sources[a] + (begin - p->flat_offset), (end - begin) * sizeof(float));
       }
       Completion written;
       if (st.ok()) st = s.write_chunk(c, s.current_slot(c) ^ 1U, base, written);

@@ -42,6 +42,10 @@ class Completion {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+// NVMe state arrays are whole multiples of this many elements (4 KiB of fp32), so that each
+// array of a chunk starts aligned for O_DIRECT.
+inline constexpr uint64_t kNvmeChunkGranule = 1024;
+
 // A contiguous run of one parameter's elements inside a pipeline chunk.
 struct Piece {
   uint32_t param = 0;
@@ -102,10 +106,14 @@ struct OffloadOptimizer::Impl {
   };
 
   // With states on NVMe: one chunk of chunk_elements elements, [master | exp_avg | exp_avg_sq]
-  // in each of two swap slots; `current` holds the committed state.
+  // in each of two swap slots; `current` holds the committed state. Each array holds `stride`
+  // elements: the chunk's registered elements rounded up to kNvmeChunkGranule, so that a chunk
+  // the parameters fill only partly (the last one; all of them with small parameters) is read
+  // and written at the size of its states, not of a whole chunk.
   struct NvmeChunk {
     ExtentHandle slots[2];
     uint32_t current = 0;
+    uint64_t stride = 0;
   };
 
   Impl(Runtime& r, OffloadOptimizerOptions o) : runtime(r), options(std::move(o)) {}
@@ -152,7 +160,11 @@ struct OffloadOptimizer::Impl {
   void wait_for_landings();  // every issued landing processed
 
   // nvme_states.cc
-  uint64_t chunk_state_bytes() const { return 12 * chunk_elements; }
+  // Elements of each state array in chunk `chunk`'s slots, and the bytes of one slot.
+  uint64_t chunk_stride(uint64_t chunk) const;
+  uint64_t chunk_state_bytes(uint64_t chunk) const { return 12 * chunk_stride(chunk); }
+  // Swap bytes of both slots of every chunk.
+  uint64_t nvme_state_bytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu);
   // Extends the NVMe layout by `count` elements whose master starts as `master`.
   absl::Status nvme_append(const std::string& name, uint64_t flat_offset, uint64_t count,
                            const float* master);
@@ -161,6 +173,7 @@ struct OffloadOptimizer::Impl {
                                   const std::vector<bool>* only) const;
   absl::Status read_chunk(uint64_t chunk, uint32_t slot, void* dst, Completion& done);
   absl::Status write_chunk(uint64_t chunk, uint32_t slot, const void* src, Completion& done);
+  absl::Status write_extent(ExtentHandle extent, const void* src, uint64_t bytes, Completion& done);
   uint32_t current_slot(uint64_t chunk) const;
   void commit_slots(const std::vector<uint64_t>& written);
 

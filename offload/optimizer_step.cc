@@ -216,6 +216,7 @@ namespace {
 struct Flight {
   uint64_t chunk = 0;
   uint32_t read_slot = 0;
+  uint64_t stride = 0;  // elements of each state array in the chunk's slots
   StagingPool::Lease lease;
   Completion read;
   Completion write;
@@ -234,7 +235,6 @@ static absl::Status step_nvme_states(OffloadOptimizer::Impl& s, const StepPlan& 
                                      std::vector<uint64_t>& written, uint64_t& adam_ns,
                                      uint64_t& io_wait_ns, bool& restored) {
   Device& device = s.runtime.device();
-  const uint64_t e = s.chunk_elements;
   uint64_t total_chunks;
   {
     MutexLock lock(&s.state_mu);
@@ -247,6 +247,7 @@ static absl::Status step_nvme_states(OffloadOptimizer::Impl& s, const StepPlan& 
     auto f = std::make_unique<Flight>();
     f->chunk = c;
     f->read_slot = s.current_slot(c);
+    f->stride = s.chunk_stride(c);
     f->pieces = std::move(pieces);
     flights.push_back(std::move(f));
   }
@@ -301,6 +302,7 @@ static absl::Status step_nvme_states(OffloadOptimizer::Impl& s, const StepPlan& 
     status = waited(f.read);
     if (!status.ok()) break;
     auto* base = static_cast<float*>(f.lease.data());
+    const uint64_t e = f.stride;
     auto* copies = reinterpret_cast<std::byte*>(base + 3 * e);
     for (const Piece& piece : f.pieces) {
       status = open.open(piece.param);

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
 
 #include "optimizer_impl.h"
 #include "strata/base/mutex.h"
@@ -78,15 +77,15 @@ absl::Status ZeroEngine::Impl::check_param(ZeroParamId id) const {
 
 absl::Status ZeroEngine::Impl::zero_tensor(TensorHandle tensor, uint64_t bytes) {
   TensorStore& store = runtime.store();
-  auto data = store.acquire(tensor, host_tier, *gather_stream, AccessMode::kWrite);
+  auto data = store.acquire(tensor, host_tier, *host_stream, AccessMode::kWrite);
   if (!data.ok()) return data.status();
   // The host writes: a copy into this tier (a fetch) must not land on top of the zeros.
-  if (auto st = runtime.device().synchronize(*gather_stream); !st.ok()) {
-    (void)store.release(tensor, *gather_stream);
+  if (auto st = runtime.device().synchronize(*host_stream); !st.ok()) {
+    (void)store.release(tensor, *host_stream);
     return st;
   }
   std::memset(*data, 0, bytes);
-  return store.release(tensor, *gather_stream);
+  return store.release(tensor, *host_stream);
 }
 
 absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime, Communicator& comm,
@@ -117,10 +116,10 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
   s.ranks = static_cast<uint32_t>(comm.size());
   s.param_bytes = element_bytes(options.param_type);
   s.grad_bytes = element_bytes(options.grad_type);
-  // Gloo moves host memory: on a CUDA device its buffers are the CPU tier's.
+  // The collectives' buffers are the GPU tier's (Gloo's data crosses to the host through bounce
+  // buffers on a CUDA device: zero_collectives.cc); the host reads what it must in host memory.
   const bool host_device = runtime.device().backend() == Backend::kHost;
-  s.comm_tier =
-      host_device || comm.backend() == CommBackendKind::kNccl ? TierKind::kGpu : TierKind::kCpu;
+  s.comm_tier = TierKind::kGpu;
   s.host_tier = host_device ? TierKind::kGpu : TierKind::kCpu;
 
   std::vector<ZeroLayoutParam> lp;
@@ -167,12 +166,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
     }
   }
 
-  auto comm_stream = runtime.device().create_stream();
-  if (!comm_stream.ok()) return comm_stream.status();
-  s.comm_stream = *std::move(comm_stream);
-  auto gather_stream = runtime.device().create_stream();
-  if (!gather_stream.ok()) return gather_stream.status();
-  s.gather_stream = *std::move(gather_stream);
+  if (auto st = s.start_collectives(); !st.ok()) return st;
 
   OffloadOptimizerOptions o = options.optimizer;
   Impl* raw = &s;
@@ -197,6 +191,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
     s.param_users.assign(params.size(), 0);
   }
   auto engine = std::make_unique<ZeroEngine>(std::move(impl));
+  if (s.gloo) s.completer = std::thread([raw] { raw->run_completer(); });
   if (auto st = engine->impl_->create_tensors(params); !st.ok()) return st;
   if (options.stage == 3) {
     if (auto st = engine->impl_->bound_live_limit(); !st.ok()) return st;
@@ -247,11 +242,11 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
                   initial.begin() + static_cast<ptrdiff_t>(seg.group_offset));
       }
     }
-    auto data = store.acquire(written, host_tier, *gather_stream, AccessMode::kWrite);
+    auto data = store.acquire(written, host_tier, *host_stream, AccessMode::kWrite);
     if (!data.ok()) return data.status();
-    if (auto st = runtime.device().synchronize(*gather_stream); !st.ok()) return st;
+    if (auto st = runtime.device().synchronize(*host_stream); !st.ok()) return st;
     round_master(initial.data() + first, options.param_type, *data, written_count);
-    if (auto st = store.release(written, *gather_stream); !st.ok()) return st;
+    if (auto st = store.release(written, *host_stream); !st.ok()) return st;
 
     ParamSpec spec;
     spec.name = absl::StrCat("zero.group", g, ".shard");
@@ -296,7 +291,7 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
     }
   }
   if (auto st = drop_host_copies(); !st.ok()) return st;
-  return runtime.device().synchronize(*gather_stream);
+  return runtime.device().synchronize(*host_stream);
 }
 
 absl::Status ZeroEngine::Impl::drop_host_copies() {
@@ -332,9 +327,13 @@ ZeroEngine::~ZeroEngine() {
     MutexLock lock(&s.fetch_mu);
     for (uint32_t g = 0; g < s.gathered.size(); ++g) {
       s.gathered[g].users = 0;
-      (void)s.drop_gathered(g);
+      (void)s.drop_gathered(g, /*now=*/true);
     }
+    (void)s.reap(Impl::kAllRetired);
   }
+  // Every collective handed to the completer ends and its flag goes up: no stream (the engine's
+  // or the trainer's) is left waiting.
+  s.stop_collectives();
   s.optimizer.reset();
   TensorStore& store = s.runtime.store();
   for (const Impl::Group& g : s.groups) {
@@ -405,16 +404,6 @@ absl::Status ZeroEngine::release_param(ZeroParamId id, Stream& stream) {
   return impl_->runtime.store().release(view->tensor, stream);
 }
 
-absl::StatusOr<CollectiveOptions> ZeroEngine::Impl::collective_options(Stream& stream) {
-  CollectiveOptions co;
-  if (comm.backend() == CommBackendKind::kNccl) {
-    co.stream = &stream;  // NCCL runs on it
-  } else if (auto st = runtime.device().synchronize(stream); !st.ok()) {
-    return st;  // Gloo reads host memory: the copies the store queued must have landed
-  }
-  return co;
-}
-
 absl::StatusOr<GradStatistics> ZeroEngine::Impl::combine(const GradStatistics& local) {
   double values[2] = {local.sq_sum, local.non_finite ? 1.0 : 0.0};
   auto work = comm.all_reduce(values, values, 2, DataType::kFloat64, ReduceOp::kSum);
@@ -424,57 +413,27 @@ absl::StatusOr<GradStatistics> ZeroEngine::Impl::combine(const GradStatistics& l
 }
 
 absl::Status ZeroEngine::Impl::gather_params() {
-  // At most two groups held in comm_tier at once (one gathering while the next is issued): the
-  // model's parameters need not fit in the GPU arena together.
-  constexpr size_t kInFlight = 2;
+  // Each group's gather is ordered on gather_stream and the group released at once: work that
+  // reads the parameters waits on the stream, the host does not, and the store may move a group
+  // whose gather has ended to make room for the next (the model's parameters need not fit in
+  // the GPU arena together).
   TensorStore& store = runtime.store();
-  const DataType type = comm_type(options.param_type);
-  struct Gather {
-    TensorHandle tensor;
-    std::unique_ptr<CollectiveWork> work;
-  };
-  std::deque<Gather> in_flight;
-  absl::Status status;
-  // Waits for the oldest gather, then lets its tensor go.
-  const auto retire = [&] {
-    Gather& oldest = in_flight.front();
-    if (oldest.work != nullptr) {
-      if (auto st = oldest.work->wait(); !st.ok() && status.ok()) status = st;
-    }
-    if (auto st = store.release(oldest.tensor, *gather_stream); !st.ok() && status.ok()) {
-      status = st;
-    }
-    in_flight.pop_front();
-  };
-  for (uint32_t g = 0; g < groups.size() && status.ok(); ++g) {
+  for (uint32_t g = 0; g < groups.size(); ++g) {
     if (!groups[g].params.valid()) continue;  // stage 3: gathered on use
-    if (in_flight.size() == kInFlight) retire();
     const ZeroFlatGroup& fg = layout.groups()[g];
     auto data = store.acquire(groups[g].params, comm_tier, *gather_stream, AccessMode::kWrite);
-    if (!data.ok()) {
-      status = data.status();
-      break;
-    }
-    in_flight.push_back(Gather{groups[g].params, nullptr});
+    if (!data.ok()) return data.status();
     auto* base = static_cast<std::byte*>(*data);
-    auto co = collective_options(*gather_stream);
-    if (!co.ok()) {
-      status = co.status();
-      break;
+    absl::Status status = gather(base + static_cast<uint64_t>(rank) * fg.shard * param_bytes, base,
+                                 fg.shard, nullptr);
+    if (auto st = store.release(groups[g].params, *gather_stream); !st.ok() && status.ok()) {
+      status = st;
     }
-    auto work = comm.all_gather(base + static_cast<uint64_t>(rank) * fg.shard * param_bytes, base,
-                                fg.shard, type, *co);
-    if (!work.ok()) {
-      status = work.status();
-      break;
-    }
-    in_flight.back().work = *std::move(work);
+    if (!status.ok()) return status;
     MutexLock lock(&mu);
     ++counters.all_gathers;
   }
-  // Every issued gather is waited for before its tensor is released.
-  while (!in_flight.empty()) retire();
-  return status;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> ZeroEngine::step() {
@@ -577,10 +536,9 @@ ZeroMemory ZeroEngine::memory() const {
     m.gathered = s.counters.gathered_bytes;
   }
   if (s.options.optimizer.state_home == TierKind::kNvme) {
-    // Two swap slots of master and moments per chunk (a step writes the one not committed).
-    const OffloadOptimizerStats o = s.optimizer->stats();
+    // Two swap slots of master and moments (a step writes the one not committed).
     m.optimizer_states[static_cast<size_t>(TierKind::kNvme)] +=
-        2 * 12 * o.chunks * o.chunk_elements;
+        s.optimizer->stats().nvme_state_bytes;
   }
   return m;
 }

@@ -17,12 +17,6 @@
 #include "zero_engine_impl.h"
 
 namespace strata {
-namespace {
-
-// A prefetched gather whose wait took longer than this was late (a statistic only).
-constexpr absl::Duration kLateWait = absl::Microseconds(100);
-
-}  // namespace
 
 uint64_t ZeroEngine::Impl::gathered_bytes(uint32_t group) const {
   return layout.groups()[group].padded * param_bytes;
@@ -36,8 +30,12 @@ absl::Status ZeroEngine::Impl::start_gather(uint32_t group, bool prefetch) {
   TensorStore& store = runtime.store();
   Gathered& g = gathered[group];
   const ZeroFlatGroup& fg = layout.groups()[group];
-  auto tensor = store.create(absl::StrCat("zero.group", group, ".gathered"), gathered_bytes(group),
-                             comm_tier);
+  // The memory bound counts the dropped tensors not destroyed yet: room for them may take a
+  // host wait for the work that used them (this changes when, never what, is gathered).
+  if (auto st = reap(gathered_bytes(group)); !st.ok()) return st;
+  // Named by the gather: the group's previous tensor may still be retiring.
+  auto tensor = store.create(absl::StrCat("zero.group", group, ".gathered", ++gathers_started),
+                             gathered_bytes(group), comm_tier);
   if (!tensor.ok()) {
     return absl::Status(tensor.status().code(),
                         absl::StrCat("ZeroEngine: gathering parameter group ", group, ": ",
@@ -47,10 +45,9 @@ absl::Status ZeroEngine::Impl::start_gather(uint32_t group, bool prefetch) {
   }
   g.tensor = *tensor;
   live_bytes += gathered_bytes(group);
+  count_gathered();
   {
     MutexLock lock(&mu);
-    counters.gathered_bytes = live_bytes;
-    counters.gathered_peak_bytes = std::max(counters.gathered_peak_bytes, live_bytes);
     ++counters.all_gathers;
     ++(prefetch ? counters.gathers_prefetched : counters.gathers_on_demand);
   }
@@ -62,50 +59,91 @@ absl::Status ZeroEngine::Impl::start_gather(uint32_t group, bool prefetch) {
     (void)store.release(g.tensor, *gather_stream);
     return in.status();
   }
-  g.source = groups[group].shard_params;
-  auto co = collective_options(*gather_stream);
-  absl::StatusOr<std::unique_ptr<CollectiveWork>> work =
-      co.ok() ? comm.all_gather(*in, *out, fg.shard, comm_type(options.param_type), *co)
-              : absl::StatusOr<std::unique_ptr<CollectiveWork>>(co.status());
-  if (!work.ok()) {
-    (void)store.release(g.source, *gather_stream);
-    (void)store.release(g.tensor, *gather_stream);
-    g.source = TensorHandle();
-    return work.status();
-  }
-  g.work = *std::move(work);
-  return absl::OkStatus();
-}
-
-absl::Status ZeroEngine::Impl::finish_gather(uint32_t group) {
-  Gathered& g = gathered[group];
-  if (g.work == nullptr) return absl::OkStatus();
-  const absl::Time start = absl::Now();
-  absl::Status status = g.work->wait();
-  const absl::Duration waited = absl::Now() - start;
-  g.work.reset();
-  TensorStore& store = runtime.store();
-  // Work that used the two copies is ordered on gather_stream; later acquires wait for it.
-  for (TensorHandle t : {g.source, g.tensor}) {
+  // Ordered on gather_stream, and both tensors released at once: the store keeps their memory
+  // until the gather has ended, and the group's users wait for it on their streams.
+  if (gloo) g.done = std::make_shared<std::atomic<bool>>(false);
+  absl::Status status = gather(*in, *out, fg.shard, g.done);
+  for (TensorHandle t : {groups[group].shard_params, g.tensor}) {
     if (auto st = store.release(t, *gather_stream); !st.ok() && status.ok()) status = st;
   }
-  g.source = TensorHandle();
-  MutexLock lock(&mu);
-  counters.fetch_wait_ns += static_cast<uint64_t>(absl::ToInt64Nanoseconds(waited));
-  if (g.prefetched && waited > kLateWait) ++counters.prefetch_late;
   return status;
 }
 
-absl::Status ZeroEngine::Impl::drop_gathered(uint32_t group) {
+void ZeroEngine::Impl::note_ready(uint32_t group) {
+  Gathered& g = gathered[group];
+  // A statistic of timing only: whether a prefetched gather had ended when its group was used.
+  const bool late = g.prefetched && g.done != nullptr && !g.done->load(std::memory_order_acquire);
+  MutexLock lock(&mu);
+  if (late) ++counters.prefetch_late;
+}
+
+void ZeroEngine::Impl::count_gathered() {
+  const uint64_t bytes = live_bytes + retiring_bytes;
+  MutexLock lock(&mu);
+  counters.gathered_bytes = bytes;
+  counters.gathered_peak_bytes = std::max(counters.gathered_peak_bytes, bytes);
+}
+
+absl::Status ZeroEngine::Impl::drop_gathered(uint32_t group, bool now) {
   Gathered& g = gathered[group];
   if (!g.tensor.valid()) return absl::OkStatus();
-  absl::Status status = finish_gather(group);
-  if (auto st = runtime.store().destroy(g.tensor); !st.ok() && status.ok()) status = st;
   live_bytes -= gathered_bytes(group);
-  MutexLock lock(&mu);
-  if (g.prefetched) ++counters.gathers_dropped_unused;
-  counters.gathered_bytes = live_bytes;
+  {
+    MutexLock lock(&mu);
+    if (g.prefetched) ++counters.gathers_dropped_unused;
+  }
+  Retiree r{g.tensor, gathered_bytes(group), std::move(g.used)};
   g = Gathered();
+  absl::Status status;
+  if (!now) {
+    // The gather's own work (a prefetch nobody used has no other) ends on gather_stream.
+    auto event = runtime.device().create_event();
+    status = event.ok() ? runtime.device().record(**event, *gather_stream) : event.status();
+    if (status.ok()) {
+      r.used.push_back(*std::move(event));
+      retiring_bytes += r.bytes;
+      retiring.push_back(std::move(r));
+      return reap();
+    }
+  }
+  // Destroyed now: the store waits on the host for the work that used the tensor.
+  if (auto st = runtime.store().destroy(r.tensor); !st.ok() && status.ok()) status = st;
+  count_gathered();
+  return status;
+}
+
+absl::Status ZeroEngine::Impl::reap(uint64_t need) {
+  Device& device = runtime.device();
+  absl::Status status;
+  auto ended = [&](Retiree& r) {
+    for (auto& e : r.used) {
+      auto done = device.query(*e);
+      if (!done.ok() || !*done) return false;
+    }
+    return true;
+  };
+  auto destroy = [&](Retiree& r) {
+    if (auto st = runtime.store().destroy(r.tensor); !st.ok() && status.ok()) status = st;
+    retiring_bytes -= r.bytes;
+  };
+  for (auto it = retiring.begin(); it != retiring.end();) {
+    if (!ended(*it)) {
+      ++it;
+      continue;
+    }
+    destroy(*it);
+    it = retiring.erase(it);
+  }
+  while (!retiring.empty() &&
+         (need == kAllRetired || (need > 0 && live_bytes + retiring_bytes + need > live_limit))) {
+    Retiree& oldest = retiring.front();
+    for (auto& e : oldest.used) {
+      if (auto st = device.synchronize(*e); !st.ok() && status.ok()) status = st;
+    }
+    destroy(oldest);
+    retiring.pop_front();
+  }
+  count_gathered();
   return status;
 }
 
@@ -236,6 +274,7 @@ absl::StatusOr<void*> ZeroEngine::Impl::acquire_gathered(uint32_t param, TierKin
   if (auto st = failure(); !st.ok()) return st;
   Gathered& g = gathered[group];
   if (g.users == 0) {
+    const absl::Time start = absl::Now();
     note_use(group);
     if (g.tensor.valid() && !g.prefetched) {
       MutexLock counters_lock(&mu);
@@ -248,8 +287,10 @@ absl::StatusOr<void*> ZeroEngine::Impl::acquire_gathered(uint32_t param, TierKin
     if (auto st = prefetch_ahead(/*shard_hints=*/true, static_cast<int>(group)); !st.ok()) {
       return fail(st);
     }
-    if (auto st = finish_gather(group); !st.ok()) return fail(st);
+    note_ready(group);
     g.prefetched = false;
+    MutexLock counters_lock(&mu);
+    counters.fetch_wait_ns += static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
   }
   auto data = runtime.store().acquire(g.tensor, tier, stream, AccessMode::kRead);
   if (!data.ok()) return data.status();
@@ -269,6 +310,11 @@ absl::Status ZeroEngine::Impl::release_gathered(uint32_t param, Stream& stream) 
         layout.params()[param].name));
   }
   if (auto st = runtime.store().release(g.tensor, stream); !st.ok()) return st;
+  // Where the work that used it ends: a drop destroys the tensor only after that.
+  auto used = runtime.device().create_event();
+  if (!used.ok()) return used.status();
+  if (auto st = runtime.device().record(**used, stream); !st.ok()) return st;
+  g.used.push_back(*std::move(used));
   --param_users[param];
   if (--g.users > 0) return absl::OkStatus();
   // Kept if the order uses it again soon (the turn from forward to backward), else dropped.
@@ -301,8 +347,9 @@ absl::Status ZeroEngine::Impl::drop_all_gathered(std::string_view caller) {
   }
   absl::Status status;
   for (uint32_t g = 0; g < gathered.size(); ++g) {
-    if (auto st = drop_gathered(g); !st.ok() && status.ok()) status = st;
+    if (auto st = drop_gathered(g, /*now=*/true); !st.ok() && status.ok()) status = st;
   }
+  if (auto st = reap(kAllRetired); !st.ok() && status.ok()) status = st;
   return status;
 }
 

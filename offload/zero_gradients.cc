@@ -140,26 +140,58 @@ absl::Status ZeroEngine::grad_ready(ZeroParamId id, Stream& stream) {
 
 absl::Status ZeroEngine::Impl::issue_reduction(uint32_t group, int bucket) {
   const ZeroFlatGroup& fg = layout.groups()[group];
+  Device& device = runtime.device();
   Reduction r;
   r.group = group;
   r.bucket = bucket;
   r.tensor = bucket >= 0 ? buckets[static_cast<size_t>(bucket)] : groups[group].grads;
   TensorStore& store = runtime.store();
-  auto data = store.acquire(r.tensor, comm_tier, *comm_stream, AccessMode::kWrite);
+  // The store orders this acquire (on comm_stream) after the work that wrote the gradients on
+  // the trainer's stream; the collective waits for comm_stream, the host waits for neither.
+  auto data = store.acquire(r.tensor, comm_tier, *comm_stream,
+                            bounce ? AccessMode::kRead : AccessMode::kWrite);
   if (!data.ok()) return fail(data.status());
   auto* base = static_cast<std::byte*>(*data);
-  auto co = collective_options(*comm_stream);
-  if (!co.ok()) {
-    (void)store.release(r.tensor, *comm_stream);
-    return fail(co.status());
+  const uint64_t own = static_cast<uint64_t>(rank) * fg.shard * grad_bytes;
+  const DataType type = comm_type(options.grad_type);
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> work;
+  if (!bounce) {
+    // In place: this rank's slice of the buffer receives the sum of every rank's slice.
+    work = issue(*comm_stream, [&](const CollectiveOptions& co) {
+      return comm.reduce_scatter(base, base + own, fg.shard, type, ReduceOp::kSum, co);
+    });
+    if (!work.ok()) (void)store.release(r.tensor, *comm_stream);
+  } else {
+    // Through the bounce buffer, once the reducer has read the previous result out of it: the
+    // gradients cross to the host on comm_stream, and the tensor is free once they have.
+    absl::Status st;
+    if (reduce_bounce_free != nullptr)
+      st = device.wait_host_flag(*comm_stream, *reduce_bounce_free);
+    auto consumed =
+        st.ok() ? device.create_host_flag() : absl::StatusOr<std::unique_ptr<HostFlag>>(st);
+    auto* host = static_cast<std::byte*>(reduce_bounce->data());
+    if (consumed.ok()) {
+      st = device.copy_async(host, base, fg.padded * grad_bytes, CopyKind::kDeviceToHost,
+                             *comm_stream);
+    }
+    if (auto released = store.release(r.tensor, *comm_stream); st.ok()) st = released;
+    if (!consumed.ok()) return fail(consumed.status());
+    // Raised by the reducer once it has read the result; here, if nothing was issued (the
+    // engine has failed: comm_stream must not wait for it forever).
+    r.consumed = *std::move(consumed);
+    reduce_bounce_free = r.consumed;
+    if (st.ok()) {
+      work = issue(*comm_stream, [&](const CollectiveOptions& co) {
+        return comm.reduce_scatter(host, host + own, fg.shard, type, ReduceOp::kSum, co);
+      });
+      if (!work.ok()) st = work.status();
+    }
+    if (!st.ok()) {
+      (void)device.raise_host_flag(*r.consumed);
+      return fail(st);
+    }
   }
-  // In place: this rank's slice of the buffer receives the sum of every rank's slice.
-  auto work = comm.reduce_scatter(base, base + static_cast<uint64_t>(rank) * fg.shard * grad_bytes,
-                                  fg.shard, comm_type(options.grad_type), ReduceOp::kSum, *co);
-  if (!work.ok()) {
-    (void)store.release(r.tensor, *comm_stream);
-    return fail(work.status());
-  }
+  if (!work.ok()) return fail(work.status());
   r.work = *std::move(work);
   MutexLock lock(&mu);
   ++counters.reduce_scatters;
@@ -190,25 +222,63 @@ void ZeroEngine::Impl::run_reducer() {
 
 absl::Status ZeroEngine::Impl::land(Reduction& r) {
   TensorStore& store = runtime.store();
+  Device& device = runtime.device();
+  // The reducer thread waits for the collective on the host; nothing else does.
   absl::Status status = r.work->wait();
-  if (auto st = store.release(r.tensor, *comm_stream); !st.ok() && status.ok()) status = st;
-  if (!status.ok()) return status;
   const ZeroFlatGroup& fg = layout.groups()[r.group];
   const ParamId shard = groups[r.group].shard;
-  if (r.bucket < 0) return optimizer->grad_written(shard);  // stage 1: the slice in place
-  // Stage 2: add the reduced slice into the optimizer's shard, then zero the bucket for the
-  // next group (the rest of it holds what the reduce-scatter left).
-  auto data = store.acquire(r.tensor, host_tier, *comm_stream, AccessMode::kWrite);
-  if (!data.ok()) return data.status();
-  // The host reads and zeroes it: a copy into host_tier must have landed.
-  if (auto st = runtime.device().synchronize(*comm_stream); !st.ok()) {
-    (void)store.release(r.tensor, *comm_stream);
-    return st;
+  const uint64_t own = static_cast<uint64_t>(rank) * fg.shard * grad_bytes;
+  const uint64_t slice = fg.shard * grad_bytes;
+  if (bounce) {
+    // The reduced slice out of the bounce buffer, which is then free for the next
+    // reduce-scatter. Nothing on a device comes between the collective and raising the flag:
+    // a stream waits for it, and device work ordered behind that wait only by the host could
+    // be queued behind it (cuStreamWaitValue32's caveat). On failure the flag goes up all the
+    // same (the engine fails; the content no longer matters).
+    if (status.ok()) {
+      const auto* host = static_cast<const std::byte*>(reduce_bounce->data());
+      reduced.assign(host + own, host + own + slice);
+    }
+    if (auto st = device.raise_host_flag(*r.consumed); !st.ok() && status.ok()) status = st;
+  } else if (auto st = store.release(r.tensor, gloo ? *land_stream : *comm_stream);
+             !st.ok() && status.ok()) {
+    // The tensor was the collective's, done with it on the host (NCCL's work is ordered on
+    // comm_stream: its release is recorded there).
+    status = st;
   }
+  if (!status.ok()) return status;
+  if (r.bucket < 0 && !bounce) return optimizer->grad_written(shard);  // stage 1: in place
+  // The tensor in host memory: stage 1's gradients, where the optimizer reads its slice in
+  // place (through the bounce, the slice is copied there); stage 2's bucket, whose slice is
+  // added into the optimizer's shard and which is zeroed for the next group (the rest of it
+  // holds what the reduce-scatter left). With the bounce, a bucket is zeroed on the device.
+  const bool host_write = r.bucket < 0 || !bounce;
+  auto data =
+      store.acquire(r.tensor, host_write ? host_tier : comm_tier, *land_stream, AccessMode::kWrite);
+  if (!data.ok()) return data.status();
   auto* base = static_cast<std::byte*>(*data);
-  status = optimizer->land_grad(shard, base + static_cast<uint64_t>(rank) * fg.shard * grad_bytes);
-  std::memset(base, 0, fg.padded * grad_bytes);
-  if (auto st = store.release(r.tensor, *comm_stream); !st.ok() && status.ok()) status = st;
+  if (host_write) {
+    // The host touches it: a copy into host_tier must have landed.
+    if (auto st = device.synchronize(*land_stream); !st.ok()) {
+      (void)store.release(r.tensor, *land_stream);
+      return st;
+    }
+  }
+  if (r.bucket < 0) {  // stage 1, through the bounce
+    std::memcpy(base + own, reduced.data(), slice);
+    if (auto st = store.release(r.tensor, *land_stream); !st.ok()) return st;
+    return optimizer->grad_written(shard);
+  }
+  status = optimizer->land_grad(shard, bounce ? reduced.data() : base + own);
+  const uint64_t bytes = fg.padded * grad_bytes;
+  if (!bounce) {
+    std::memset(base, 0, bytes);
+  } else {
+    absl::Status st =
+        device.copy_async(base, zeros->data(), bytes, CopyKind::kHostToDevice, *land_stream);
+    if (!st.ok() && status.ok()) status = st;
+  }
+  if (auto st = store.release(r.tensor, *land_stream); !st.ok() && status.ok()) status = st;
   return status;
 }
 

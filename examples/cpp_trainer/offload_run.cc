@@ -57,9 +57,8 @@ absl::StatusOr<ModelStateBytes> model_state_bytes(strata::TensorStore& store,
     bytes.by_tier[static_cast<size_t>(info->home)] += info->bytes;
   }
   if (states == strata::TierKind::kNvme) {
-    const strata::OffloadOptimizerStats o = optimizer.stats();
     bytes.by_tier[static_cast<size_t>(strata::TierKind::kNvme)] +=
-        2 * 12 * o.chunks * o.chunk_elements;
+        optimizer.stats().nvme_state_bytes;
   }
   return bytes;
 }
@@ -197,9 +196,9 @@ absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, con
   if (human != nullptr) {
     std::fprintf(
         human,
-        "cpp_trainer: %.1f KiB of parameters and gradients, GPU arena %.1f KiB, states on %s\n",
+        "cpp_trainer: %.1f KiB of parameters and gradients, GPU arena %.1f KiB%s, states on %s\n",
         static_cast<double>(model_bytes) / 1024, static_cast<double>(rt.gpu().capacity()) / 1024,
-        std::string(strata::to_string(args.states)).c_str());
+        arena_note(args), std::string(strata::to_string(args.states)).c_str());
     std::fflush(human);  // the header shows once training starts, also through a pipe
   }
 
@@ -229,6 +228,7 @@ absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, con
   const float denominator = static_cast<float>(kBatch * kLayers[kDepth - 1].out);
   std::mt19937 data_rng(3);
   store.reset_peak_usage();
+  const strata::OffloadOptimizerStats registered = optimizer.stats();
   for (int step = 1; step <= args.steps; ++step) {
     const std::string at = absl::StrFormat("step %d", step);
     const Batch batch = make_batch(data_rng, teacher);
@@ -280,6 +280,7 @@ absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, con
   }
 
   result.gpu_tier_peak_bytes = store.stats().tiers[0].peak_used;
+  count_state_traffic(registered, optimizer.stats(), args.steps, result);
   if (stash != nullptr) {
     if (auto st = stash->synchronize(); !st.ok()) return annotate(st, "activations");
     result.activations = stash->stats();

@@ -22,7 +22,10 @@ inline constexpr float kWeightDecay = 1e-4F;
 
 struct Args {
   int steps = 300;
+  // --states: given, or (states_given false) NVMe when the runtime has an NVMe tier, else CPU.
   strata::TierKind states = strata::TierKind::kNvme;
+  bool states_given = false;
+  bool own_arena = false;  // STRATA_GPU_BYTES unset: the example sized the GPU arena
   float max_loss = 0.05F;
   double tolerance = 1e-3;
   uint32_t zero_stage = 0;           // 0: one rank, OffloadOptimizer; 1, 2, 3: ZeroEngine
@@ -64,7 +67,12 @@ struct RunResult {
   std::vector<float> losses;
   Weights weights;
   uint64_t moved_bytes = 0;                  // between tiers, this rank's store
-  uint64_t nvme_read = 0, nvme_written = 0;  // by the optimizer
+  uint64_t nvme_read = 0, nvme_written = 0;  // by the optimizer, registration included
+  // This rank's optimizer states (12 bytes an element: master and two moments), and what a
+  // training step read and wrote of them on NVMe, averaged over the steps (registration, which
+  // writes the initial states, left out).
+  uint64_t state_bytes = 0;
+  uint64_t nvme_read_per_step = 0, nvme_written_per_step = 0;
   ModelStateBytes model_states;
   uint64_t bucket_memory = 0;        // stage 2's gradient buckets (not model states)
   uint64_t comm_bytes_per_step = 0;  // the engine's last step, 0 at stage 0
@@ -74,17 +82,25 @@ struct RunResult {
   double replica_difference = 0;
   bool every_rank_moved = true;
   // Stage 3: the engine's fetch statistics at the end of training (before the final weights
-  // are read), and the time compute waited for communication, summed over the run: the
-  // gathers' waits in acquire_param (ZeroStats::fetch_wait_ns) plus each step's wait for its
-  // reduce-scatters (ZeroStats::last_step_wait_ns).
+  // are read), and the time compute waited for communication, summed over the run: the host's
+  // wait on the stream after acquire_param (where the gathers are waited for), the fetching in
+  // acquire_param (ZeroStats::fetch_wait_ns), acquire_grad waiting for a bucket
+  // (bucket_wait_ns) and each step's wait for its reduce-scatters (last_step_wait_ns).
   strata::ZeroStats zero_stats;
   uint64_t exposed_comm_ns = 0;
   uint64_t partitioned_groups = 0;  // of `groups`, the ones whose parameters are sharded
   // The GPU tier's high-water mark over the run, and with --offload-activations the stash's
   // counters at the end.
   uint64_t gpu_tier_peak_bytes = 0;
+  uint64_t gpu_arena_bytes = 0;
+  std::string backend;  // "host" or "cuda"
   strata::ActivationStashStats activations;
 };
+
+// How the header line names the arena: " (the example's own ...)" when the example sized it.
+inline const char* arena_note(const Args& args) {
+  return args.own_arena ? " (the example's own; STRATA_GPU_BYTES sets another)" : "";
+}
 
 // The samples [first, first + count) of the global batch that micro-step `micro` of rank `rank`
 // takes: rank r takes [r·B/N, (r+1)·B/N), cut into `micro_steps` pieces the same way.
@@ -95,6 +111,11 @@ SampleRange samples(int rank, int ranks, uint32_t micro, uint32_t micro_steps);
 // --variable-batches: the step's `micro_steps` micro-batches of one rank, random sizes (at least
 // one sample each) that cover the batch, drawn from `step`.
 std::vector<SampleRange> variable_samples(int step, uint32_t micro_steps);
+
+// What a training run's steps moved between the optimizer and NVMe: `before` and `after` are
+// the optimizer's statistics around the training loop.
+void count_state_traffic(const strata::OffloadOptimizerStats& before,
+                         const strata::OffloadOptimizerStats& after, int steps, RunResult& result);
 
 // Today's path: one rank, parameters and gradients as store tensors, OffloadOptimizer.
 // `human`: where rank 0 writes its progress lines.

@@ -11,6 +11,7 @@
 // the same order: they are collectives.
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
 
 #include <algorithm>
 #include <cmath>
@@ -183,11 +184,12 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
     std::fprintf(
         human,
         "cpp_trainer: ZeRO stage %u on %d rank(s) (%s), %.1f KiB of parameters in %zu "
-        "groups (of at most %.1f KiB, or one larger parameter), GPU arena %.1f KiB, states on %s\n",
+        "groups (of at most %.1f KiB, or one larger parameter), GPU arena %.1f KiB%s, states on "
+        "%s\n",
         args.zero_stage, ranks, std::string(strata::to_string(comm.backend())).c_str(),
         static_cast<double>(layout.elements() * 4) / 1024, layout.groups().size(),
         static_cast<double>(args.bucket_bytes) / 1024,
-        static_cast<double>(rt.gpu().capacity()) / 1024,
+        static_cast<double>(rt.gpu().capacity()) / 1024, arena_note(args),
         std::string(strata::to_string(args.states)).c_str());
     if (stage3) {
       std::fprintf(human,
@@ -205,6 +207,9 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
     std::fflush(human);  // the header shows once training starts, also through a pipe
   }
 
+  // The host's waits for the gathers: acquire_param() returns with the gather ordered on the
+  // stream, and the host reads the parameters after synchronizing it (stage 3).
+  uint64_t gather_wait_ns = 0;
   auto acquire_param = [&](strata::ZeroParamId id) -> absl::StatusOr<const float*> {
     auto data = engine.acquire_param(id, compute_tier, stream);
     if (!data.ok() && stage3 && data.status().code() == absl::StatusCode::kResourceExhausted) {
@@ -216,7 +221,10 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
                                        "the defaults)"));
     }
     if (!data.ok()) return annotate(data.status(), "acquire_param");
+    const absl::Time start = absl::Now();
     if (auto st = device.synchronize(stream); !st.ok()) return annotate(st, "synchronize");
+    if (stage3)
+      gather_wait_ns += static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
     return static_cast<const float*>(*data);
   };
   // Adds `g` into the parameter's gradient buffer and announces it.
@@ -237,6 +245,8 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   uint64_t step_wait_ns = 0;           // step() waiting for reduce-scatters, summed
   std::mt19937 data_rng(3);
   strata::TensorStore& store = rt.store();
+  const strata::OffloadOptimizerStats registered = engine.optimizer().stats();
+  store.reset_peak_usage();
   for (int step = 1; step <= args.steps; ++step) {
     const std::string at = absl::StrFormat("step %d", step);
     const Batch batch = make_batch(data_rng, teacher);
@@ -302,7 +312,8 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   const strata::ZeroStats stats = engine.stats();
   result.comm_bytes_per_step = stats.last_step_comm_bytes;
   result.zero_stats = stats;
-  result.exposed_comm_ns = stats.fetch_wait_ns + stats.bucket_wait_ns + step_wait_ns;
+  result.exposed_comm_ns =
+      gather_wait_ns + stats.fetch_wait_ns + stats.bucket_wait_ns + step_wait_ns;
   result.partitioned_groups = partitioned_groups;
   const strata::ZeroMemory memory = engine.memory();
   for (size_t t = 0; t < 3; ++t) {
@@ -313,6 +324,8 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   result.groups = layout.groups().size();
   result.nvme_read = engine.optimizer().stats().nvme_bytes_read;
   result.nvme_written = engine.optimizer().stats().nvme_bytes_written;
+  count_state_traffic(registered, engine.optimizer().stats(), args.steps, result);
+  result.gpu_tier_peak_bytes = store.stats().tiers[0].peak_used;
   for (const auto& row : store.stats().moves) {
     for (const auto& m : row) result.moved_bytes += m.bytes;
   }

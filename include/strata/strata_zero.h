@@ -195,7 +195,8 @@ typedef struct strata_zero_stats {
   uint64_t order_changes;          /* uses that departed from the recorded order */
   uint64_t gathered_bytes;         /* gathered parameter bytes alive now */
   uint64_t gathered_peak_bytes;
-  uint64_t fetch_wait_ns; /* acquire_param waiting for gathers (exposed communication) */
+  uint64_t fetch_wait_ns; /* host time acquire_param spent fetching (the gathers themselves are
+                           waited for on the stream: docs/zero.md) */
 } strata_zero_stats_t;
 
 /* The C++ defaults: stage 2, fp16 parameters and gradients, 32 MiB buckets, 2 buckets, alignment

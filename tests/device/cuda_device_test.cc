@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "device_fixtures.h"
@@ -166,6 +167,46 @@ STRATA_BOTH_BACKENDS("A wrapped external stream waits on strata's event without 
   CHECK_FALSE(*device.query(**ready));
   gate.Notify();
   REQUIRE(device.synchronize(**consumer_owner).ok());
+  CHECK(std::memcmp(host + kBytes, source.data(), kBytes) == 0);
+}
+
+STRATA_BOTH_BACKENDS("Copies wait for a host flag; the host does not", "[device]") {
+  constexpr uint64_t kBytes = (1 << 20) + 17;
+  auto memory = device.allocate_device_memory(kBytes);
+  auto pinned = device.allocate_pinned(2 * kBytes, "test buffer");
+  auto stream = device.create_stream();
+  auto copied = device.create_event();
+  auto flag = device.create_host_flag();
+  REQUIRE(memory.ok());
+  REQUIRE(pinned.ok());
+  REQUIRE(stream.ok());
+  REQUIRE(copied.ok());
+  REQUIRE(flag.ok());
+  auto* host = static_cast<std::byte*>((*pinned)->data());
+  const auto source = pattern(kBytes, 17);
+  std::memcpy(host, source.data(), kBytes);
+  std::memset(host + kBytes, 0, kBytes);
+  // The flag is raised once the host has looked (a watchdog raises it in any case, so that a
+  // host that did block ends the test with a failure rather than a hang).
+  absl::Notification looked;
+  absl::Status raised;  // checked after the join: Catch2's assertions are not for other threads
+  std::thread raiser([&] {
+    looked.WaitForNotificationWithTimeout(absl::Seconds(60));
+    raised = device.raise_host_flag(**flag);
+  });
+  REQUIRE(device.wait_host_flag(**stream, **flag).ok());  // returns with the flag down
+  REQUIRE(
+      device.copy_async((*memory)->data(), host, kBytes, CopyKind::kHostToDevice, **stream).ok());
+  REQUIRE(
+      device.copy_async(host + kBytes, (*memory)->data(), kBytes, CopyKind::kDeviceToHost, **stream)
+          .ok());
+  REQUIRE(device.record(**copied, **stream).ok());
+  const bool held = !*device.query(**copied);
+  looked.Notify();
+  raiser.join();
+  CHECK(raised.ok());
+  CHECK(held);
+  REQUIRE(device.synchronize(**stream).ok());
   CHECK(std::memcmp(host + kBytes, source.data(), kBytes) == 0);
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "device_fixtures.h"
@@ -176,6 +177,52 @@ TEST_CASE("A stream waiting on an event does not block the host", "[device]") {
   REQUIRE(device->synchronize(**consumer).ok());
   CHECK(produced_at == 0);
   CHECK(consumed_at == 1);
+}
+
+TEST_CASE("A stream waits for a host flag; the host does not", "[device]") {
+  auto device = host_device();
+  auto stream = device->create_stream();
+  auto other = device->create_stream();
+  auto event = device->create_event();
+  auto flag = device->create_host_flag();
+  REQUIRE(stream.ok());
+  REQUIRE(other.ok());
+  REQUIRE(event.ok());
+  REQUIRE(flag.ok());
+
+  std::atomic<bool> ran{false};
+  REQUIRE(device->wait_host_flag(**stream, **flag).ok());  // returns at once
+  REQUIRE(device->launch_host_callback(**stream, [&] { ran = true; }).ok());
+  REQUIRE(device->record(**event, **stream).ok());
+  // Other streams run on; this one holds its later work behind the flag.
+  std::atomic<bool> other_ran{false};
+  REQUIRE(device->launch_host_callback(**other, [&] { other_ran = true; }).ok());
+  REQUIRE(device->synchronize(**other).ok());
+  CHECK(other_ran.load());
+  CHECK_FALSE(*device->query(**event));
+  CHECK_FALSE(ran.load());
+  absl::Status raised;  // checked here: Catch2's assertions are not for other threads
+  std::thread raiser([&] { raised = device->raise_host_flag(**flag); });
+  REQUIRE(device->synchronize(**stream).ok());
+  raiser.join();
+  CHECK(raised.ok());
+  CHECK(ran.load());
+  // A raised flag stays raised: a later wait passes; raising it again does nothing.
+  REQUIRE(device->raise_host_flag(**flag).ok());
+  REQUIRE(device->wait_host_flag(**stream, **flag).ok());
+  REQUIRE(device->synchronize(**stream).ok());
+  // Destroying a flag raises it: the stream waiting for it runs on.
+  auto dropped = device->create_host_flag();
+  REQUIRE(dropped.ok());
+  REQUIRE(device->wait_host_flag(**stream, **dropped).ok());
+  dropped->reset();
+  REQUIRE(device->synchronize(**stream).ok());
+  // A flag of another device is refused, naming it.
+  auto stranger = host_device();
+  auto foreign = stranger->create_host_flag();
+  REQUIRE(foreign.ok());
+  CHECK(absl::IsInvalidArgument(device->wait_host_flag(**stream, **foreign)));
+  CHECK(absl::IsInvalidArgument(device->raise_host_flag(**foreign)));
 }
 
 TEST_CASE("Waiting snapshots the event's latest record, as cudaStreamWaitEvent", "[device]") {

@@ -13,6 +13,19 @@
       bytes (4+4+12) bytes per partitioned element / RANKS plus the whole persistent ones, the
       shards in --param-home's tier, and between 2 and 3 x 4 bytes x elements communicated.
 
+      Every run also reports what a training step moved of the optimizer states on NVMe: with
+      the states there, the reads and writes of a step are the state bytes (12 per element of
+      the rank's slice) plus at most one I/O block (STRATA_IO_BLOCK) of rounding per tensor the
+      optimizer steps; with the states in the CPU tier, nothing.
+
+  check_cpp_trainer.py readme TRAINER NVME_DIR [TRAINER ARGS...]
+      The README's first command with default settings: every STRATA_* variable removed but
+      STRATA_NVME_PATHS=NVME_DIR (and STRATA_NVME_BYTES, so that CI's disk is not asked for the
+      default 8 GiB), no flag but TRAINER ARGS: it must pass, with the GPU arena the example
+      sizes itself (smaller than the model's parameters and gradients), the states on NVMe and
+      a step's NVMe traffic within the bound above. Then the same without STRATA_NVME_PATHS:
+      the states go to the CPU tier, and it passes too.
+
   check_cpp_trainer.py json-tight STRATA_RUN TRAINER RANKS 3 [TRAINER ARGS...]
       As json, for a --max-live-bytes of the largest gathered group: the gathered bytes reach
       the limit and never pass it, and the limit made the engine drop what it would have kept or
@@ -51,7 +64,9 @@ FIELDS = {"ranks": int, "stage": int, "steps": int, "accumulation": int, "losses
           "model_state_bytes_per_rank": dict, "gradient_bucket_bytes_per_rank": int,
           "comm_bytes_per_step": int, "bucket_bytes": int, "groups": int, "states": str,
           "bytes_moved": int, "passed": bool, "weights_checksum": str,
-          "gpu_tier_peak_bytes": int}
+          "gpu_tier_peak_bytes": int, "backend": str, "gpu_arena_bytes": int,
+          "optimizer_state_bytes": int, "nvme_read_bytes_per_step": int,
+          "nvme_written_bytes_per_step": int, "nvme_state_ratio": NUMBER}
 STAGE3_FIELDS = {"param_home": str, "prefetch_bytes": int, "max_live_bytes": int,
                  "persist_below_bytes": int, "reuse_window_bytes": int,
                  "partitioned_groups": int, "gathered_peak_bytes": int,
@@ -60,11 +75,12 @@ FETCH_FIELDS = {"fetches", "gathers_on_demand", "gathers_prefetched", "reuses",
                 "gathers_dropped_unused", "order_changes"}
 
 
-def check_json(strata_run, trainer, ranks, stage, extra, env=None):
+def check_json(strata_run, trainer, ranks, stage, extra, env=None, base_env=None):
     launcher = [] if strata_run == "-" else [strata_run, "-n", str(ranks)]
-    args = [*launcher, trainer, f"--zero-stage={stage}", *extra, "--json=-"]
+    stage_flag = [f"--zero-stage={stage}"] if stage else []  # 0 is the default
+    args = [*launcher, trainer, *stage_flag, *extra, "--json=-"]
     run = subprocess.run(args, capture_output=True, text=True, timeout=240,
-                         env=dict(os.environ, **(env or {})))
+                         env=dict(os.environ if base_env is None else base_env, **(env or {})))
     print(run.stderr, end="")
     if run.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {run.returncode}")
@@ -87,7 +103,11 @@ def check_json(strata_run, trainer, ranks, stage, extra, env=None):
     assert 0 <= doc["max_weight_difference"] < doc["tolerance"], doc["max_weight_difference"]
     assert doc["max_replica_difference"] == 0, doc["max_replica_difference"]
     assert doc["passed"] is True
-    assert doc["bytes_moved"] > 0
+    assert doc["backend"] in ("host", "cuda"), doc["backend"]
+    assert doc["gpu_arena_bytes"] > 0, doc
+    if doc["backend"] == "host":  # on cuda the example computes on CPU-tier copies
+        assert doc["bytes_moved"] > 0
+    check_state_traffic(doc, ranks, stage)
 
     states = doc["model_state_bytes_per_rank"]
     assert set(states) == {"gpu", "cpu", "nvme", "total"}, states
@@ -123,6 +143,41 @@ def check_json(strata_run, trainer, ranks, stage, extra, env=None):
     if stage == 3:
         check_stage3(doc, ranks, extra)
     return doc
+
+
+def check_state_traffic(doc, ranks, stage, io_block=1 << 20):
+    """A step's NVMe reads and writes of the optimizer states, against the state bytes."""
+    state = doc["optimizer_state_bytes"]
+    # 12 bytes per element of this rank's slice (stages 1-3: each group padded by up to
+    # RANKS x 64 elements).
+    padding = 0 if stage == 0 else doc["groups"] * ranks * 64
+    assert 12 * ELEMENTS // ranks <= state <= 12 * (ELEMENTS // ranks + padding), (state, ranks)
+    read, written = doc["nvme_read_bytes_per_step"], doc["nvme_written_bytes_per_step"]
+    ratio = doc["nvme_state_ratio"]
+    print(f"optimizer states {state} bytes; a step read {read}, wrote {written}: ratio {ratio}")
+    if doc["states"] != "nvme":
+        assert read == 0 and written == 0 and ratio == 0, doc
+        return
+    # Every parameter gets a gradient every step: all states are read and written once, each
+    # tensor the optimizer steps (stage 0: a layer; stages 1-3: a flat group's slice) rounded
+    # up by less than an I/O block.
+    tensors = len(LAYERS) if stage == 0 else doc["groups"]
+    bound = state + tensors * io_block
+    assert state <= read <= bound and state <= written <= bound, (read, written, state, bound)
+    assert abs(ratio - max(read, written) / state) < 1e-3, ratio
+
+
+def check_readme(trainer, nvme_dir, extra):
+    """The README's command with the defaults: only the NVMe directory set."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    with_nvme = {"STRATA_NVME_PATHS": nvme_dir, "STRATA_NVME_BYTES": "256MiB"}
+    doc = check_json("-", trainer, 1, 0, extra, with_nvme, clean)
+    assert doc["states"] == "nvme", doc["states"]
+    assert doc["gpu_arena_bytes"] < 2 * 4 * ELEMENTS, doc["gpu_arena_bytes"]
+    print(f"states on NVMe: a step moved {doc['nvme_state_ratio']:.3f}x the state bytes")
+    doc = check_json("-", trainer, 1, 0, extra, {}, clean)
+    assert doc["states"] == "cpu", doc["states"]
+    return 0
 
 
 def check_stage3(doc, ranks, extra):
@@ -252,6 +307,8 @@ def main():
     if mode == "json":
         check_json(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:])
         return 0
+    if mode == "readme":
+        return check_readme(sys.argv[2], sys.argv[3], sys.argv[4:])
     if mode == "json-tight":
         return check_json_tight(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
                                 sys.argv[6:])

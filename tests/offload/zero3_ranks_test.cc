@@ -13,6 +13,7 @@
 #include "offload/zero_rig.h"
 #include "strata/comm/communicator.h"
 #include "strata/offload/zero_engine.h"
+#include "strata/testing/zero_testing.h"
 #include "temp_dir.h"
 
 namespace strata {
@@ -111,6 +112,8 @@ struct Variant3 {
   uint64_t reuse_window_bytes;
   uint64_t persist_below_bytes = 128;  // the norms and the bias stay whole
   int64_t reorder_step = -1;           // from this step on, forward uses another order
+  // Gloo's data through pinned bounce buffers, as on a CUDA device (zero_testing.h).
+  bool bounce = false;
 };
 
 TEST_CASE("ZeRO stage 3 trains as one rank does, shards in every tier", "[zero3]") {
@@ -125,7 +128,11 @@ TEST_CASE("ZeRO stage 3 trains as one rank does, shards in every tier", "[zero3]
                TierKind::kNvme, TierKind::kCpu, ParamType::kF16, 1, 0.0F, -1, 64 << 10, 0, 0},
       Variant3{"shards in the cpu tier, no persistent parameters, order changed at step 4",
                TierKind::kCpu, TierKind::kCpu, ParamType::kF16, 1, 0.0F, 6, 16 << 10, 64 << 10,
-               64 << 10, 0, 4});
+               64 << 10, 0, 4},
+      Variant3{"through bounce buffers, shards in the cpu tier, fp16, 2 micro-steps, clipped, a "
+               "live limit of the largest group",
+               TierKind::kCpu, TierKind::kCpu, ParamType::kF16, 2, 0.03F, -1, 16 << 10, 0, 0, 128,
+               -1, true});
   INFO(v.name << " at " << ranks() << " ranks");
   TempDir dir("strata-zero3");
   TempDir ref_dir("strata-zero3-ref");
@@ -168,7 +175,9 @@ TEST_CASE("ZeRO stage 3 trains as one rank does, shards in every tier", "[zero3]
   const bool nvme = v.shard_home == TierKind::kNvme || v.states == TierKind::kNvme;
   auto runtime = testing::zero_runtime(nvme ? dir.path() : "");
   REQUIRE(runtime.ok());
+  testing::set_zero_bounce_for_testing(v.bounce);
   auto engine = ZeroEngine::create(**runtime, comm3(), model.params, o);
+  testing::set_zero_bounce_for_testing(false);
   INFO(engine.status().ToString());
   REQUIRE(engine.ok());
   auto reference =

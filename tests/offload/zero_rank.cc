@@ -47,17 +47,14 @@ struct NvmeDir {
 
 struct Job {
   NvmeDir nvme;
+  std::unique_ptr<Runtime> runtime;  // outlives the communicator, which uses its device
   std::unique_ptr<Communicator> comm;
-  std::unique_ptr<Runtime> runtime;
   std::unique_ptr<Stream> stream;
   std::unique_ptr<ZeroEngine> engine;
   testing::ZeroModel model = testing::zero_model();
 };
 
 absl::Status start(Job& job) {
-  auto comm = Communicator::from_environment();
-  if (!comm.ok()) return comm.status();
-  job.comm = *std::move(comm);
   const char* states = std::getenv("ZERO_RANK_STATES");
   const bool nvme = states != nullptr && std::string(states) == "nvme";
   if (nvme) {
@@ -68,6 +65,10 @@ absl::Status start(Job& job) {
   auto runtime = testing::zero_runtime(job.nvme.path);
   if (!runtime.ok()) return runtime.status();
   job.runtime = *std::move(runtime);
+  // With the runtime's device: Gloo waits on the engine's streams.
+  auto comm = Communicator::from_environment(&job.runtime->device());
+  if (!comm.ok()) return comm.status();
+  job.comm = *std::move(comm);
   auto stream = job.runtime->device().create_stream();
   if (!stream.ok()) return stream.status();
   job.stream = *std::move(stream);

@@ -12,6 +12,7 @@
 #include "offload/zero_rig.h"
 #include "strata/comm/communicator.h"
 #include "strata/offload/zero_engine.h"
+#include "strata/testing/zero_testing.h"
 #include "temp_dir.h"
 
 namespace strata {
@@ -57,6 +58,8 @@ struct Variant {
   // them, and the host must wait for those copies.
   TierKind param_home = TierKind::kGpu;
   const char* gpu_bytes = "64MiB";
+  // Gloo's data through pinned bounce buffers, as on a CUDA device (zero_testing.h).
+  bool bounce = false;
 };
 
 TEST_CASE("ZeRO stages 1 and 2 train as one rank does", "[zero]") {
@@ -75,7 +78,13 @@ TEST_CASE("ZeRO stages 1 and 2 train as one rank does", "[zero]") {
       Variant{"stage 1, parameters homed in the cpu tier, a 24 KiB arena, 2 micro-steps", 1,
               TierKind::kCpu, ParamType::kF16, 2, 0.0F, -1, 4 << 10, TierKind::kCpu, "24KiB"},
       Variant{"stage 2, parameters homed in the cpu tier, a 24 KiB arena, 2 micro-steps", 2,
-              TierKind::kCpu, ParamType::kF16, 2, 0.0F, -1, 4 << 10, TierKind::kCpu, "24KiB"});
+              TierKind::kCpu, ParamType::kF16, 2, 0.0F, -1, 4 << 10, TierKind::kCpu, "24KiB"},
+      Variant{"stage 1 through bounce buffers, fp16, 2 micro-steps, clipped", 1, TierKind::kCpu,
+              ParamType::kF16, 2, 0.03F, -1, 8 << 10, TierKind::kGpu, "64MiB", true},
+      Variant{"stage 2 through bounce buffers, nvme states, parameters in the cpu tier, a 24 KiB "
+              "arena, overflow at step 4",
+              2, TierKind::kNvme, ParamType::kF16, 1, 0.0F, 4, 4 << 10, TierKind::kCpu, "24KiB",
+              true});
   INFO(v.name << " at " << ranks() << " ranks");
   TempDir dir("strata-zero");
   TempDir ref_dir("strata-zero-ref");
@@ -99,7 +108,9 @@ TEST_CASE("ZeRO stages 1 and 2 train as one rank does", "[zero]") {
   o.param_home = v.param_home;
   auto runtime = testing::zero_runtime(nvme ? dir.path() : "", v.gpu_bytes);
   REQUIRE(runtime.ok());
+  testing::set_zero_bounce_for_testing(v.bounce);
   auto engine = ZeroEngine::create(**runtime, comm(), model.params, o);
+  testing::set_zero_bounce_for_testing(false);
   REQUIRE(engine.ok());
   auto reference = ZeroReference::create(model, o, nvme ? ref_dir.path() : "", ranks());
   REQUIRE(reference.ok());

@@ -23,6 +23,7 @@
 
 #include "offload/cpu_adam_kernels.h"
 #include "strata/comm/communicator.h"
+#include "strata/device/host_device.h"
 #include "strata/offload/offload_optimizer.h"
 #include "strata/offload/zero_engine.h"
 #include "strata/runtime/runtime.h"
@@ -109,10 +110,72 @@ inline GradType as_grad_type(ParamType t) {
                               : (t == ParamType::kF16 ? GradType::kF16 : GradType::kBF16);
 }
 
+// The process's host device, shared by every runtime zero_runtime() makes and by the job's
+// communicator: Gloo waits on the streams of the device it was created with, so the engines'
+// collectives are ordered on their streams as in a trainer (one runtime, one communicator).
+inline Device& shared_host_device() {
+  static std::unique_ptr<Device> shared = [] {
+    auto created = make_host_device();
+    if (!created.ok()) {
+      std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+      std::abort();
+    }
+    return *std::move(created);
+  }();
+  return *shared;
+}
+
+// A Device that forwards to one it does not own (a runtime owns its device: each runtime gets
+// one of these over the shared host device).
+class BorrowedDevice final : public Device {
+ public:
+  explicit BorrowedDevice(Device& to) : to_(to) {}
+  Backend backend() const override { return to_.backend(); }
+  std::string description() const override { return to_.description(); }
+  absl::StatusOr<std::unique_ptr<DeviceMemory>> allocate_device_memory(uint64_t bytes) override {
+    return to_.allocate_device_memory(bytes);
+  }
+  absl::StatusOr<std::unique_ptr<HostRegistration>> register_host(void* data,
+                                                                  uint64_t bytes) override {
+    return to_.register_host(data, bytes);
+  }
+  absl::StatusOr<std::unique_ptr<Stream>> create_stream() override { return to_.create_stream(); }
+  absl::StatusOr<std::unique_ptr<Event>> create_event() override { return to_.create_event(); }
+  absl::StatusOr<std::unique_ptr<Stream>> wrap_external_stream(uintptr_t native) override {
+    return to_.wrap_external_stream(native);
+  }
+  absl::StatusOr<uintptr_t> native_handle(Stream& stream) override {
+    return to_.native_handle(stream);
+  }
+  absl::Status copy_async(void* dst, const void* src, uint64_t bytes, CopyKind kind,
+                          Stream& stream) override {
+    return to_.copy_async(dst, src, bytes, kind, stream);
+  }
+  absl::Status launch_host_callback(Stream& stream,
+                                    absl::AnyInvocable<void() &&> callback) override {
+    return to_.launch_host_callback(stream, std::move(callback));
+  }
+  absl::StatusOr<std::unique_ptr<HostFlag>> create_host_flag() override {
+    return to_.create_host_flag();
+  }
+  absl::Status raise_host_flag(HostFlag& flag) override { return to_.raise_host_flag(flag); }
+  absl::Status wait_host_flag(Stream& stream, HostFlag& flag) override {
+    return to_.wait_host_flag(stream, flag);
+  }
+  absl::Status record(Event& event, Stream& stream) override { return to_.record(event, stream); }
+  absl::Status wait(Stream& stream, Event& event) override { return to_.wait(stream, event); }
+  absl::StatusOr<bool> query(Event& event) override { return to_.query(event); }
+  absl::Status synchronize(Event& event) override { return to_.synchronize(event); }
+  absl::Status synchronize(Stream& stream) override { return to_.synchronize(stream); }
+
+ private:
+  Device& to_;
+};
+
 // The job's communicator, one per process (its rendezvous port can be served only once).
 inline Communicator& job_communicator() {
   static std::unique_ptr<Communicator> shared = [] {
-    auto created = Communicator::from_environment();
+    auto created = Communicator::from_environment(&shared_host_device());
     if (!created.ok()) {
       std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
       std::abort();
@@ -136,7 +199,9 @@ inline absl::StatusOr<std::unique_ptr<Runtime>> zero_runtime(
   }
   auto config = Config::from_variables(vars);
   if (!config.ok()) return config.status();
-  return Runtime::create(*config);
+  RuntimeOptions options;
+  options.device = std::make_unique<BorrowedDevice>(shared_host_device());
+  return Runtime::create(*config, std::move(options));
 }
 
 // What a run does each step.

@@ -35,6 +35,15 @@ class Event {
   virtual ~Event() = default;
 };
 
+// A flag the host raises once; streams can wait for it without blocking the host. What an event
+// is for device work, this is for work done on the host (a Gloo collective finishing): later
+// device work is ordered after it. Created by a Device; must not outlive it. Destroying a flag
+// raises it: a stream that waits for a flag nobody raises would never run again.
+class HostFlag {
+ public:
+  virtual ~HostFlag() = default;
+};
+
 // One device allocation, freed on destruction.
 class DeviceMemory {
  public:
@@ -133,6 +142,15 @@ class Device {
   // work on `stream` waits for it. The callback must not call into the device.
   virtual absl::Status launch_host_callback(Stream& stream,
                                             absl::AnyInvocable<void() &&> callback) = 0;
+
+  // A new flag, not raised.
+  virtual absl::StatusOr<std::unique_ptr<HostFlag>> create_host_flag() = 0;
+  // Raises `flag` from any thread (raising it again does nothing): work waiting for it runs.
+  virtual absl::Status raise_host_flag(HostFlag& flag) = 0;
+  // Later work on `stream` waits until `flag` is raised; the host does not block. CudaDevice: a
+  // stream wait on a word of mapped pinned memory (cuStreamWaitValue32); where the driver
+  // cannot (no stream memory operations), the host waits here for the flag instead.
+  virtual absl::Status wait_host_flag(Stream& stream, HostFlag& flag) = 0;
 
   // Marks the current end of `stream`'s work; re-recording moves the mark.
   virtual absl::Status record(Event& event, Stream& stream) = 0;

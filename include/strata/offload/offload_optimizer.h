@@ -148,6 +148,9 @@ struct OffloadOptimizerStats {
   uint64_t last_nvme_wait_ns = 0;  // of which waiting for NVMe reads/writes
   uint64_t nvme_bytes_read = 0;
   uint64_t nvme_bytes_written = 0;
+  // Swap bytes the states hold (states on NVMe): both slots of every chunk, each slot the
+  // chunk's master and moments (12 bytes an element), each array rounded up to 1024 elements.
+  uint64_t nvme_state_bytes = 0;
   uint64_t peak_staging_chunks = 0;  // pinned staging chunks held at once by one step
 };
 

@@ -46,6 +46,17 @@
 // function of the sequence of calls, never of timing, so ranks that make the same calls issue
 // the same collectives.
 //
+// Streams. Every collective is ordered on the engine's streams, never waited for by the
+// trainer's thread: a reduce-scatter starts once the work that wrote its gradients on the
+// trainer's stream is done, gathered parameters are ready for work issued on the stream given to
+// acquire_param() (and, after step(), for any later acquire), and the host reads them after
+// synchronizing that stream. NCCL runs on the streams; Gloo's worker waits for them, and its
+// collectives' ends are host flags the streams wait for (Device::wait_host_flag); on a CUDA
+// device Gloo's data crosses through pinned bounce buffers, copied on the streams. The calls that
+// still wait on the host, and why, are listed in docs/zero.md. Create a Gloo communicator with
+// the runtime's device (Communicator::from_environment(&runtime->device())); without it the host
+// waits for each collective's inputs (warned once).
+//
 // Every rank must create the engine with the same parameters and options and make the same
 // acquire_param/release_param/acquire_grad/grad_ready calls in the same order, from one thread
 // (the same model, the same backward): collectives are matched by order. STRATA_COMM_DEBUG=on
@@ -165,13 +176,17 @@ struct ZeroStats {
   uint64_t fetches = 0;            // uses of a group (its first parameter acquired)
   uint64_t gathers_on_demand = 0;  // gathered at its use: not prefetched, not kept
   uint64_t gathers_prefetched = 0;
-  uint64_t prefetch_late = 0;           // used while its prefetched gather was still running
+  // Used while its prefetched gather was still running (Gloo; NCCL does not tell the host: 0).
+  // A statistic of timing: the use then waits on its stream, not on the host.
+  uint64_t prefetch_late = 0;
   uint64_t reuses = 0;                  // used while still gathered from an earlier use
   uint64_t gathers_dropped_unused = 0;  // prefetched, then dropped (order changed, room needed)
   uint64_t order_changes = 0;           // uses that departed from the recorded order
   uint64_t gathered_bytes = 0;          // gathered parameter bytes alive now
   uint64_t gathered_peak_bytes = 0;
-  uint64_t fetch_wait_ns = 0;  // acquire_param() waiting for gathers (exposed communication)
+  // Host time acquire_param() spent fetching: issuing gathers and prefetches, making room, a
+  // shard's NVMe read. The gathers themselves are waited for on the trainer's stream.
+  uint64_t fetch_wait_ns = 0;
   // Stages 2-3, since create(): acquire_grad() waiting for a bucket to come back from its
   // reduce-scatter (exposed communication too).
   uint64_t bucket_wait_ns = 0;
@@ -199,8 +214,9 @@ class ZeroEngine {
   absl::StatusOr<ZeroTensorView> param_view(ZeroParamId id) const;
   // The parameter's elements in `tier`, for work on `stream`, until release_param(). Stages 1–2
   // wrap the store's acquire of its group tensor. Stage 3 gathers the group first (or finds it
-  // gathered or prefetched); its partitioned parameters are read-only (kWrite: InvalidArgument),
-  // since the optimizer owns them. Acquire once, release once, per use.
+  // gathered or prefetched) and returns without waiting for the gather: `stream` does (the host
+  // reads after synchronizing it). Its partitioned parameters are read-only (kWrite:
+  // InvalidArgument), since the optimizer owns them. Acquire once, release once, per use.
   absl::StatusOr<void*> acquire_param(ZeroParamId id, TierKind tier, Stream& stream,
                                       AccessMode mode = AccessMode::kRead);
   absl::Status release_param(ZeroParamId id, Stream& stream);
@@ -220,8 +236,9 @@ class ZeroEngine {
   // After `accumulation_steps` micro-steps: waits for the reduce-scatters, steps this rank's
   // slices (clipping and overflow decided over all ranks) and all-gathers the parameters (stage
   // 3: only the persistent ones; gathered groups are dropped, and the first groups of the order
-  // prefetched for the next step). No parameter may be acquired. On a skipped step (overflow)
-  // the parameters stay as they were.
+  // prefetched for the next step). Returns with the all-gathers ordered on the engine's stream:
+  // later acquires of the parameters wait for them on their streams. No parameter may be
+  // acquired. On a skipped step (overflow) the parameters stay as they were.
   absl::StatusOr<StepResult> step();
   // Drops the gradients of the micro-steps since the last step (every rank must call it).
   absl::Status zero_grad();
