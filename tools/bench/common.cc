@@ -139,19 +139,4 @@ bool is_nvme_path(std::string_view path) {
   return path == kCpuNvme || path == kNvmeCpu || path == kGpuNvme || path == kNvmeGpu;
 }
 
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 }  // namespace strata::bench

@@ -26,9 +26,6 @@ inline constexpr std::string_view kAllPaths[] = {kCpuGpu,  kGpuCpu,  kCpuNvme,
 bool is_gpu_path(std::string_view path);   // touches the GPU tier
 bool is_nvme_path(std::string_view path);  // touches the NVMe tier
 
-// A JSON string literal: quotes, backslashes and control characters escaped.
-std::string json_string(std::string_view text);
-
 struct Options {
   uint64_t bytes = uint64_t{256} << 20;
   uint64_t tensor_bytes = uint64_t{64} << 20;  // the size being measured

@@ -4,16 +4,11 @@
 #include <absl/strings/str_join.h>
 
 #include "bench/gpu_paths.h"
+#include "bench/json.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
 
 namespace strata::bench {
-namespace {
-
-std::string json_number(double v) { return absl::StrFormat("%.3f", v); }
-
-}  // namespace
-
 void print_table(const Report& report, const Device& device, std::ostream& out) {
   const bool simulated = device.backend() == Backend::kHost;
   out << absl::StrFormat("\n%-9s %10s %10s %26s %9s %6s %15s\n", "path", "tensor", "total",
@@ -48,10 +43,10 @@ std::string to_json(const Report& report, const ResolvedConfig& config, const De
         R"({"path": %s, "tensor_bytes": %d, "total_bytes": %d, "repeats": %d, )"
         R"("gbps_median": %s, "gbps_min": %s, "gbps_max": %s, "baseline_gbps": %s, )"
         R"("baseline_bytes": %d, "ratio": %s})",
-        json_string(r.path), r.tensor_bytes, r.total_bytes, r.repeats,
-        json_number(r.runtime.median), json_number(r.runtime.min), json_number(r.runtime.max),
-        has_baseline ? json_number(r.baseline->median) : "null", r.baseline_bytes,
-        has_baseline ? json_number(r.runtime.median / r.baseline->median) : "null"));
+        json_string(r.path), r.tensor_bytes, r.total_bytes, r.repeats, gbps_json(r.runtime.median),
+        gbps_json(r.runtime.min), gbps_json(r.runtime.max),
+        has_baseline ? gbps_json(r.baseline->median) : "null", r.baseline_bytes,
+        has_baseline ? gbps_json(r.runtime.median / r.baseline->median) : "null"));
   }
   std::vector<std::string> paths;
   for (const std::string& path : report.nvme_paths) paths.push_back(json_string(path));
@@ -62,8 +57,8 @@ std::string to_json(const Report& report, const ResolvedConfig& config, const De
       json_string(STRATA_VERSION), json_string(to_string(config.backend)),
       json_string(device.description()), config.gpu_bytes, config.cpu_bytes,
       json_string(to_string(config.io_engine)), json_string(report.engine),
-      json_string(report.engine_reason), config.io_block, config.io_depth,
-      config.verify ? "true" : "false", absl::StrJoin(paths, ", "), absl::StrJoin(results, ", "));
+      json_string(report.engine_reason), config.io_block, config.io_depth, json_bool(config.verify),
+      absl::StrJoin(paths, ", "), absl::StrJoin(results, ", "));
 }
 
 std::string to_csv(const Report& report) {
@@ -74,8 +69,8 @@ std::string to_csv(const Report& report) {
     const bool base = r.baseline.has_value();
     out += absl::StrFormat("%s,%d,%d,%d,%.3f,%.3f,%.3f,%s,%d,%s\n", r.path, r.tensor_bytes,
                            r.total_bytes, r.repeats, r.runtime.median, r.runtime.min, r.runtime.max,
-                           base ? json_number(r.baseline->median) : "", r.baseline_bytes,
-                           base ? json_number(r.runtime.median / r.baseline->median) : "");
+                           base ? gbps_json(r.baseline->median) : "", r.baseline_bytes,
+                           base ? gbps_json(r.runtime.median / r.baseline->median) : "");
   }
   return out;
 }
