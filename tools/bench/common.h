@@ -57,6 +57,12 @@ struct Row {
   Summary runtime;
   std::optional<Summary> baseline;
   uint64_t baseline_bytes = 0;
+  // The link check (bench/link_check.h): the fastest pass of the row's baseline, counting the
+  // extra passes the check ran (link_rechecks) before believing a figure above the link, and the
+  // least noise it allows for: more for an NVMe baseline, which a disk the host caches can beat.
+  double link_gbps = 0;
+  uint64_t link_rechecks = 0;
+  bool nvme_link = false;
 };
 
 // A row for `path` with the options' sizes filled in.
@@ -65,19 +71,26 @@ Row make_row(const Options& options, std::string_view path, const Summary& runti
 using Pass = std::function<absl::Status()>;
 
 // Runs `pass` (which moves `bytes`) once to warm up, then `repeat` timed times. `prepare`, when
-// given, runs untimed before each pass.
+// given, runs untimed before each pass. `settled`, when given, runs untimed after `prepare` and
+// after each pass and fails the measurement when work is still in flight: a pass's time must
+// include all of its work, and no other pass may run beside it.
 absl::StatusOr<Summary> measure(uint64_t bytes, uint64_t repeat, const Pass& pass,
-                                const Pass& prepare = nullptr);
+                                const Pass& prepare = nullptr, const Pass& settled = nullptr);
+
+// One timed run of `pass`, which moves `bytes`: GB/s.
+absl::StatusOr<double> time_pass(uint64_t bytes, const Pass& pass);
 
 // The runtime and its baseline, alternated repetition by repetition in ABBA order (one warm-up
 // each first), so that drift on a shared machine (other tenants, host caches, thermal) hits both
-// alike. `prepare` runs untimed at the start of each repetition.
+// alike. `prepare` runs untimed at the start of each repetition; `settled` as for measure(),
+// after `prepare` and after each runtime pass, so no baseline pass overlaps the runtime's work.
 struct PairedSummary {
   Summary runtime;
   Summary baseline;
 };
 absl::StatusOr<PairedSummary> measure_paired(uint64_t bytes, uint64_t repeat, const Pass& runtime,
-                                             const Pass& baseline, const Pass& prepare = nullptr);
+                                             const Pass& baseline, const Pass& prepare = nullptr,
+                                             const Pass& settled = nullptr);
 
 // Fills `bytes` with data in which every 8-byte word differs from its neighbours, so that a unit
 // written to or read from the wrong place is caught by the comparison, not only lost bytes.

@@ -1,7 +1,8 @@
 // offload-bench's GPU link baseline: the raw copy the cpu-gpu and gpu-cpu paths (and the GPU
 // half of gpu-nvme and nvme-gpu) are compared with, measured in the same run with the same byte
-// count: cudaMemcpyAsync between a plain pinned buffer and a plain device allocation on CUDA,
-// memcpy between two page-aligned host buffers on the host backend.
+// count: copy_async between a plain pinned buffer and a plain device allocation on a stream of
+// the device (cudaMemcpyAsync on CUDA; on the host backend a memcpy on the device's worker
+// thread, the same copy the runtime's host-simulated moves make).
 #pragma once
 
 #include <absl/status/statusor.h>

@@ -3,8 +3,11 @@
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
+#include <algorithm>
+
 #include "bench/gpu_paths.h"
 #include "bench/json.h"
+#include "bench/link_check.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
 
@@ -32,7 +35,9 @@ void print_table(const Report& report, const Device& device, std::ostream& out) 
   }
   for (const std::string& note : report.notes) out << note << "\n";
   out << "Same bytes, same run; GB/s = 1e9 bytes/s; ratio = runtime median / baseline median; "
-         "CPU s/GB counts every thread of the process.\n";
+         "CPU s/GB counts every thread of the process.\n"
+         "Checked: no runtime median above its link (the baseline's fastest pass) + the larger of "
+         "its spread and 25% (200% for a drive); a figure above that fails the run.\n";
 }
 
 std::string to_json(const Report& report, const ResolvedConfig& config, const Device& device) {
@@ -42,11 +47,17 @@ std::string to_json(const Report& report, const ResolvedConfig& config, const De
     results.push_back(absl::StrFormat(
         R"({"path": %s, "tensor_bytes": %d, "total_bytes": %d, "repeats": %d, )"
         R"("gbps_median": %s, "gbps_min": %s, "gbps_max": %s, "baseline_gbps": %s, )"
-        R"("baseline_bytes": %d, "ratio": %s})",
+        R"("baseline_bytes": %d, "ratio": %s, "baseline_gbps_min": %s, "baseline_gbps_max": %s, )"
+        R"("link": %s, "link_gbps": %s, "link_rechecks": %d, "link_limit_gbps": %s})",
         json_string(r.path), r.tensor_bytes, r.total_bytes, r.repeats, gbps_json(r.runtime.median),
         gbps_json(r.runtime.min), gbps_json(r.runtime.max),
         has_baseline ? gbps_json(r.baseline->median) : "null", r.baseline_bytes,
-        has_baseline ? gbps_json(r.runtime.median / r.baseline->median) : "null"));
+        has_baseline ? gbps_json(r.runtime.median / r.baseline->median) : "null",
+        has_baseline ? gbps_json(r.baseline->min) : "null",
+        has_baseline ? gbps_json(r.baseline->max) : "null",
+        has_baseline ? json_string(r.nvme_link ? "nvme" : "gpu") : "null",
+        has_baseline ? gbps_json(std::max(r.link_gbps, r.baseline->max)) : "null", r.link_rechecks,
+        has_baseline ? gbps_json(link_limit_gbps(r)) : "null"));
   }
   std::vector<std::string> paths;
   for (const std::string& path : report.nvme_paths) paths.push_back(json_string(path));
