@@ -47,9 +47,12 @@ cudaMemcpyKind memcpy_kind(CopyKind kind) {
   return cudaMemcpyDefault;
 }
 
-// The CUDA runtime's current device is per thread; every entry point selects ours first.
+// The CUDA runtime's current device is per thread; every entry point selects ours first. The
+// error's text is formatted only on an error: this runs before every copy, event and query.
 absl::Status select(int ordinal) {
-  return cuda_status(cudaSetDevice(ordinal), absl::StrFormat("cudaSetDevice(%d)", ordinal));
+  const cudaError_t error = cudaSetDevice(ordinal);
+  if (error == cudaSuccess) return absl::OkStatus();
+  return cuda_status(error, absl::StrFormat("cudaSetDevice(%d)", ordinal));
 }
 
 class CudaStream final : public Stream {
@@ -193,9 +196,10 @@ class CudaDevice final : public Device {
       }
     }
     if (auto status = select(ordinal_); !status.ok()) return status;
+    const cudaError_t error = cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), s->handle);
+    if (error == cudaSuccess) return absl::OkStatus();  // no text formatted per copy
     return cuda_status(
-        cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), s->handle),
-        absl::StrFormat("cudaMemcpyAsync(%s, %s)", to_string(kind), format_bytes(bytes)));
+        error, absl::StrFormat("cudaMemcpyAsync(%s, %s)", to_string(kind), format_bytes(bytes)));
   }
 
   absl::Status launch_host_callback(Stream& stream,
