@@ -49,6 +49,18 @@ struct Summary {
   double cpu_seconds_per_gb = 0;        // median process CPU time (all threads) per GB moved
 };
 
+// The NVMe paths' use of the store over a row's timed passes: the staging pool (the pinned
+// bounce buffers of NVMe <-> GPU moves, STRATA_STAGING_BYTES) and the reads in flight.
+struct NvmeUse {
+  uint64_t bytes = 0;        // the pool: STRATA_STAGING_BYTES in whole chunks
+  uint64_t chunk_bytes = 0;  // the largest lease
+  uint64_t peak_leases = 0;  // the most held at once in any timed pass
+  uint64_t peak_bytes = 0;   // the most bytes held at once
+  uint64_t waits = 0;        // leases that could not be taken at once, over the timed passes
+  double wait_seconds = 0;
+  uint64_t fetches_in_flight_peak = 0;  // StoreStats: tensors' NVMe reads in flight at once
+};
+
 struct Row {
   std::string path;
   uint64_t tensor_bytes = 0;
@@ -63,6 +75,7 @@ struct Row {
   double link_gbps = 0;
   uint64_t link_rechecks = 0;
   bool nvme_link = false;
+  std::optional<NvmeUse> nvme_use;  // the NVMe paths' rows
 };
 
 // A row for `path` with the options' sizes filled in.

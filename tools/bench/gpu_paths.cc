@@ -18,12 +18,14 @@ struct GpuBaseline::Buffers {
   std::byte* to = nullptr;
 };
 
-GpuBaseline::GpuBaseline(Device& device, uint64_t bytes, std::unique_ptr<Buffers> buffers)
-    : device_(device), bytes_(bytes), buffers_(std::move(buffers)) {}
+GpuBaseline::GpuBaseline(Device& device, uint64_t bytes, uint64_t piece_bytes,
+                         std::unique_ptr<Buffers> buffers)
+    : device_(device), bytes_(bytes), piece_bytes_(piece_bytes), buffers_(std::move(buffers)) {}
 
 GpuBaseline::~GpuBaseline() = default;
 
-absl::StatusOr<std::unique_ptr<GpuBaseline>> GpuBaseline::create(Device& device, uint64_t bytes) {
+absl::StatusOr<std::unique_ptr<GpuBaseline>> GpuBaseline::create(Device& device, uint64_t bytes,
+                                                                 uint64_t piece_bytes) {
   // The same kinds of memory and the same copy the store's moves use (device memory, pinned
   // host memory, copy_async on a stream of the device), on every backend: on the host backend
   // that is a memcpy on the device's worker thread, as the runtime's host-simulated copies are.
@@ -40,7 +42,9 @@ absl::StatusOr<std::unique_ptr<GpuBaseline>> GpuBaseline::create(Device& device,
   buffers->to = static_cast<std::byte*>(buffers->device_memory->data());
   buffers->from = static_cast<std::byte*>(buffers->pinned->data());
   std::memset(buffers->from, 1, bytes);
-  return std::make_unique<GpuBaseline>(device, bytes, std::move(buffers));
+  const uint64_t piece =
+      device.backend() == Backend::kHost ? std::clamp<uint64_t>(piece_bytes, 1, bytes) : bytes;
+  return std::make_unique<GpuBaseline>(device, bytes, piece, std::move(buffers));
 }
 
 absl::Status GpuBaseline::host_to_device() { return copy(true); }
@@ -49,10 +53,15 @@ absl::Status GpuBaseline::device_to_host() { return copy(false); }
 absl::Status GpuBaseline::copy(bool to_device) {
   Buffers& b = *buffers_;
   const CopyKind kind = to_device ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost;
-  if (auto status = device_.copy_async(to_device ? b.to : b.from, to_device ? b.from : b.to, bytes_,
-                                       kind, *b.stream);
-      !status.ok()) {
-    return status;
+  for (uint64_t offset = 0; offset < bytes_; offset += piece_bytes_) {
+    const uint64_t n = std::min(piece_bytes_, bytes_ - offset);
+    std::byte* device_side = b.to + offset;
+    std::byte* host_side = b.from + offset;
+    if (auto status = device_.copy_async(to_device ? device_side : host_side,
+                                         to_device ? host_side : device_side, n, kind, *b.stream);
+        !status.ok()) {
+      return status;
+    }
   }
   return device_.synchronize(*b.stream);
 }
@@ -63,8 +72,9 @@ uint64_t gpu_tier_bytes(uint64_t bytes) {
 
 const char* gpu_baseline_description(const Device& device) {
   return device.backend() == Backend::kHost
-             ? "copy_async between the host device's memory and pinned memory (a memcpy on the "
-               "device's worker thread, as the runtime's copies are)"
+             ? "copy_async between the host device's memory and pinned memory, in pieces of the "
+               "row's tensor size (memcpys on the device's worker thread, as the runtime's "
+               "copies are)"
              : "cudaMemcpyAsync between plain pinned and device buffers";
 }
 

@@ -23,7 +23,12 @@ uint64_t gpu_tier_bytes(uint64_t bytes);
 
 class GpuBaseline {
  public:
-  static absl::StatusOr<std::unique_ptr<GpuBaseline>> create(Device& device, uint64_t bytes);
+  // `piece_bytes` (on the host backend only): the size of each copy. A host memcpy's speed
+  // depends on its size (glibc streams large ones past the cache with non-temporal stores), so
+  // the host-simulated link is measured in the pieces the path moves: its tensors. CUDA's link
+  // is one copy of `bytes`.
+  static absl::StatusOr<std::unique_ptr<GpuBaseline>> create(Device& device, uint64_t bytes,
+                                                             uint64_t piece_bytes);
   ~GpuBaseline();
   GpuBaseline(const GpuBaseline&) = delete;
   GpuBaseline& operator=(const GpuBaseline&) = delete;
@@ -34,13 +39,15 @@ class GpuBaseline {
   uint64_t bytes() const { return bytes_; }
 
   struct Buffers;
-  GpuBaseline(Device& device, uint64_t bytes, std::unique_ptr<Buffers> buffers);
+  GpuBaseline(Device& device, uint64_t bytes, uint64_t piece_bytes,
+              std::unique_ptr<Buffers> buffers);
 
  private:
   absl::Status copy(bool to_device);
 
   Device& device_;
   uint64_t bytes_;
+  uint64_t piece_bytes_;
   std::unique_ptr<Buffers> buffers_;
 };
 
