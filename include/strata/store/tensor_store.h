@@ -111,8 +111,9 @@ struct TensorStoreOptions {
   // (counting every access's tensor, fetched or not) whose bytes are only on NVMe is
   // prefetched, due or not, so the drives keep several tensors' reads in flight instead of
   // draining at each tensor boundary. Bounded by room as every prefetch is (it evicts only
-  // copies needed later). nullopt: the staging pool's size (STRATA_STAGING_BYTES, the pinned
-  // budget for NVMe -> GPU moves in flight); 0: off (only the schedule's leads).
+  // copies needed later). nullopt: half the staging pool (STRATA_STAGING_BYTES, the pinned
+  // budget for NVMe <-> GPU moves in flight; the other half stays for fetches on demand and
+  // write-backs); 0: off (only the schedule's leads).
   std::optional<uint64_t> read_ahead_bytes;
   AccessScheduleOptions schedule;
 };
