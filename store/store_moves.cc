@@ -163,13 +163,24 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::start_move(Tensor& t, Tier
   m->from = from;
   m->to = to;
   m->issue_ns = ns_since(start);
+  m->issued_at = start;
   in_flight.push_back(m);
   completion_work.Signal();
   return m;
 }
 
-absl::Status Impl::wait_for(const InFlight& m) {
-  while (!m.done) wait(&changed, &mu);
+absl::Status Impl::wait_for(InFlight& m) {
+  if (!m.done) {
+    absl::Status status;
+    {
+      MutexUnlock unlock(&mu);
+      status = m.ticket.wait(device);
+    }
+    if (!m.done) {  // the completion worker has not finished it meanwhile: finish it here
+      std::erase_if(in_flight, [&](const std::shared_ptr<InFlight>& p) { return p.get() == &m; });
+      complete(m, status);
+    }
+  }
   return absl::Status(m.status.code(), m.status.message());
 }
 
@@ -183,7 +194,10 @@ void Impl::complete(InFlight& m, const absl::Status& status) {
   m.guard.finish(status.ok());
   if (m.from == TierKind::kNvme) --counters.fetches_in_flight;
   if (status.ok()) {
-    count_move(counters, m.from, m.to, t.bytes, m.issue_ns);
+    // A read from NVMe counts until its bytes are in (its latency, as a waiting host sees it);
+    // other moves the host time spent issuing them.
+    count_move(counters, m.from, m.to, t.bytes,
+               m.from == TierKind::kNvme ? ns_since(m.issued_at) : m.issue_ns);
     m.status = absl::OkStatus();
   } else {
     ++counters.errors;
@@ -259,7 +273,8 @@ void Impl::run_completion_worker() {
       }
     }
     for (size_t i = 0; i < moves.size(); ++i) {
-      if (!results[i].has_value()) continue;
+      // A move a waiter finished itself while the lock was released is done already.
+      if (!results[i].has_value() || moves[i]->done) continue;
       std::erase(in_flight, moves[i]);
       complete(*moves[i], *results[i]);
     }

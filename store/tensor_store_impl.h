@@ -119,6 +119,7 @@ struct TensorStore::Impl {
     uint32_t index = 0;  // the tensor (kept alive by the guard)
     TierKind from = TierKind::kCpu, to = TierKind::kCpu;
     uint64_t issue_ns = 0;  // host time spent issuing it, counted in MoveStats::ns
+    absl::Time issued_at;   // when its issue began (a read's MoveStats::ns runs to its end)
     bool done = false;      // finished: `status` says how (waiters watch `changed`)
     absl::Status status;
   };
@@ -227,8 +228,9 @@ struct TensorStore::Impl {
   // flight, finished by the completion worker.
   absl::StatusOr<std::shared_ptr<InFlight>> start_move(Tensor& t, TierKind from, TierKind to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Waits (on `changed`) until the completion worker has finished `m`; its status.
-  absl::Status wait_for(const InFlight& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits until `m` is finished; its status. The caller waits on the move itself (lock
+  // released) and finishes it unless the completion worker did first: one hand-off less.
+  absl::Status wait_for(InFlight& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void complete(InFlight& m, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void start_completion_worker();
   void stop_completion_worker();

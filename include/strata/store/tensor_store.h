@@ -64,7 +64,7 @@ struct TierUsage {
 struct MoveStats {  // completed moves (counted when seen complete)
   uint64_t bytes = 0;
   uint64_t moves = 0;
-  uint64_t ns = 0;  // host time spent issuing them (and, for NVMe reads, waiting for the reads)
+  uint64_t ns = 0;  // host time spent issuing them; for reads from NVMe, from issue to their end
 };
 
 struct StoreStats {
