@@ -31,9 +31,10 @@ void Impl::stop_workers() {
 
 namespace {
 
-// Accesses a round plans: what the leads make due, and the read-ahead's walk.
+// Accesses a round plans: what the leads make due, and the read-ahead's walk (it runs under the
+// lock at every acquire: a window of many tiny tensors stops at this many accesses).
 constexpr size_t kMaxDue = 64;
-constexpr size_t kMaxReadAhead = 1024;
+constexpr size_t kMaxReadAhead = 256;
 
 }  // namespace
 
