@@ -55,9 +55,12 @@ cudaMemcpyKind memcpy_kind(CopyKind kind) {
   return cudaMemcpyDefault;
 }
 
-// The CUDA runtime's current device is per thread; every entry point selects ours first.
+// The CUDA runtime's current device is per thread; every entry point selects ours first. The
+// error's text is formatted only on an error: this runs before every copy, event and query.
 absl::Status select(int ordinal) {
-  return cuda_status(cudaSetDevice(ordinal), absl::StrFormat("cudaSetDevice(%d)", ordinal));
+  const cudaError_t error = cudaSetDevice(ordinal);
+  if (error == cudaSuccess) return absl::OkStatus();
+  return cuda_status(error, absl::StrFormat("cudaSetDevice(%d)", ordinal));
 }
 
 class CudaStream final : public Stream {
@@ -341,21 +344,19 @@ class CudaDevice final : public Device {
     std::vector<detail::RangeSet::Segment> pieces;
     if (kind != CopyKind::kDeviceToDevice) pieces = registered_->segments(host, bytes);
     if (pieces.size() <= 1) {
+      const cudaError_t error = cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), s->handle);
+      if (error == cudaSuccess) return absl::OkStatus();  // no text formatted per copy
       return cuda_status(
-          cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), s->handle),
-          absl::StrFormat("cudaMemcpyAsync(%s, %s)", to_string(kind), format_bytes(bytes)));
+          error, absl::StrFormat("cudaMemcpyAsync(%s, %s)", to_string(kind), format_bytes(bytes)));
     }
     for (const detail::RangeSet::Segment& piece : pieces) {
       const auto at = static_cast<uint64_t>(piece.data - static_cast<const std::byte*>(host));
-      if (auto status =
-              cuda_status(cudaMemcpyAsync(static_cast<std::byte*>(dst) + at,
-                                          static_cast<const std::byte*>(src) + at, piece.bytes,
-                                          memcpy_kind(kind), s->handle),
-                          absl::StrFormat("cudaMemcpyAsync(%s, %s of %s)", to_string(kind),
-                                          format_bytes(piece.bytes), format_bytes(bytes)));
-          !status.ok()) {
-        return status;
-      }
+      const cudaError_t error =
+          cudaMemcpyAsync(static_cast<std::byte*>(dst) + at, static_cast<const std::byte*>(src) + at,
+                          piece.bytes, memcpy_kind(kind), s->handle);
+      if (error == cudaSuccess) continue;
+      return cuda_status(error, absl::StrFormat("cudaMemcpyAsync(%s, %s of %s)", to_string(kind),
+                                                format_bytes(piece.bytes), format_bytes(bytes)));
     }
     return absl::OkStatus();
   }

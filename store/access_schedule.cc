@@ -267,6 +267,16 @@ std::vector<DueAccess> AccessSchedule::due_in_order(size_t max) const {
   return result;
 }
 
+std::vector<DueAccess> AccessSchedule::upcoming(size_t max) const {
+  const State& s = *state_;
+  std::vector<DueAccess> result;
+  const size_t n = s.trace.size();
+  for (size_t d = 1; d <= n && result.size() < max; ++d) {
+    result.push_back(DueAccess{s.trace[(s.cursor + d - 1) % n], s.position + d - 1, d});
+  }
+  return result;
+}
+
 std::optional<uint64_t> AccessSchedule::next_use(TensorId tensor) const {
   const State& s = *state_;
   const auto it = s.uses.find(tensor);

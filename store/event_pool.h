@@ -29,6 +29,8 @@ class EventPool {
 
   // A pooled event recorded now at the end of `stream`'s work.
   absl::StatusOr<std::shared_ptr<Event>> record(Stream& stream);
+  // A pooled event not recorded yet: its owner records it before anyone waits on it.
+  absl::StatusOr<std::shared_ptr<Event>> take() { return get(); }
   // Events created so far (not reused): stays small when reuse works.
   uint64_t created() const;
 

@@ -28,9 +28,6 @@ absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::create(MemoryTier& cpu
         absl::StrFormat("STRATA_STAGING_BYTES=%s holds no %s chunk; raise it to at least %s",
                         format_bytes(bytes), format_bytes(chunk_bytes), format_bytes(chunk_bytes)));
   }
-  if (chunks > UINT32_MAX) {
-    return absl::InvalidArgumentError("too many staging chunks; use larger chunks");
-  }
   auto block = cpu_tier.allocate(chunks * chunk_bytes);
   if (!block.ok()) {
     return absl::Status(
@@ -46,84 +43,101 @@ absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::create(MemoryTier& cpu
     return status;
   }
   auto address = cpu_tier.address(*block);
-  if (!address.ok()) {
+  auto pieces = Arena::create(chunks * chunk_bytes, PinnedHostMemory::kAlignment);
+  if (!address.ok() || !pieces.ok()) {
     (void)cpu_tier.unpin(*block);
     (void)cpu_tier.free(*block);
-    return address.status();
+    return !address.ok() ? address.status() : pieces.status();
   }
   return std::make_unique<StagingPool>(Key(), cpu_tier, *block, static_cast<std::byte*>(*address),
-                                       chunk_bytes, chunks);
+                                       chunk_bytes, chunks, *std::move(pieces));
 }
 
 StagingPool::StagingPool(Key, MemoryTier& tier, BlockHandle block, std::byte* base,
-                         uint64_t chunk_bytes, uint64_t chunks)
-    : tier_(tier), block_(block), base_(base), chunk_bytes_(chunk_bytes), chunk_count_(chunks) {
+                         uint64_t chunk_bytes, uint64_t chunks, Arena pieces)
+    : tier_(tier),
+      block_(block),
+      base_(base),
+      chunk_bytes_(chunk_bytes),
+      chunk_count_(chunks),
+      pieces_(std::move(pieces)) {
   MutexLock lock(&mu_);
-  free_chunks_.reserve(chunks);
-  for (uint64_t i = chunks; i > 0; --i) free_chunks_.push_back(static_cast<uint32_t>(i - 1));
   stats_.chunk_bytes = chunk_bytes;
   stats_.chunks = chunks;
+  stats_.bytes = chunk_bytes * chunks;
 }
 
 StagingPool::~StagingPool() {
   {
     MutexLock lock(&mu_);
     // Leases must not outlive the pool: their memory goes back to the tier below.
-    while (free_chunks_.size() != chunk_count_) wait(&freed_, &mu_);
+    while (stats_.in_use != 0) wait(&changed_, &mu_);
   }
   (void)tier_.unpin(block_);
   (void)tier_.free(block_);
 }
 
-StagingPool::Lease StagingPool::take_locked() {
-  const uint32_t chunk = free_chunks_.back();
-  free_chunks_.pop_back();
+std::optional<StagingPool::Lease> StagingPool::take_now(uint64_t bytes) {
+  auto piece = pieces_.allocate(bytes);
+  if (!piece.ok()) return std::nullopt;
   ++stats_.leases;
-  stats_.in_use = chunk_count_ - free_chunks_.size();
+  ++stats_.in_use;
+  stats_.in_use_bytes += bytes;
   stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
-  return Lease(this, chunk, base_ + uint64_t{chunk} * chunk_bytes_, chunk_bytes_);
+  stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+  return Lease(this, *piece, base_ + pieces_.offset(*piece), bytes);
 }
 
-StagingPool::Lease StagingPool::acquire() {
+std::optional<StagingPool::Lease> StagingPool::take(uint64_t bytes, bool wait_for_room,
+                                                    std::optional<absl::Time> deadline) {
+  const uint64_t alignment = PinnedHostMemory::kAlignment;
+  const uint64_t size = std::clamp<uint64_t>((bytes + alignment - 1) / alignment * alignment,
+                                             alignment, chunk_bytes_);
   MutexLock lock(&mu_);
-  if (free_chunks_.empty()) {
-    ++stats_.waits;
-    const absl::Time start = absl::Now();
-    while (free_chunks_.empty()) wait(&freed_, &mu_);
-    stats_.wait_ns += static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
+  if (line_.empty()) {
+    if (auto lease = take_now(size)) return lease;
   }
-  return take_locked();
+  if (!wait_for_room) return std::nullopt;
+  ++stats_.waits;
+  const absl::Time start = absl::Now();
+  const uint64_t me = next_waiter_++;
+  line_.push_back(me);
+  std::optional<Lease> lease;
+  for (;;) {
+    // In turn: a chunk-sized request is not overtaken for ever by small ones that fit sooner.
+    if (line_.front() == me && (lease = take_now(size))) break;
+    if (!deadline.has_value()) {
+      wait(&changed_, &mu_);
+      continue;
+    }
+    const absl::Duration left = *deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    wait_with_timeout(&changed_, &mu_, left);
+  }
+  std::erase(line_, me);
+  changed_.SignalAll();  // the next in line may go now
+  stats_.wait_ns += static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
+  return lease;
 }
+
+StagingPool::Lease StagingPool::acquire() { return *take(chunk_bytes_, true, std::nullopt); }
+
+StagingPool::Lease StagingPool::acquire(uint64_t bytes) { return *take(bytes, true, std::nullopt); }
 
 std::optional<StagingPool::Lease> StagingPool::try_acquire() {
-  MutexLock lock(&mu_);
-  if (free_chunks_.empty()) return std::nullopt;
-  return take_locked();
+  return take(chunk_bytes_, false, std::nullopt);
 }
 
 std::optional<StagingPool::Lease> StagingPool::acquire_for(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  MutexLock lock(&mu_);
-  if (free_chunks_.empty()) {
-    ++stats_.waits;
-    const absl::Time start = absl::Now();
-    while (free_chunks_.empty()) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) break;
-      wait_with_timeout(&freed_, &mu_, left);
-    }
-    stats_.wait_ns += static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start));
-    if (free_chunks_.empty()) return std::nullopt;
-  }
-  return take_locked();
+  return take(chunk_bytes_, true, absl::Now() + timeout);
 }
 
-void StagingPool::give_back(uint32_t chunk) {
+void StagingPool::give_back(BlockHandle piece, uint64_t bytes) {
   MutexLock lock(&mu_);
-  free_chunks_.push_back(chunk);
-  stats_.in_use = chunk_count_ - free_chunks_.size();
-  freed_.Signal();
-  if (free_chunks_.size() == chunk_count_) freed_.SignalAll();  // the destructor may wait
+  (void)pieces_.free(piece);
+  --stats_.in_use;
+  stats_.in_use_bytes -= bytes;
+  changed_.SignalAll();  // the first in line may fit now; the destructor may be waiting
 }
 
 StagingStats StagingPool::stats() const {
@@ -131,9 +145,15 @@ StagingStats StagingPool::stats() const {
   return stats_;
 }
 
+void StagingPool::reset_peak() {
+  MutexLock lock(&mu_);
+  stats_.peak_in_use = stats_.in_use;
+  stats_.peak_in_use_bytes = stats_.in_use_bytes;
+}
+
 StagingPool::Lease::Lease(Lease&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
-      chunk_(other.chunk_),
+      piece_(other.piece_),
       data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)) {}
 
@@ -141,7 +161,7 @@ StagingPool::Lease& StagingPool::Lease::operator=(Lease&& other) noexcept {
   if (this != &other) {
     release();
     pool_ = std::exchange(other.pool_, nullptr);
-    chunk_ = other.chunk_;
+    piece_ = other.piece_;
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
   }
@@ -152,7 +172,7 @@ StagingPool::Lease::~Lease() { release(); }
 
 void StagingPool::Lease::release() {
   if (pool_ != nullptr) {
-    pool_->give_back(chunk_);
+    pool_->give_back(piece_, bytes_);
     pool_ = nullptr;
     data_ = nullptr;
     bytes_ = 0;

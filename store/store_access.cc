@@ -32,11 +32,19 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   if (s.queued.erase(k) > 0) {
     std::erase_if(s.prefetch_queue,
                   [&](const auto& q) { return q.first.index == handle.index && q.second == tier; });
+    s.prefetch_limit.erase(k);
     late = true;
   }
   Impl::Copy& c = t.copies[tier_index(tier)];
   const bool was_hit = c.present && c.valid && !c.moving;
-  if (c.prefetching) late = true;  // its prefetch is still in flight: this acquire waits for it
+  // Its prefetch is still being issued, or still landing: this acquire waits for it.
+  if (c.prefetching || (c.moving && c.prefetched)) late = true;
+  // When this acquire will wait for bytes from NVMe (its own read, or its prefetch still
+  // landing), the next accesses' prefetches start first: the drives then never drain between
+  // one tensor and the next. Otherwise they start after its move is issued, so that copies reach
+  // a link in the order they are needed.
+  const bool plan_first = s.options.prefetch && (c.moving || s.only_on_nvme(t, tier));
+  if (plan_first) s.plan_prefetches();
   bool waited = false;
   for (;;) {
     if (auto status = s.make_resident(t, tier, std::nullopt, &waited); !status.ok()) {
@@ -96,7 +104,7 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   void* address = s.address(t, tier);
   s.counters.stall_ns +=
       waited ? static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start)) : 0;
-  if (s.options.prefetch) s.plan_prefetches();
+  if (s.options.prefetch && !plan_first) s.plan_prefetches();
   if (!status.ok()) {
     t.acquired.pop_back();
     --c.pins;
@@ -135,7 +143,7 @@ absl::Status TensorStore::release(TensorHandle handle, Stream& stream) {
   t.acquired.pop_back();
   --c.pins;
   if (mode == AccessMode::kWrite) --c.writers;
-  s.watched.insert(Impl::key(handle.index, tier));
+  s.watched_in(tier).insert(Impl::key(handle.index, tier));
   s.update_pin(t, tier);
   s.changed.SignalAll();
   return absl::OkStatus();
@@ -222,6 +230,13 @@ absl::Status TensorStore::set_access_order(
     accesses.push_back(Access{handle.index, tier});
   }
   s.schedule.set_order(std::move(accesses));
+  // Prefetches planned from the old order and not started are for accesses that may not come.
+  std::erase_if(s.prefetch_queue, [&](const auto& q) {
+    const uint64_t k = Impl::key(q.first.index, q.second);
+    if (s.prefetch_limit.erase(k) == 0) return false;  // an explicit prefetch(): it stays
+    s.queued.erase(k);
+    return true;
+  });
   if (s.options.prefetch) s.plan_prefetches();
   return absl::OkStatus();
 }

@@ -138,8 +138,19 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
     // Evicting below may release the lock; another thread may have placed this copy meanwhile
     // (and be filling it). Overwriting its block would orphan those bytes.
     if (c.present) return absl::OkStatus();
-    reap(tier);
+    // Forgetting finished device work unpins copies, for compaction and eviction. A tier with a
+    // hole that fits needs neither; and reaping costs a device query per copy with work in
+    // flight, which a pass of acquires running ahead of the device would pay at every one.
+    bool reaped = false;
+    if (memory.stats().arena.largest_free < t.bytes) {
+      reap(tier);
+      reaped = true;
+    }
     auto block = memory.allocate(t.bytes, t.placement);
+    if (!block.ok() && absl::IsResourceExhausted(block.status()) && !reaped) {
+      reap(tier);  // the hole was the high reserve's, or compaction needs the unpinned copies
+      block = memory.allocate(t.bytes, t.placement);
+    }
     if (block.ok()) {
       c.present = true;
       c.block = *block;

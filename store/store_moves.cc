@@ -5,6 +5,8 @@
 #include <absl/strings/str_format.h>
 #include <absl/time/clock.h>
 
+#include <algorithm>
+
 #include "strata/base/log.h"
 #include "tensor_store_impl.h"
 
@@ -119,6 +121,12 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::start_move(Tensor& t, Tier
   }
   const uint64_t bytes = t.bytes;
   STRATA_LOG(kDebug, "move '%s' %s -> %s, %d bytes", t.name, to_string(from), to_string(to), bytes);
+  const bool fetch = from == TierKind::kNvme;
+  if (fetch) {
+    ++counters.fetches_in_flight;
+    counters.fetches_in_flight_peak =
+        std::max(counters.fetches_in_flight_peak, counters.fetches_in_flight);
+  }
   const absl::Time start = absl::Now();
   absl::StatusOr<MoveTicket> ticket;
   {
@@ -126,18 +134,21 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::start_move(Tensor& t, Tier
     ticket = mover->move(source, destination, bytes, after);
   }
   if (!ticket.ok()) {
+    if (fetch) --counters.fetches_in_flight;
     guard.finish(false);
     ++counters.errors;
     return in_context(t, from, to, ticket.status());
   }
-  // Arrivals on the GPU are stream-ordered: whoever uses either copy next waits on the event,
-  // so the destination is valid now. A move that ended on the host (an NVMe read) is done.
-  if (to == TierKind::kGpu || (ticket->event == nullptr && ticket->host == nullptr)) {
+  // Arrivals on the GPU from the CPU tier are stream-ordered: whoever uses either copy next waits
+  // on the event, so the destination is valid now. Everything with host I/O in it (NVMe reads
+  // and writes) or ending in host memory is finished by the completion worker.
+  if (ticket->host == nullptr && (to == TierKind::kGpu || ticket->event == nullptr)) {
     if (ticket->event != nullptr) {
       if (from != TierKind::kNvme) add_busy(t, from, ticket->stream, ticket->event);
       add_busy(t, to, ticket->stream, ticket->event);
     }
     guard.finish(true);
+    if (fetch) --counters.fetches_in_flight;
     count_move(counters, from, to, bytes, ns_since(start));
     return nullptr;
   }
@@ -152,21 +163,41 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::start_move(Tensor& t, Tier
   m->from = from;
   m->to = to;
   m->issue_ns = ns_since(start);
+  m->issued_at = start;
   in_flight.push_back(m);
   completion_work.Signal();
   return m;
 }
 
-absl::Status Impl::wait_for(const InFlight& m) {
-  while (!m.done) wait(&changed, &mu);
+absl::Status Impl::wait_for(InFlight& m) {
+  if (!m.done) {
+    absl::Status status;
+    {
+      MutexUnlock unlock(&mu);
+      status = m.ticket.wait(device);
+    }
+    if (!m.done) {  // the completion worker has not finished it meanwhile: finish it here
+      std::erase_if(in_flight, [&](const std::shared_ptr<InFlight>& p) { return p.get() == &m; });
+      complete(m, status);
+    }
+  }
   return absl::Status(m.status.code(), m.status.message());
 }
 
 void Impl::complete(InFlight& m, const absl::Status& status) {
   Tensor& t = *tensors[m.index];  // alive: the guard holds an operation on it
+  // A stream-ordered arrival (NVMe -> GPU: its reads are done, its last copies may still run):
+  // readers wait on its event, and the memory is reused only after it, valid or not.
+  if (status.ok() && m.ticket.stream_ordered && m.ticket.event != nullptr) {
+    add_busy(t, m.to, m.ticket.stream, m.ticket.event);
+  }
   m.guard.finish(status.ok());
+  if (m.from == TierKind::kNvme) --counters.fetches_in_flight;
   if (status.ok()) {
-    count_move(counters, m.from, m.to, t.bytes, m.issue_ns);
+    // A read from NVMe counts until its bytes are in (its latency, as a waiting host sees it);
+    // other moves the host time spent issuing them.
+    count_move(counters, m.from, m.to, t.bytes,
+               m.from == TierKind::kNvme ? ns_since(m.issued_at) : m.issue_ns);
     m.status = absl::OkStatus();
   } else {
     ++counters.errors;
@@ -242,7 +273,8 @@ void Impl::run_completion_worker() {
       }
     }
     for (size_t i = 0; i < moves.size(); ++i) {
-      if (!results[i].has_value()) continue;
+      // A move a waiter finished itself while the lock was released is done already.
+      if (!results[i].has_value() || moves[i]->done) continue;
       std::erase(in_flight, moves[i]);
       complete(*moves[i], *results[i]);
     }

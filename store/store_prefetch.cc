@@ -29,9 +29,51 @@ void Impl::stop_workers() {
   workers.clear();
 }
 
+namespace {
+
+// Accesses a round plans: what the leads make due, and the read-ahead's walk (it runs under the
+// lock at every acquire: a window of many tiny tensors stops at this many accesses).
+constexpr size_t kMaxDue = 64;
+constexpr size_t kMaxReadAhead = 256;
+
+}  // namespace
+
+uint64_t Impl::read_ahead_bytes() const {
+  if (nvme == nullptr) return 0;
+  // Half the staging pool by default: reads ahead of need hold no more than that of it, and the
+  // rest stays for fetches on demand and write-backs through staging (a step evicts as it reads).
+  return options.read_ahead_bytes.value_or(staging->bytes() / 2);
+}
+
+bool Impl::only_on_nvme(const Tensor& t, TierKind tier) const {
+  const Copy& c = t.copies[tier_index(tier)];
+  if ((c.present && c.valid) || c.moving) return false;
+  const std::optional<TierKind> source = newest_copy(t, tier);
+  return source.has_value() && *source == TierKind::kNvme;
+}
+
 void Impl::plan_prefetches() {
   if (!schedule.has_trace()) return;
-  for (const DueAccess& due : schedule.due_in_order(64)) {
+  std::vector<DueAccess> plan = schedule.due_in_order(kMaxDue);
+  // Read-ahead: the upcoming accesses within the window whose bytes must come from NVMe, and
+  // (as due_in_order does) every access before the furthest of them, in need order.
+  if (const uint64_t window = read_ahead_bytes(); window > 0) {
+    std::vector<DueAccess> next = schedule.upcoming(kMaxReadAhead);
+    uint64_t bytes = 0;
+    size_t furthest = 0;
+    for (size_t i = 0; i < next.size(); ++i) {
+      const TensorId id = next[i].access.tensor;
+      if (id >= tensors.size() || !tensors[id]->live) continue;
+      bytes += tensors[id]->bytes;
+      if (bytes > window) break;
+      if (only_on_nvme(*tensors[id], next[i].access.tier)) furthest = i + 1;
+    }
+    if (furthest > plan.size()) {
+      next.resize(furthest);
+      plan = std::move(next);
+    }
+  }
+  for (const DueAccess& due : plan) {
     const TensorId id = due.access.tensor;
     if (id >= tensors.size() || !tensors[id]->live) continue;
     const Tensor& t = *tensors[id];
@@ -75,10 +117,13 @@ void Impl::run_worker() {
                beyond ? absl::StrFormat("%d acquire(s) ahead", *beyond) : "explicit");
     c.prefetching = true;  // an acquire that arrives now is late
     bool waited = false;
-    const absl::Status status = make_resident(t, tier, beyond, &waited);
+    // Not waited for: a fetch from NVMe lands on the completion worker while this worker issues
+    // the next ones, so the reads of several upcoming tensors are in flight at once.
+    const absl::Status status = make_resident(t, tier, beyond, &waited, /*arrive=*/false);
     if (status.ok()) {
       t.copies[tier_index(tier)].prefetching = false;
-      // Awaiting its use; an acquire that waited for it counts the use (and the lateness).
+      // Awaiting its use (or still landing); an acquire that waited for it counts the use (and
+      // the lateness).
       if (c.pins == 0) c.prefetched = true;
     } else {
       t.copies[tier_index(tier)].prefetching = false;

@@ -42,24 +42,23 @@ void Impl::add_busy(Tensor& t, TierKind tier, const Stream* stream, std::shared_
     c.busy.push_back(Busy{stream, std::move(event)});
     counters.busy_peak = std::max<uint64_t>(counters.busy_peak, c.busy.size());
   }
-  watched.insert(key(t.index, tier));
+  watched_in(tier).insert(key(t.index, tier));
   update_pin(t, tier);
 }
 
 // Forgets device work that has finished, so the copies it held become movable again.
 void Impl::reap(TierKind tier) {
-  for (auto it = watched.begin(); it != watched.end();) {
-    const uint64_t k = *it;
-    const auto index = static_cast<uint32_t>(k >> 2);
-    const auto kind = static_cast<TierKind>(k & 3);
+  absl::flat_hash_set<uint64_t>& set = watched_in(tier);
+  for (auto it = set.begin(); it != set.end();) {
+    const auto index = static_cast<uint32_t>(*it >> 2);
     auto next = std::next(it);
-    if (kind == tier && index < tensors.size()) {
+    if (index < tensors.size()) {
       Tensor& t = *tensors[index];
-      Copy& c = t.copies[tier_index(kind)];
+      Copy& c = t.copies[tier_index(tier)];
       prune(c);
       if (c.busy.empty()) {
-        watched.erase(it);
-        update_pin(t, kind);
+        set.erase(it);
+        update_pin(t, tier);
       }
     }
     it = next;
@@ -117,9 +116,9 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::write_back(Tensor& t, Tier
 }
 
 // Makes the copy in `tier` valid. Waits for moves in flight; sets *waited when it had to wait
-// for or perform a move.
+// for or perform a move. With `arrive` false, a move it starts is not waited for.
 absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_t> evict_beyond,
-                                 bool* waited) {
+                                 bool* waited, bool arrive) {
   for (;;) {
     Copy& c = t.copies[tier_index(tier)];
     if (c.moving) {
@@ -161,8 +160,9 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
       drop_copy(t, tier);  // rule 3: the source stays; the half-filled destination goes
       return moved.status();
     }
-    // A move into host memory ends on the completion worker: wait for it here (the caller
-    // needs the bytes). Its failure has dropped the destination already.
+    // A move with host I/O or into host memory ends on the completion worker: wait for it here
+    // (the caller needs the bytes). Its failure has dropped the destination already.
+    if (*moved != nullptr && !arrive) return absl::OkStatus();  // a prefetch: it lands by itself
     if (*moved != nullptr) {
       if (auto status = wait_for(**moved); !status.ok()) return status;
     }

@@ -48,6 +48,8 @@ StoreStats TensorStore::stats() const {
 void TensorStore::reset_peak_usage() {
   impl_->gpu.reset_peak();
   impl_->cpu.reset_peak();
+  MutexLock lock(&impl_->mu);
+  impl_->counters.fetches_in_flight_peak = impl_->counters.fetches_in_flight;
 }
 
 absl::Status TensorStore::reserve_high(TierKind tier, uint64_t bytes) {

@@ -135,7 +135,7 @@ absl::Status TensorStore::destroy(TensorHandle handle) {
     // may still be writing it.
   }
   for (TierKind tier : {TierKind::kGpu, TierKind::kCpu}) {
-    s.watched.erase(Impl::key(handle.index, tier));
+    s.watched_in(tier).erase(Impl::key(handle.index, tier));
     s.dropping.erase(Impl::key(handle.index, tier));
   }
   s.names.erase(t.name);

@@ -119,6 +119,7 @@ struct TensorStore::Impl {
     uint32_t index = 0;  // the tensor (kept alive by the guard)
     TierKind from = TierKind::kCpu, to = TierKind::kCpu;
     uint64_t issue_ns = 0;  // host time spent issuing it, counted in MoveStats::ns
+    absl::Time issued_at;   // when its issue began (a read's MoveStats::ns runs to its end)
     bool done = false;      // finished: `status` says how (waiters watch `changed`)
     absl::Status status;
   };
@@ -148,8 +149,12 @@ struct TensorStore::Impl {
   AccessSchedule schedule ABSL_GUARDED_BY(mu);
   StoreStats counters ABSL_GUARDED_BY(mu);
   uint64_t tick ABSL_GUARDED_BY(mu) = 0;
-  // Copies with busy events, checked when their tier needs room.
-  absl::flat_hash_set<uint64_t> watched ABSL_GUARDED_BY(mu);
+  // Copies with busy events, checked when their tier needs room: per tier (gpu, cpu), so that
+  // room in one tier never walks the other's.
+  std::array<absl::flat_hash_set<uint64_t>, 2> watched ABSL_GUARDED_BY(mu);
+  absl::flat_hash_set<uint64_t>& watched_in(TierKind tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return watched[tier == TierKind::kGpu ? 0 : 1];
+  }
 
   // The completion worker: moves in flight and evicted copies waiting for their device work.
   absl::CondVar completion_work;
@@ -189,8 +194,10 @@ struct TensorStore::Impl {
   void reap(TierKind tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Waits on the host (lock released) for all device work on the copy.
   absl::Status settle(Tensor& t, TierKind tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Makes the copy in `tier` valid, fetching it when needed. With `arrive` false (prefetches) it
+  // returns once a fetch that ends on the completion worker is under way (the copy is moving).
   absl::Status make_resident(Tensor& t, TierKind tier, std::optional<uint64_t> evict_beyond,
-                             bool* waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+                             bool* waited, bool arrive = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Starts writing the copy in `from` back home; the write-back in flight, or null when there
   // was nothing to write.
   absl::StatusOr<std::shared_ptr<InFlight>> write_back(Tensor& t, TierKind from)
@@ -221,8 +228,9 @@ struct TensorStore::Impl {
   // flight, finished by the completion worker.
   absl::StatusOr<std::shared_ptr<InFlight>> start_move(Tensor& t, TierKind from, TierKind to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Waits (on `changed`) until the completion worker has finished `m`; its status.
-  absl::Status wait_for(const InFlight& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits until `m` is finished; its status. The caller waits on the move itself (lock
+  // released) and finishes it unless the completion worker did first: one hand-off less.
+  absl::Status wait_for(InFlight& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void complete(InFlight& m, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void start_completion_worker();
   void stop_completion_worker();
@@ -232,6 +240,9 @@ struct TensorStore::Impl {
   void start_workers();
   void stop_workers();
   void plan_prefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  uint64_t read_ahead_bytes() const;  // TensorStoreOptions::read_ahead_bytes, resolved
+  // The copy in `tier` must be fetched, and the newest bytes are on NVMe only.
+  bool only_on_nvme(const Tensor& t, TierKind tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void run_worker();
 };
 

@@ -14,10 +14,24 @@ void HostCompletion::add_part() {
 }
 
 void HostCompletion::finish_part(const absl::Status& status) {
+  absl::AnyInvocable<absl::Status() &&> last;
+  {
+    MutexLock lock(&mu_);
+    // A private copy: absl::Status shares its message through uninstrumented refcounts.
+    if (!status.ok() && status_.ok()) status_ = absl::Status(status.code(), status.message());
+    if (parts_ > 1 || !last_) {
+      if (--parts_ == 0) done_cv_.SignalAll();
+      return;
+    }
+    last = std::move(last_);
+  }
+  // The last part, with work to run first: outside the lock (it calls into the device), and
+  // with the part still counted, so that nobody sees the completion done before it has run.
+  const absl::Status ran = std::move(last)();
   MutexLock lock(&mu_);
-  // A private copy: absl::Status shares its message through uninstrumented refcounts.
-  if (!status.ok() && status_.ok()) status_ = absl::Status(status.code(), status.message());
-  if (--parts_ == 0) done_cv_.SignalAll();
+  if (!ran.ok() && status_.ok()) status_ = absl::Status(ran.code(), ran.message());
+  parts_ = 0;
+  done_cv_.SignalAll();
 }
 
 bool HostCompletion::done() const {
@@ -32,18 +46,25 @@ absl::Status HostCompletion::wait() const {
 }
 
 absl::StatusOr<bool> MoveTicket::ready(Device& device) const {
+  absl::Status status;
   if (host != nullptr) {
     if (!host->done()) return false;
-    if (auto status = host->wait(); !status.ok()) return status;
+    status = host->wait();
+    if (status.ok() && stream_ordered) return true;
   }
-  if (event != nullptr) return device.query(*event);
+  if (event != nullptr) {
+    auto ended = device.query(*event);
+    if (!ended.ok()) return ended.status();
+    if (!*ended) return false;
+  }
+  if (!status.ok()) return status;
   return true;
 }
 
 absl::Status MoveTicket::wait(Device& device) const {
   absl::Status status;
   if (host != nullptr) status = host->wait();
-  if (event != nullptr) {
+  if (event != nullptr && !(host != nullptr && stream_ordered && status.ok())) {
     if (auto synced = device.synchronize(*event); status.ok()) status = synced;
   }
   return status;
@@ -145,12 +166,9 @@ absl::StatusOr<MoveTicket> TierMover::move(const Place& from, const Place& to, u
   if (a == TierKind::kCpu && b == TierKind::kGpu) return copy(*h2d_, CopyKind::kHostToDevice);
   if (a == TierKind::kGpu && b == TierKind::kCpu) return copy(*d2h_, CopyKind::kDeviceToHost);
   if (a == TierKind::kNvme && b == TierKind::kCpu) {
-    // The host waits: the destination is host memory, read by io_uring, not by a stream.
+    // The host waits for earlier device work on the block: the drives write it, not a stream.
     if (auto status = sync_on(after); !status.ok()) return status;
-    if (auto status = swap_->read_sync(from.extent, to.address, bytes); !status.ok()) {
-      return status;
-    }
-    return MoveTicket{};
+    return nvme_to_cpu(from, to, bytes);
   }
   if (a == TierKind::kCpu && b == TierKind::kNvme) return cpu_to_nvme(from, to, bytes);
   if (a == TierKind::kNvme && b == TierKind::kGpu) {
@@ -176,43 +194,49 @@ absl::StatusOr<MoveTicket> TierMover::cpu_to_nvme(const Place& from, const Place
   return MoveTicket{nullptr, nullptr, std::move(host)};
 }
 
+absl::StatusOr<MoveTicket> TierMover::nvme_to_cpu(const Place& from, const Place& to,
+                                                  uint64_t bytes) {
+  auto host = std::make_shared<HostCompletion>();
+  host->add_part();
+  if (auto status = swap_->read(from.extent, 0, to.address, bytes,
+                                [host](absl::Status read) { host->finish_part(read); });
+      !status.ok()) {
+    return status;  // refused: nothing runs, `done` is not called
+  }
+  host->finish_part(absl::OkStatus());
+  return MoveTicket{nullptr, nullptr, std::move(host)};
+}
+
 absl::StatusOr<MoveTicket> TierMover::nvme_to_gpu(const Place& from, const Place& to,
                                                   uint64_t bytes) {
-  // First error among the reads' callbacks (they run on I/O threads).
-  auto errors = std::make_shared<HostCompletion>();
-  IoWaiter waiter;
+  // The arrival event is taken now and recorded once the last chunk's copy is queued: by the
+  // thread that finishes the move's last part (a read's callback, or this one).
+  auto event = events_.take();
+  if (!event.ok()) return event.status();
+  auto host =
+      std::make_shared<HostCompletion>([this, e = *event]() { return device_.record(*e, *h2d_); });
   auto* dst = static_cast<std::byte*>(to.address);
-  for (uint64_t offset = 0; offset < bytes; offset += staging_->chunk_bytes()) {
+  absl::Status issued;
+  for (uint64_t offset = 0; offset < bytes && issued.ok(); offset += staging_->chunk_bytes()) {
     const uint64_t n = std::min(staging_->chunk_bytes(), bytes - offset);
-    auto lease = std::make_shared<StagingPool::Lease>(staging_->acquire());
-    IoCallback done = waiter.track();
+    auto lease = std::make_shared<StagingPool::Lease>(staging_->acquire(n));
     std::byte* chunk = static_cast<std::byte*>(lease->data());
-    auto status =
+    host->add_part();
+    issued =
         swap_->read(from.extent, offset, chunk, n,
-                    [this, errors, lease, chunk, target = dst + offset, n,
-                     done = std::move(done)](absl::Status read) mutable {
-                      if (read.ok())
+                    [this, host, lease, chunk, target = dst + offset, n](absl::Status read) {
+                      if (read.ok()) {
                         read = device_.copy_async(target, chunk, n, CopyKind::kHostToDevice, *h2d_);
+                      }
                       // The chunk goes back to the pool once its H2D copy has run.
                       if (read.ok()) read = device_.launch_host_callback(*h2d_, [lease] {});
-                      if (!read.ok()) {
-                        errors->add_part();
-                        errors->finish_part(read);
-                      }
-                      std::move(done)(read);
+                      host->finish_part(read);
                     });
-    if (!status.ok()) {
-      errors->add_part();
-      errors->finish_part(status);
-      break;
-    }
+    if (!issued.ok()) host->finish_part(issued);  // this chunk's part: `done` will not run
   }
-  (void)waiter.wait();
-  errors->finish_part(absl::OkStatus());
-  if (auto status = errors->wait(); !status.ok()) return status;
-  auto event = events_.record(*h2d_);
-  if (!event.ok()) return event.status();
-  return MoveTicket{*std::move(event), h2d_.get(), nullptr};
+  // A refused read fails the move when the completion is seen: what was issued still runs.
+  host->finish_part(absl::OkStatus());
+  return MoveTicket{*std::move(event), h2d_.get(), std::move(host), /*stream_ordered=*/true};
 }
 
 absl::StatusOr<MoveTicket> TierMover::gpu_to_nvme(const Place& from, const Place& to,
@@ -222,7 +246,7 @@ absl::StatusOr<MoveTicket> TierMover::gpu_to_nvme(const Place& from, const Place
   absl::Status issued;
   for (uint64_t offset = 0; offset < bytes; offset += staging_->chunk_bytes()) {
     const uint64_t n = std::min(staging_->chunk_bytes(), bytes - offset);
-    auto lease = std::make_shared<StagingPool::Lease>(staging_->acquire());
+    auto lease = std::make_shared<StagingPool::Lease>(staging_->acquire(n));
     std::byte* chunk = static_cast<std::byte*>(lease->data());
     issued = device_.copy_async(chunk, src + offset, n, CopyKind::kDeviceToHost, *d2h_);
     if (!issued.ok()) break;

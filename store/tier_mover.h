@@ -4,10 +4,12 @@
 //
 //   cpu -> gpu   H2D on the h2d stream after `after`; returns at once.
 //   gpu -> cpu   D2H on the d2h stream after `after`; returns at once.
-//   nvme -> cpu  swap read straight into the pinned CPU-tier block; the host waits (an NVMe read).
+//   nvme -> cpu  swap read straight into the pinned CPU-tier block; returns once submitted.
 //   cpu -> nvme  swap write straight from it; returns once submitted.
-//   nvme -> gpu  through staging chunks, pipelined: the read of chunk k+1 overlaps the H2D of k;
-//                the host waits for the reads only.
+//   nvme -> gpu  through staging chunks, pipelined: each chunk's H2D is queued as its read lands
+//                (reads of later chunks overlap it); returns once every read is submitted (it
+//                waits only for free staging). The move is complete for readers when its reads
+//                are: the event recorded after the last chunk's copy orders them.
 //   gpu -> nvme  through staging chunks: D2H of chunk k, then its swap write handed to the
 //                mover's I/O worker (hashing never runs on a stream callback), overlapping the D2H
 //                of k+1; returns once every chunk is issued (it waits only for free staging).
@@ -44,8 +46,11 @@ struct Place {
 // The host side of a move that ends in I/O: done once its last part is.
 class HostCompletion {
  public:
-  // Starts with one part: the issuer's, ended by finish_part() when issuing is over.
-  HostCompletion() = default;
+  // Starts with one part: the issuer's, ended by finish_part() when issuing is over. `last`, if
+  // given, runs on the thread that finishes the last part, before anyone sees the completion
+  // done; its error becomes the completion's (nvme -> gpu records its event there).
+  explicit HostCompletion(absl::AnyInvocable<absl::Status() &&> last = nullptr)
+      : last_(std::move(last)) {}
   void add_part();
   void finish_part(const absl::Status& status);  // keeps the first error
   bool done() const;
@@ -56,13 +61,18 @@ class HostCompletion {
   mutable absl::CondVar done_cv_;
   uint64_t parts_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::AnyInvocable<absl::Status() &&> last_ ABSL_GUARDED_BY(mu_);
 };
 
 struct MoveTicket {
   std::shared_ptr<Event> event;          // end of the move's stream work; null when none
   const Stream* stream = nullptr;        // the stream `event` was recorded on
   std::shared_ptr<HostCompletion> host;  // end of its I/O; null when none
-  // True once the move is complete (an error if it failed), without blocking.
+  // With both: once `host` is done (and succeeded) the move is complete for work ordered after
+  // `event` (an arrival on the GPU); else it is complete when both are.
+  bool stream_ordered = false;
+  // True once the move is complete (an error if it failed), without blocking. A failed move is
+  // reported only once its stream work has ended too, so its memory may be reused at once.
   absl::StatusOr<bool> ready(Device& device) const;
   // Blocks until the move is complete; its error, if any.
   absl::Status wait(Device& device) const;
@@ -114,6 +124,7 @@ class TierMover {
 
   absl::Status wait_on(Stream& stream, const std::vector<std::shared_ptr<Event>>& after);
   absl::Status sync_on(const std::vector<std::shared_ptr<Event>>& after);
+  absl::StatusOr<MoveTicket> nvme_to_cpu(const Place& from, const Place& to, uint64_t bytes);
   absl::StatusOr<MoveTicket> nvme_to_gpu(const Place& from, const Place& to, uint64_t bytes);
   absl::StatusOr<MoveTicket> gpu_to_nvme(const Place& from, const Place& to, uint64_t bytes);
   absl::StatusOr<MoveTicket> cpu_to_nvme(const Place& from, const Place& to, uint64_t bytes);

@@ -354,6 +354,24 @@ TEST_CASE("due_in_order: every access before a due one is due too, in order", "[
   CHECK(schedule.due_in_order(100).back().access == gpu(5));
 }
 
+TEST_CASE("upcoming: the next accesses in order, due or not, one step ahead at most",
+          "[schedule]") {
+  AccessSchedule schedule({.initial_lead = 1});
+  CHECK(schedule.upcoming(8).empty());  // no trace
+  schedule.set_order(gpu_order({1, 2, 3, 4}));
+  acquire_all(schedule, gpu_order({1, 2}));
+  CHECK(due_tensors(schedule) == Tensors{3});  // the lead: one
+  std::vector<TensorId> next;
+  for (const DueAccess& d : schedule.upcoming(100)) next.push_back(d.access.tensor);
+  CHECK(next == Tensors{3, 4, 1, 2});  // wraps into the next step, never past it
+  const std::vector<DueAccess> two = schedule.upcoming(2);
+  REQUIRE(two.size() == 2);
+  CHECK(two[1].access == gpu(4));
+  CHECK(two[1].distance == 2);
+  CHECK(two[1].position == schedule.position() + 1);
+  CHECK(schedule.upcoming(0).empty());
+}
+
 TEST_CASE("Repeated late arrivals make an access due a whole step ahead, then stop growing",
           "[schedule]") {
   // The feedback loop as the store drives it: each step the same access is late until its lead

@@ -32,6 +32,7 @@ struct StoreSetup {
   uint64_t cpu_bytes = 16 * kMiB;
   bool nvme = true;
   uint64_t nvme_bytes = 32 * kMiB;
+  uint64_t staging_bytes = 4 * 128 * kKiB;  // in 128 KiB chunks
   TensorStoreOptions options;
   std::shared_ptr<FaultInjector> faults;
 };
@@ -58,7 +59,7 @@ class Fixture {
       auto space = SwapSpace::create(swap);
       REQUIRE(space.ok());
       swap_ = *std::move(space);
-      auto staging = StagingPool::create(*cpu_, 4 * 128 * kKiB, 128 * kKiB);
+      auto staging = StagingPool::create(*cpu_, setup.staging_bytes, 128 * kKiB);
       REQUIRE(staging.ok());
       staging_ = *std::move(staging);
     }

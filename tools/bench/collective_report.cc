@@ -4,21 +4,10 @@
 
 #include "bench/collective_workload.h"
 #include "bench/common.h"
+#include "bench/json.h"
 #include "strata/base/size.h"
 
 namespace strata::bench {
-namespace {
-
-std::string json_number(double v) { return absl::StrFormat("%.6g", v); }
-
-std::string json_numbers(const std::vector<double>& values) {
-  std::vector<std::string> texts;
-  for (double v : values) texts.push_back(json_number(v));
-  return "[" + absl::StrJoin(texts, ", ") + "]";
-}
-
-}  // namespace
-
 void print_collective_header(const CollectiveReport& report, std::ostream& out) {
   out << absl::StrFormat("\n%d rank(s), %s; time: median of %d samples, slowest rank\n",
                          report.ranks, report.backend, report.repeat);
@@ -47,10 +36,11 @@ std::string collective_json(const CollectiveReport& report) {
         R"({"op": %s, "bytes": %d, "calls_per_sample": %d, "time_s": %s, "algbw_gbps": %s, )"
         R"("busbw_gbps": %s, "baseline_time_s": %s, "baseline_algbw_gbps": %s, )"
         R"("baseline_busbw_gbps": %s, "ratio": %s, "samples_s": %s, "baseline_samples_s": %s})",
-        json_string(r.op), r.bytes, r.calls_per_sample, json_number(r.time_s),
-        json_number(r.algbw_gbps), json_number(r.busbw_gbps), json_number(r.baseline_time_s),
-        json_number(r.baseline_algbw_gbps), json_number(r.baseline_busbw_gbps),
-        json_number(r.ratio), json_numbers(r.samples_s), json_numbers(r.baseline_samples_s)));
+        json_string(r.op), r.bytes, r.calls_per_sample, json_general(r.time_s),
+        json_general(r.algbw_gbps), json_general(r.busbw_gbps), json_general(r.baseline_time_s),
+        json_general(r.baseline_algbw_gbps), json_general(r.baseline_busbw_gbps),
+        json_general(r.ratio), json_general_list(r.samples_s),
+        json_general_list(r.baseline_samples_s)));
   }
   return absl::StrFormat(
       R"({"backend": %s, "ranks": %d, "description": %s, "baseline": %s, "repeat": %d, )"

@@ -55,11 +55,13 @@ class Samples {
   std::vector<double> cpu_per_gb_;
 };
 
-absl::Status run_untimed(const Pass& prepare, const Pass& pass) {
-  if (prepare) {
-    if (absl::Status status = prepare(); !status.ok()) return status;
-  }
-  return pass();
+absl::Status run_if(const Pass& pass) { return pass ? pass() : absl::OkStatus(); }
+
+absl::Status run_untimed(const Pass& prepare, const Pass& pass, const Pass& settled) {
+  if (absl::Status status = run_if(prepare); !status.ok()) return status;
+  if (absl::Status status = run_if(settled); !status.ok()) return status;
+  if (absl::Status status = pass(); !status.ok()) return status;
+  return run_if(settled);
 }
 
 }  // namespace
@@ -78,30 +80,36 @@ Row make_row(const Options& options, std::string_view path, const Summary& runti
   return r;
 }
 
+absl::StatusOr<double> time_pass(uint64_t bytes, const Pass& pass) {
+  Samples samples(bytes);
+  if (absl::Status status = samples.time(pass); !status.ok()) return status;
+  return samples.summary().median;
+}
+
 absl::StatusOr<Summary> measure(uint64_t bytes, uint64_t repeat, const Pass& pass,
-                                const Pass& prepare) {
+                                const Pass& prepare, const Pass& settled) {
   // The warm-up takes first touches, page faults, clock ramp-up and, on NVMe, the conversion of
   // preallocated (unwritten) extents out of the timed passes.
-  if (absl::Status status = run_untimed(prepare, pass); !status.ok()) return status;
+  if (absl::Status status = run_untimed(prepare, pass, settled); !status.ok()) return status;
   Samples samples(bytes);
   for (uint64_t i = 0; i < repeat; ++i) {
-    if (prepare) {
-      if (absl::Status status = prepare(); !status.ok()) return status;
-    }
+    if (absl::Status status = run_if(prepare); !status.ok()) return status;
+    if (absl::Status status = run_if(settled); !status.ok()) return status;
     if (absl::Status status = samples.time(pass); !status.ok()) return status;
+    if (absl::Status status = run_if(settled); !status.ok()) return status;
   }
   return samples.summary();
 }
 
 absl::StatusOr<PairedSummary> measure_paired(uint64_t bytes, uint64_t repeat, const Pass& runtime,
-                                             const Pass& baseline, const Pass& prepare) {
-  if (absl::Status status = run_untimed(prepare, runtime); !status.ok()) return status;
+                                             const Pass& baseline, const Pass& prepare,
+                                             const Pass& settled) {
+  if (absl::Status status = run_untimed(prepare, runtime, settled); !status.ok()) return status;
   if (absl::Status status = baseline(); !status.ok()) return status;
   Samples runtime_samples(bytes), baseline_samples(bytes);
   for (uint64_t i = 0; i < repeat; ++i) {
-    if (prepare) {
-      if (absl::Status status = prepare(); !status.ok()) return status;
-    }
+    if (absl::Status status = run_if(prepare); !status.ok()) return status;
+    if (absl::Status status = run_if(settled); !status.ok()) return status;
     // ABBA order: whichever pass runs first after the untimed gap (prepare) or right after the
     // other's burst of I/O is the runtime in even repetitions and the baseline in odd ones, so
     // devices with write-back caches or rate-limit buckets do not favour one side.
@@ -111,8 +119,14 @@ absl::StatusOr<PairedSummary> measure_paired(uint64_t bytes, uint64_t repeat, co
     if (absl::Status status = first.time(runtime_first ? runtime : baseline); !status.ok()) {
       return status;
     }
+    if (runtime_first) {
+      if (absl::Status status = run_if(settled); !status.ok()) return status;
+    }
     if (absl::Status status = second.time(runtime_first ? baseline : runtime); !status.ok()) {
       return status;
+    }
+    if (!runtime_first) {
+      if (absl::Status status = run_if(settled); !status.ok()) return status;
     }
   }
   return PairedSummary{runtime_samples.summary(), baseline_samples.summary()};
@@ -137,21 +151,6 @@ bool is_gpu_path(std::string_view path) {
 
 bool is_nvme_path(std::string_view path) {
   return path == kCpuNvme || path == kNvmeCpu || path == kGpuNvme || path == kNvmeGpu;
-}
-
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace strata::bench

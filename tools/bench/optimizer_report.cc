@@ -3,32 +3,13 @@
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
+#include "bench/json.h"
 #include "bench/optimizer_baselines.h"
 #include "bench/optimizer_workload.h"
 #include "strata/base/size.h"
 
 namespace strata::bench {
 namespace {
-
-std::string seconds_json(double v) { return absl::StrFormat("%.6f", v); }
-std::string ratio_json(double v) { return absl::StrFormat("%.4f", v); }
-
-std::string json_strings(const std::vector<std::string>& items) {
-  std::vector<std::string> quoted;
-  for (const std::string& item : items) {
-    std::string out = "\"";
-    for (const char c : item) {
-      if (c == '"' || c == '\\') out += '\\';
-      if (static_cast<unsigned char>(c) < 0x20) {
-        out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-      } else {
-        out += c;
-      }
-    }
-    quoted.push_back(out + "\"");
-  }
-  return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
-}
 
 std::string stats_json(const OptimizerStepRun& run) {
   const OffloadOptimizerStats& s = run.stats;
@@ -42,9 +23,7 @@ std::string stats_json(const OptimizerStepRun& run) {
 }
 
 std::string all_seconds_json(const OptimizerStepRun& run) {
-  std::vector<std::string> all;
-  for (double s : run.all_step_seconds) all.push_back(seconds_json(s));
-  return absl::StrCat("[", absl::StrJoin(all, ", "), "]");
+  return seconds_list_json(run.all_step_seconds);
 }
 
 double gbps(double bytes_per_second) { return bytes_per_second / 1e9; }

@@ -8,8 +8,10 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "bench/gpu_paths.h"
+#include "bench/link_check.h"
 #include "bench/raw_io.h"
 #include "strata/base/size.h"
 #include "strata/runtime/runtime.h"
@@ -89,22 +91,91 @@ class StoreBench {
   }
 
   // The timed passes.
-  absl::Status acquire_all(TierKind tier) {
+  // One acquire + release per tensor, then the stream's work. With `in_order`, the pass first
+  // tells the store its order (set_access_order), as a trainer with a recorded trace does: the
+  // store's read-ahead then keeps the next tensors' NVMe reads in flight while one is acquired.
+  // The order is withdrawn at the end, so that nothing is prefetched outside the pass.
+  absl::Status acquire_all(TierKind tier, bool in_order = false) {
+    if (in_order) {
+      std::vector<std::pair<TensorHandle, TierKind>> order;
+      for (const TensorHandle& t : tensors_) order.emplace_back(t, tier);
+      if (absl::Status status = store_.set_access_order(order); !status.ok()) return status;
+    }
+    absl::Status status;
     for (const TensorHandle& t : tensors_) {
       if (auto address = store_.acquire(t, tier, stream_, AccessMode::kRead); !address.ok()) {
-        return address.status();
+        status = address.status();
+        break;
       }
-      if (absl::Status status = store_.release(t, stream_); !status.ok()) return status;
+      if (status = store_.release(t, stream_); !status.ok()) break;
     }
+    if (in_order) {
+      if (absl::Status withdrawn = store_.set_access_order({}); status.ok()) status = withdrawn;
+    }
+    if (!status.ok()) return status;
     return rt_.device().synchronize(stream_);
   }
+  // evict() returns once each write-back is under way (to the CPU tier it does not wait for the
+  // device copy); the pass ends when every copy is gone, i.e. when its bytes are home.
   absl::Status evict_all(TierKind tier) {
     for (const TensorHandle& t : tensors_) {
       if (absl::Status status = store_.evict(t, tier); !status.ok()) return status;
     }
+    for (const TensorHandle& t : tensors_) {
+      if (absl::Status status = store_.wait_evicted(t, tier); !status.ok()) return status;
+    }
     return rt_.device().synchronize(stream_);
   }
   absl::Status flush() { return store_.flush(); }
+
+  // Run after every pass: nothing it started may still be moving. A pass that returns early
+  // would be timed without its work, and that work would share the links with the next pass (a
+  // baseline, perhaps). Also where the NVMe use of the timed passes is counted (untimed): what
+  // happened since the last check, when a runtime pass ran in between (timed(), below).
+  absl::Status settled(std::string_view path) {
+    const StoreStats stats = store_.stats();
+    if (stats.moves_in_flight != 0 || stats.drops_pending != 0) {
+      return absl::InternalError(absl::StrFormat(
+          "%s: a pass returned with %d move(s) in flight and %d evicted copies not yet dropped; "
+          "its time would leave that work out. This is a bench bug; please report it",
+          path, stats.moves_in_flight, stats.drops_pending));
+    }
+    StagingPool* staging = rt_.staging();
+    if (staging == nullptr) return absl::OkStatus();
+    const StagingStats pool = staging->stats();
+    if (timed_ran_) {
+      NvmeUse& use = use_.emplace();  // keeps what earlier passes counted
+      use = use_counted_;
+      use.bytes = pool.bytes;
+      use.chunk_bytes = pool.chunk_bytes;
+      use.peak_leases = std::max(use.peak_leases, pool.peak_in_use);
+      use.peak_bytes = std::max(use.peak_bytes, pool.peak_in_use_bytes);
+      use.waits += pool.waits - waits_before_;
+      use.wait_seconds += static_cast<double>(pool.wait_ns - wait_ns_before_) * 1e-9;
+      use.fetches_in_flight_peak =
+          std::max(use.fetches_in_flight_peak, stats.fetches_in_flight_peak);
+      use_counted_ = use;
+      timed_ran_ = false;
+    }
+    store_.reset_peak_usage();
+    staging->reset_peak();
+    waits_before_ = pool.waits;
+    wait_ns_before_ = pool.wait_ns;
+    return absl::OkStatus();
+  }
+  // `pass` as timed: marks that a runtime pass ran, so that settled() counts its NVMe use.
+  Pass timed(const Pass& pass) {
+    return [this, pass] {
+      timed_ran_ = true;
+      return pass();
+    };
+  }
+  // The NVMe use counted since the last call (nullopt without an NVMe tier).
+  std::optional<NvmeUse> take_use() {
+    std::optional<NvmeUse> use = std::exchange(use_, std::nullopt);
+    use_counted_ = NvmeUse();
+    return use;
+  }
 
   // Every tensor's copy in `tier` holds the last write()'s pattern.
   absl::Status verify(TierKind tier, std::string_view path) {
@@ -149,6 +220,11 @@ class StoreBench {
   std::vector<TensorHandle> tensors_;
   uint64_t seed_ = 0;
   std::vector<std::byte> expected_, landed_;
+  bool timed_ran_ = false;
+  std::optional<NvmeUse> use_;
+  NvmeUse use_counted_;
+  uint64_t waits_before_ = 0;
+  uint64_t wait_ns_before_ = 0;
 };
 
 // A path's runtime pass, its untimed preparation, and up to two baselines (the lower wins).
@@ -160,44 +236,68 @@ struct PathPlan {
   Pass verify = nullptr;
   Pass baseline = nullptr;  // alternated with the runtime (ABBA); may be null
   uint64_t baseline_bytes = 0;
-  Pass second_baseline = nullptr;  // the other link of a two-link path; may be null
+  bool nvme_baseline = false;      // `baseline` is the drive's (else the GPU link's)
+  Pass second_baseline = nullptr;  // the other link of a two-link path (the GPU's); may be null
   uint64_t second_baseline_bytes = 0;
 };
 
-absl::Status run_plan(const Options& o, const PathPlan& plan, std::vector<Row>& rows) {
+absl::Status run_plan(const Options& o, const PathPlan& plan, StoreBench& bench,
+                      std::vector<Row>& rows) {
   if (plan.setup) {
     if (absl::Status status = plan.setup(); !status.ok()) return status;
   }
+  const Pass settled = [&] { return bench.settled(plan.path); };
+  if (absl::Status status = settled(); !status.ok()) return status;
+  (void)bench.take_use();  // from the setup: not this row's
+  const Pass runtime = bench.timed(plan.runtime);
   Row row;
   if (plan.baseline) {
-    auto paired = measure_paired(o.bytes, o.repeat, plan.runtime, plan.baseline, plan.prepare);
+    auto paired = measure_paired(o.bytes, o.repeat, runtime, plan.baseline, plan.prepare, settled);
     if (!paired.ok()) return paired.status();
     row = make_row(o, plan.path, paired->runtime);
     row.baseline = paired->baseline;
     row.baseline_bytes = plan.baseline_bytes;
+    row.nvme_link = plan.nvme_baseline;
   } else {
-    auto summary = measure(o.bytes, o.repeat, plan.runtime, plan.prepare);
+    auto summary = measure(o.bytes, o.repeat, runtime, plan.prepare, settled);
     if (!summary.ok()) return summary.status();
     row = make_row(o, plan.path, *summary);
   }
+  // The warm-up pass counts too (the first of the repetitions the row reports).
+  row.nvme_use = bench.take_use();
   if (absl::Status status = plan.verify(); !status.ok()) return status;
+  const Pass* link = &plan.baseline;
   if (plan.second_baseline) {
     auto other = measure(o.bytes, o.repeat, plan.second_baseline);
     if (!other.ok()) return other.status();
     if (!row.baseline.has_value() || other->median < row.baseline->median) {
       row.baseline = *other;
       row.baseline_bytes = plan.second_baseline_bytes;
+      row.nvme_link = false;
+      link = &plan.second_baseline;
     }
   }
+  // A figure above its link's limit measured nothing: the run fails rather than print it. The
+  // link is measured again first, a few passes, in case every pass so far met a busy moment.
+  if (row.baseline.has_value()) {
+    row.link_gbps = row.baseline->max;
+    while (!check_link(row).ok() && row.link_rechecks < kLinkRechecks) {
+      auto gbps = time_pass(o.bytes, *link);
+      if (!gbps.ok()) return gbps.status();
+      row.link_gbps = std::max(row.link_gbps, *gbps);
+      ++row.link_rechecks;
+    }
+  }
+  if (absl::Status status = check_link(row); !status.ok()) return status;
   rows.push_back(std::move(row));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Runtime>> make_runtime(const Config& config) {
-  RuntimeOptions options;
-  // A bench pass moves what it asks for, when it asks: no background mover competes with it.
-  options.store.prefetch = false;
-  return Runtime::create(config, std::move(options));
+  // The store's defaults, prefetching included: it prefetches only with an order, which only the
+  // passes that read from NVMe give it (and withdraw), so every other pass moves what it asks
+  // for, when it asks.
+  return Runtime::create(config, RuntimeOptions());
 }
 
 // cpu-gpu and gpu-cpu: CPU-homed tensors, no NVMe tier.
@@ -211,7 +311,7 @@ absl::Status run_gpu_group(const Options& o, const Config& base, PathsResult& re
   if (absl::Status status = bench.create(TierKind::kCpu); !status.ok()) return status;
   std::unique_ptr<GpuBaseline> link;
   if (o.baseline) {
-    auto created = GpuBaseline::create(rt.device(), o.bytes);
+    auto created = GpuBaseline::create(rt.device(), o.bytes, o.tensor_bytes);
     if (!created.ok()) return created.status();
     link = *std::move(created);
   }
@@ -225,7 +325,7 @@ absl::Status run_gpu_group(const Options& o, const Config& base, PathsResult& re
                   .verify = [&] { return bench.verify(TierKind::kGpu, kCpuGpu); },
                   .baseline = h2d,
                   .baseline_bytes = o.bytes};
-    if (absl::Status status = run_plan(o, plan, result.rows); !status.ok()) return status;
+    if (absl::Status status = run_plan(o, plan, bench, result.rows); !status.ok()) return status;
   }
   if (o.wants(kGpuCpu)) {
     PathPlan plan{.path = kGpuCpu,
@@ -234,7 +334,7 @@ absl::Status run_gpu_group(const Options& o, const Config& base, PathsResult& re
                   .verify = [&] { return bench.verify(TierKind::kCpu, kGpuCpu); },
                   .baseline = d2h,
                   .baseline_bytes = o.bytes};
-    if (absl::Status status = run_plan(o, plan, result.rows); !status.ok()) return status;
+    if (absl::Status status = run_plan(o, plan, bench, result.rows); !status.ok()) return status;
   }
   return absl::OkStatus();
 }
@@ -292,7 +392,7 @@ absl::Status run_nvme_group(const Options& o, const Config& base,
       return created.status();
     }
     if (gpu) {
-      auto made = GpuBaseline::create(rt.device(), o.bytes);
+      auto made = GpuBaseline::create(rt.device(), o.bytes, o.tensor_bytes);
       if (!made.ok()) return made.status();
       link = *std::move(made);
       result.notes.push_back(
@@ -329,16 +429,18 @@ absl::Status run_nvme_group(const Options& o, const Config& base,
                      .runtime = [&] { return bench.flush(); },
                      .verify = verify_nvme(kCpuNvme),
                      .baseline = raw_write,
-                     .baseline_bytes = raw_bytes});
+                     .baseline_bytes = raw_bytes,
+                     .nvme_baseline = true});
   }
   if (o.wants(kNvmeCpu)) {
     plans.push_back({.path = kNvmeCpu,
                      .setup = on_nvme_only,
                      .prepare = [&] { return bench.evict_all(TierKind::kCpu); },
-                     .runtime = [&] { return bench.acquire_all(TierKind::kCpu); },
+                     .runtime = [&] { return bench.acquire_all(TierKind::kCpu, true); },
                      .verify = [&] { return bench.verify(TierKind::kCpu, kNvmeCpu); },
                      .baseline = raw_read,
-                     .baseline_bytes = raw_bytes});
+                     .baseline_bytes = raw_bytes,
+                     .nvme_baseline = true});
   }
   if (o.wants(kGpuNvme)) {
     plans.push_back({.path = kGpuNvme,
@@ -346,10 +448,17 @@ absl::Status run_nvme_group(const Options& o, const Config& base,
                        if (absl::Status status = cold(); !status.ok()) return status;
                        return bench.write(TierKind::kGpu);
                      },
-                     .runtime = [&] { return bench.evict_all(TierKind::kGpu); },
+                     // Several write-backs at once (flush), as cpu-nvme: one evict() waits for
+                     // its tensor's write, so a loop of them drains the drives at every
+                     // tensor. The evictions after it are clean: no I/O.
+                     .runtime = [&]() -> absl::Status {
+                       if (absl::Status status = bench.flush(); !status.ok()) return status;
+                       return bench.evict_all(TierKind::kGpu);
+                     },
                      .verify = verify_nvme(kGpuNvme),
                      .baseline = raw_write,
                      .baseline_bytes = raw_bytes,
+                     .nvme_baseline = true,
                      .second_baseline = d2h,
                      .second_baseline_bytes = o.bytes});
   }
@@ -357,15 +466,16 @@ absl::Status run_nvme_group(const Options& o, const Config& base,
     plans.push_back({.path = kNvmeGpu,
                      .setup = on_nvme_only,
                      .prepare = cold,
-                     .runtime = [&] { return bench.acquire_all(TierKind::kGpu); },
+                     .runtime = [&] { return bench.acquire_all(TierKind::kGpu, true); },
                      .verify = [&] { return bench.verify(TierKind::kGpu, kNvmeGpu); },
                      .baseline = raw_read,
                      .baseline_bytes = raw_bytes,
+                     .nvme_baseline = true,
                      .second_baseline = h2d,
                      .second_baseline_bytes = o.bytes});
   }
   for (const PathPlan& plan : plans) {
-    if (absl::Status status = run_plan(o, plan, result.rows); !status.ok()) return status;
+    if (absl::Status status = run_plan(o, plan, bench, result.rows); !status.ok()) return status;
   }
   const IoStats io = rt.nvme()->stats().io;
   human << absl::StrFormat(

@@ -4,17 +4,13 @@
 
 #include <algorithm>
 
+#include "bench/json.h"
 #include "bench/train_step.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
 
 namespace strata::bench {
 namespace {
-
-// Seconds and ratios need more digits than the path rows' GB/s: steps last tens of ms and a
-// ratio of 1.02 against 1.10 is the point of the workload.
-std::string seconds_json(double v) { return absl::StrFormat("%.6f", v); }
-std::string ratio_json(double v) { return absl::StrFormat("%.4f", v); }
 
 std::string model_json(const PagingModel& m) {
   return absl::StrFormat(R"({"misses": %d, "fetched_bytes": %d, "written_back_bytes": %d})",
@@ -151,10 +147,10 @@ std::string train_step_json(const TrainStepReport& report) {
       seconds_json(b.transfer_seconds()), ratio_json(b.link_bytes_per_second / 1e9),
       ratio_json(b.h2d_bytes_per_second / 1e9),
       b.nvme_bytes_per_second.has_value() ? ratio_json(*b.nvme_bytes_per_second / 1e9) : "null",
-      o.layers, o.layer_bytes, o.activation_bytes, ratio_json(o.compute_ms),
-      o.optimizer ? "true" : "false", ratio_json(o.optimizer_ms), o.arena_layers, b.arena_bytes,
-      o.home, report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : "null", o.steps,
-      o.sync_each_layer ? "true" : "false", model_json(b.belady), model_json(b.lru), o.activations,
+      o.layers, o.layer_bytes, o.activation_bytes, ratio_json(o.compute_ms), json_bool(o.optimizer),
+      ratio_json(o.optimizer_ms), o.arena_layers, b.arena_bytes, o.home,
+      report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : "null", o.steps,
+      json_bool(o.sync_each_layer), model_json(b.belady), model_json(b.lru), o.activations,
       o.activations == "stash" ? stash_window_bytes(o) : 0,
       o.activations == "stash" ? stash_prefetch_bytes(o) : 0, b.activation_transfer_bytes,
       b.d2h_bytes, absl::StrJoin(runs, ", "));

@@ -3,22 +3,14 @@
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
+#include "bench/json.h"
 #include "bench/zero3_workload.h"
 #include "strata/base/size.h"
 
 namespace strata::bench {
 namespace {
 
-std::string seconds_json(double v) { return absl::StrFormat("%.6f", v); }
-std::string ratio_json(double v) { return absl::StrFormat("%.4f", v); }
 uint64_t whole(double v) { return static_cast<uint64_t>(v + 0.5); }
-const char* bool_json(bool v) { return v ? "true" : "false"; }
-
-std::string list_json(const std::vector<double>& values, int digits = 6) {
-  std::vector<std::string> all;
-  for (double v : values) all.push_back(absl::StrFormat("%.*f", digits, v));
-  return absl::StrCat("[", absl::StrJoin(all, ", "), "]");
-}
 
 std::string bound_json(const Zero3Bound& b) {
   return absl::StrFormat(
@@ -62,8 +54,8 @@ std::string sample_fields(const Zero3Report& report, const Zero3Sample& s) {
       absl::StrFormat(R"("overlap_bound_seconds": %s, "ratio": %s, "bound": %s, )"
                       R"("goal": {"exposed_fraction_max": %s, "applies": %s, "met": %s})",
                       seconds_json(b.seconds), ratio_json(b.seconds > 0 ? s.step / b.seconds : 0),
-                      bound_json(b), ratio_json(kExposedGoal), bool_json(g.applies),
-                      bool_json(g.met)));
+                      bound_json(b), ratio_json(kExposedGoal), json_bool(g.applies),
+                      json_bool(g.met)));
 }
 
 std::string rank_json(const Zero3Report& report, const Zero3RankSummary& r) {
@@ -72,7 +64,7 @@ std::string rank_json(const Zero3Report& report, const Zero3RankSummary& r) {
       R"({"rank": %d, "step_seconds": %s, "all_step_seconds": %s, %s, "model_state_bytes": %d, )"
       R"("model_state_bytes_by_tier": {"gpu": %d, "cpu": %d, "nvme": %d}, )"
       R"("mean_nvme_read_bytes": %.1f})",
-      r.rank, seconds_json(r.median.step), list_json(r.all_step_seconds),
+      r.rank, seconds_json(r.median.step), seconds_list_json(r.all_step_seconds),
       sample_fields(report, r.median), r.model_state_bytes, t[0], t[1], t[2],
       r.mean_nvme_read_bytes);
 }
@@ -80,8 +72,9 @@ std::string rank_json(const Zero3Report& report, const Zero3RankSummary& r) {
 std::string baselines_json(const Zero3Report& r) {
   std::string read = "null";
   if (r.raw_read.has_value()) {
-    read = absl::StrFormat(R"({"bytes": %d, "seconds": %s, "samples": %s})", r.raw_read->bytes,
-                           seconds_json(r.raw_read->seconds), list_json(r.raw_read->samples));
+    read =
+        absl::StrFormat(R"({"bytes": %d, "seconds": %s, "samples": %s})", r.raw_read->bytes,
+                        seconds_json(r.raw_read->seconds), seconds_list_json(r.raw_read->samples));
   }
   return absl::StrFormat(
       R"({"calls_per_sample": %d, "all_gather_seconds": %s, "reduce_scatter_seconds": %s, )"
@@ -89,10 +82,11 @@ std::string baselines_json(const Zero3Report& r) {
       R"("compute_ns_per_element": %s, "compute_elements_per_layer": %d, )"
       R"("compute_samples_ns": %s})",
       r.raw_comm.calls_per_sample, seconds_json(r.raw_comm.all_gather_seconds),
-      seconds_json(r.raw_comm.reduce_scatter_seconds), list_json(r.raw_comm.all_gather_samples),
-      list_json(r.raw_comm.reduce_scatter_samples), read,
-      absl::StrFormat("%.4f", r.compute.ns_per_element), r.compute.elements_per_layer,
-      list_json(r.compute.samples_ns, 4));
+      seconds_json(r.raw_comm.reduce_scatter_seconds),
+      seconds_list_json(r.raw_comm.all_gather_samples),
+      seconds_list_json(r.raw_comm.reduce_scatter_samples), read,
+      json_fixed(r.compute.ns_per_element, 4), r.compute.elements_per_layer,
+      json_fixed_list(r.compute.samples_ns, 4));
 }
 
 std::string ms(double s) { return absl::StrFormat("%.3f ms", s * 1e3); }
@@ -192,7 +186,7 @@ std::string zero3_json(const Zero3Report& r) {
       r.padded_params, r.shard_params, r.gathered_layer_bytes, r.shard_bytes, r.prefetch_bytes,
       r.max_live_bytes, r.reuse_window_bytes, o.steps,
       seconds_json(absl::ToDoubleSeconds(o.layer_compute)), baselines_json(r),
-      seconds_json(r.step_seconds), list_json(r.all_step_seconds), r.slowest_rank,
+      seconds_json(r.step_seconds), seconds_list_json(r.all_step_seconds), r.slowest_rank,
       sample_fields(r, r.median), absl::StrJoin(ranks, ", "));
 }
 

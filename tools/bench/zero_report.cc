@@ -3,38 +3,13 @@
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
+#include "bench/json.h"
 #include "bench/optimizer_workload.h"
 #include "bench/zero_workload.h"
 #include "strata/base/size.h"
 
 namespace strata::bench {
 namespace {
-
-std::string seconds_json(double v) { return absl::StrFormat("%.6f", v); }
-std::string ratio_json(double v) { return absl::StrFormat("%.4f", v); }
-
-std::string seconds_list(const std::vector<double>& values) {
-  std::vector<std::string> all;
-  for (double v : values) all.push_back(seconds_json(v));
-  return absl::StrCat("[", absl::StrJoin(all, ", "), "]");
-}
-
-std::string quoted_list(const std::vector<std::string>& items) {
-  std::vector<std::string> quoted;
-  for (const std::string& item : items) {
-    std::string out = "\"";
-    for (const char c : item) {
-      if (c == '"' || c == '\\') out += '\\';
-      if (static_cast<unsigned char>(c) < 0x20) {
-        out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-      } else {
-        out += c;
-      }
-    }
-    quoted.push_back(out + "\"");
-  }
-  return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
-}
 
 uint64_t whole(double v) { return static_cast<uint64_t>(v + 0.5); }
 
@@ -58,7 +33,7 @@ std::string rank_json(const ZeroRankSummary& r) {
       R"({"rank": %d, "step_seconds": %s, "all_step_seconds": %s, %s, "comm_bytes_per_step": %d, )"
       R"("model_state_bytes": %d, "model_state_bytes_by_tier": {"gpu": %d, "cpu": %d, )"
       R"("nvme": %d}, "bucket_bytes": %d})",
-      r.rank, seconds_json(r.median.step), seconds_list(r.all_step_seconds),
+      r.rank, seconds_json(r.median.step), seconds_list_json(r.all_step_seconds),
       sample_fields(r.median), comm_total(r.median), r.model_state_bytes, r.by_tier[0],
       r.by_tier[1], r.by_tier[2], r.bucket_bytes);
 }
@@ -78,10 +53,10 @@ std::string run_json(const ZeroReport& report, const ZeroRun& run) {
       report.ranks, report.options.stage, report.comm_backend, run.state_home, report.bucket_bytes,
       report.gradient_buckets, report.alignment, report.groups, report.padded_params,
       report.shard_params, seconds_json(run.single.step_seconds), seconds_json(run.ideal_seconds),
-      seconds_json(run.step_seconds), ratio_json(run.ratio()), seconds_list(run.all_step_seconds),
-      run.median_rank, sample_fields(m), comm_total(m), whole(m.engine_comm_bytes),
-      whole(m.comm_bytes[0]), whole(m.comm_bytes[1]), whole(m.comm_bytes[2]),
-      absl::StrJoin(ranks, ", "));
+      seconds_json(run.step_seconds), ratio_json(run.ratio()),
+      seconds_list_json(run.all_step_seconds), run.median_rank, sample_fields(m), comm_total(m),
+      whole(m.engine_comm_bytes), whole(m.comm_bytes[0]), whole(m.comm_bytes[1]),
+      whole(m.comm_bytes[2]), absl::StrJoin(ranks, ", "));
 }
 
 void print_run(const ZeroReport& report, const ZeroRun& run, std::ostream& out) {
@@ -138,7 +113,7 @@ std::string zero_json(const ZeroReport& r) {
     nvme = absl::StrFormat(
         R"(, "nvme": {"paths": %s, "engine": "%s", "step_seconds": %s, "all_step_seconds": %s, )"
         R"("stats": %s, "zero": %s})",
-        quoted_list(r.nvme_paths), r.nvme_engine, seconds_json(r.nvme->single.step_seconds),
+        json_strings(r.nvme_paths), r.nvme_engine, seconds_json(r.nvme->single.step_seconds),
         optimizer_all_seconds_json(r.nvme->single), optimizer_stats_json(r.nvme->single),
         run_json(r, *r.nvme));
   }

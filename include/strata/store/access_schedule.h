@@ -102,6 +102,9 @@ class AccessSchedule {
   // would arrive late behind it however long their own leads grew. Issued in this order, a late
   // arrival's longer lead pulls the accesses before it forward too.
   std::vector<DueAccess> due_in_order(size_t max) const;
+  // The next `max` accesses after the current position, in order, due or not, looking no
+  // further than one full step ahead: what a read-ahead bounded by bytes walks.
+  std::vector<DueAccess> upcoming(size_t max) const;
 
   // Positions from now until `tensor` is next acquired (in any tier), wrapping into the next
   // step: 1 for the next expected access, at most the trace length. nullopt when the trace never

@@ -27,6 +27,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,7 +64,7 @@ struct TierUsage {
 struct MoveStats {  // completed moves (counted when seen complete)
   uint64_t bytes = 0;
   uint64_t moves = 0;
-  uint64_t ns = 0;  // host time spent issuing them (and, for NVMe reads, waiting for the reads)
+  uint64_t ns = 0;  // host time spent issuing them; for reads from NVMe, from issue to their end
 };
 
 struct StoreStats {
@@ -89,6 +90,11 @@ struct StoreStats {
   uint64_t events_created = 0;   // device events made; they are pooled and reused
   uint64_t moves_in_flight = 0;  // issued, not yet seen complete (write-backs, fetches to cpu)
   uint64_t drops_pending = 0;    // evicted copies waiting for their device work to end
+  // Fetches from NVMe (into either tier) issued and not yet complete, now and the most at once:
+  // the drives' queue across tensor boundaries (read-ahead keeps several tensors' reads in
+  // flight while one is acquired).
+  uint64_t fetches_in_flight = 0;
+  uint64_t fetches_in_flight_peak = 0;
   double prefetch_accuracy() const {
     return prefetches_issued == 0
                ? 0
@@ -101,6 +107,14 @@ struct TensorStoreOptions {
   bool prefetch = true;           // scheduler-driven prefetching
   bool belady = true;             // false: evict least recently used even with a trace
   uint32_t prefetch_threads = 2;  // background movers
+  // Read-ahead: with a trace, every upcoming access within this many bytes of the next ones
+  // (counting every access's tensor, fetched or not) whose bytes are only on NVMe is
+  // prefetched, due or not, so the drives keep several tensors' reads in flight instead of
+  // draining at each tensor boundary. Bounded by room as every prefetch is (it evicts only
+  // copies needed later). nullopt: half the staging pool (STRATA_STAGING_BYTES, the pinned
+  // budget for NVMe <-> GPU moves in flight; the other half stays for fetches on demand and
+  // write-backs); 0: off (only the schedule's leads).
+  std::optional<uint64_t> read_ahead_bytes;
   AccessScheduleOptions schedule;
 };
 
@@ -169,7 +183,8 @@ class TensorStore {
   absl::Status set_access_order(const std::vector<std::pair<TensorHandle, TierKind>>& order);
 
   StoreStats stats() const;
-  // Starts new high-water marks: each tier's peak_used becomes its use now.
+  // Starts new high-water marks: each tier's peak_used, and fetches_in_flight_peak, become their
+  // value now.
   void reset_peak_usage();
   // Keeps `bytes` at the top of the gpu or cpu tier's arena for tensors created with
   // Placement::kHigh: other tensors go below while they fit there (MemoryTier::reserve_high;

@@ -1,0 +1,36 @@
+// The JSON pieces every offload-bench workload writes, in one place: strings (escaped), numbers
+// at the precision each kind of figure needs, lists and booleans. Each workload's report builds
+// its document from these, so a fix to the escaping or a format lands once.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace strata::bench {
+
+// A JSON string literal: quotes, backslashes and control characters escaped.
+std::string json_string(std::string_view text);
+// ["a", "b"]: each item a json_string.
+std::string json_strings(const std::vector<std::string>& items);
+
+// A number with `digits` decimals ("%.*f").
+std::string json_fixed(double value, int digits);
+// The precisions the documents use: GB/s of the path rows (3 decimals); seconds (6: steps last
+// tens of ms); ratios and fractions (4: 1.02 against 1.10 is the point of a workload); and
+// figures that span many magnitudes (collective times and rates: 6 significant digits).
+inline std::string gbps_json(double value) { return json_fixed(value, 3); }
+inline std::string seconds_json(double value) { return json_fixed(value, 6); }
+inline std::string ratio_json(double value) { return json_fixed(value, 4); }
+std::string json_general(double value);  // "%.6g"
+
+// [v, ...] with each value at `digits` decimals, or in json_general's form.
+std::string json_fixed_list(const std::vector<double>& values, int digits);
+inline std::string seconds_list_json(const std::vector<double>& values) {
+  return json_fixed_list(values, 6);
+}
+std::string json_general_list(const std::vector<double>& values);
+
+inline const char* json_bool(bool value) { return value ? "true" : "false"; }
+
+}  // namespace strata::bench
