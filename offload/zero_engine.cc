@@ -534,6 +534,7 @@ ZeroMemory ZeroEngine::memory() const {
   {
     MutexLock lock(&s.mu);
     m.gathered = s.counters.gathered_bytes;
+    m.retiring = s.counters.retiring_bytes;
   }
   if (s.options.optimizer.state_home == TierKind::kNvme) {
     // Two swap slots of master and moments (a step writes the one not committed).

@@ -78,10 +78,11 @@ void ZeroEngine::Impl::note_ready(uint32_t group) {
 }
 
 void ZeroEngine::Impl::count_gathered() {
-  const uint64_t bytes = live_bytes + retiring_bytes;
   MutexLock lock(&mu);
-  counters.gathered_bytes = bytes;
-  counters.gathered_peak_bytes = std::max(counters.gathered_peak_bytes, bytes);
+  counters.gathered_bytes = live_bytes;
+  counters.retiring_bytes = retiring_bytes;
+  counters.gathered_peak_bytes =
+      std::max(counters.gathered_peak_bytes, live_bytes + retiring_bytes);
 }
 
 absl::Status ZeroEngine::Impl::drop_gathered(uint32_t group, bool now) {

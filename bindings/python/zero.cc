@@ -357,6 +357,7 @@ py::dict memory_dict(const ZeroMemory& m) {
   d["buckets"] = by_tier(m.buckets);
   d["model_states"] = m.model_states();
   d["gathered"] = m.gathered;
+  d["retiring"] = m.retiring;
   return d;
 }
 
@@ -379,6 +380,7 @@ py::dict stats_dict(const ZeroStats& s) {
   d["gathers_dropped_unused"] = s.gathers_dropped_unused;
   d["order_changes"] = s.order_changes;
   d["gathered_bytes"] = s.gathered_bytes;
+  d["retiring_bytes"] = s.retiring_bytes;
   d["gathered_peak_bytes"] = s.gathered_peak_bytes;
   d["fetch_wait_ns"] = s.fetch_wait_ns;
   d["bucket_wait_ns"] = s.bucket_wait_ns;

@@ -190,8 +190,8 @@ def test_zero_engine_accounting(runtime, comm):
         "padded_elements"]
     memory = engine.memory()
     assert set(memory) == {"params", "grads", "optimizer_states", "buckets", "model_states",
-                           "gathered"}
-    assert memory["gathered"] == 0  # stage 3 only
+                           "gathered", "retiring"}
+    assert memory["gathered"] == 0 and memory["retiring"] == 0  # stage 3 only
     assert set(memory["params"]) == {"gpu", "cpu", "nvme"}
     assert memory["params"]["cpu"] >= 4 * layout["padded_elements"]
     assert memory["params"]["gpu"] == 0
@@ -330,7 +330,7 @@ def test_zero_stage3_gathers_parameters(runtime, comm, param_home):
     assert 0 < stats["gathered_peak_bytes"] <= 3 * 64
     assert stats["order_changes"] == first["order_changes"]
     for key in ("gathers_on_demand", "prefetch_late", "reuses", "gathers_dropped_unused",
-                "gathered_bytes", "fetch_wait_ns"):
+                "gathered_bytes", "retiring_bytes", "fetch_wait_ns"):
         assert key in stats
     # An order given up front (backward only); the next step departs from it and realigns.
     engine.set_fetch_order(["scale", 1, "layer.weight"])
