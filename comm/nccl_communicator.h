@@ -1,7 +1,8 @@
 // The NCCL backend: CUDA buffers, ordered on the caller's stream without a host wait. Built where
-// CMake finds CUDA and NCCL (STRATA_HAVE_NCCL); the only strata file that includes nccl.h is its
-// .cc. A watchdog thread turns an operation that does not finish within STRATA_COMM_TIMEOUT, or
-// an asynchronous NCCL error, into ncclCommAbort and the job monitor's cross-rank error.
+// CMake finds CUDA and NCCL (STRATA_HAVE_NCCL); its .cc and nccl_support.{h,cc} are the only
+// strata files that include nccl.h, and this header keeps it out of everyone else's. A watchdog
+// thread turns an operation that does not finish within STRATA_COMM_TIMEOUT, or an asynchronous
+// NCCL error, into ncclCommAbort and the job monitor's cross-rank error.
 #pragma once
 
 #include <absl/status/statusor.h>

@@ -41,6 +41,8 @@ bool device_settings_valid(const Config& c) {
 
 }  // namespace
 
+// The whole tier once per ring: what is registered once the tier has filled (lazily, as it
+// fills; see config.h).
 uint64_t io_uring_registered_bytes(const ResolvedConfig& c) {
   if (c.io_engine != IoEngineKind::kIoUring || c.nvme_paths.empty()) return 0;
   return saturating_product(c.cpu_bytes, c.nvme_paths.size());
@@ -141,8 +143,9 @@ absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& 
     return setting.is_percent ? cat(setting.to_string(), " of ", of) : std::string();
   };
 
-  // GPU arena: on cuda out of the chosen device's free memory, divided among the local ranks
-  // that share it; on host it is ordinary host memory, out of this rank's share of RAM.
+  // GPU arena: on cuda out of the chosen device's total memory divided among the local ranks
+  // that share it, at most its free memory; on host it is ordinary host memory, out of this
+  // rank's share of RAM.
   const SizeSetting gpu_setting = config.gpu_bytes.value_or(
       cuda ? SizeSetting::of_percent(80) : SizeSetting::of_bytes(uint64_t{1} << 30));
   if (device_known) {
@@ -304,7 +307,10 @@ absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& 
     }
   }
   // RLIMIT_MEMLOCK bounds what io_uring can register; the kernel charges it to the user, so
-  // the local ranks of a node (one user) add up. Registration failing only costs CPU.
+  // the local ranks of a node (one user) add up. Registration is lazy (piece by piece as the
+  // tier fills), so this compares the most that will be registered, once the tiers have filled:
+  // the limit may be reached late in training, not at start. Registration failing only costs
+  // CPU.
   if (const uint64_t registered = io_uring_registered_bytes(r);
       registered > 0 && !memlock_allows(machine, io_uring_registered_bytes_per_user(r))) {
     const size_t paths = r.nvme_paths.size();

@@ -1,6 +1,8 @@
+// The host device: memory, host registrations, copies (cut at the edges of registrations, as
+// CudaDevice cuts them, and throttled per link), events and host flags, all issued on the
+// streams of host_streams.h; and the test hooks that reach into it.
 #include "strata/device/host_device.h"
 
-#include <absl/container/btree_map.h>
 #include <absl/container/btree_set.h>
 #include <absl/strings/str_format.h>
 #include <absl/time/clock.h>
@@ -8,108 +10,22 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <thread>
 #include <vector>
 
 #include "host_ranges.h"
+#include "host_streams.h"
 #include "strata/base/mutex.h"
 #include "strata/base/size.h"
 
 namespace strata {
 namespace {
 
-using Op = absl::AnyInvocable<void() &&>;
+using detail::DeviceGate;
+using detail::HostDeviceState;
+using detail::HostStream;
 using detail::Link;
 using detail::RangeSet;
-
-}  // namespace
-
-// A gate's state, shared by the gate and the work it holds.
-struct StreamGate::State {
-  mutable absl::Mutex mu;
-  mutable absl::CondVar changed;
-  bool open ABSL_GUARDED_BY(mu) = false;
-  uint64_t held ABSL_GUARDED_BY(mu) = 0;
-
-  bool is_open() const {
-    MutexLock lock(&mu);
-    return open;
-  }
-  // Runs on a stream's worker: waits until the gate opens.
-  void pass() {
-    MutexLock lock(&mu);
-    if (open) return;
-    ++held;
-    changed.SignalAll();
-    while (!open) wait(&changed, &mu);
-    --held;
-  }
-};
-
-namespace {
-
-class StreamQueue;
-
-// A device-wide gate and the queues it does not hold.
-struct DeviceGate {
-  std::shared_ptr<StreamGate::State> state;
-  std::vector<const StreamQueue*> exempt;
-};
-
-// State shared by the device and everything it made, so late work never touches a dead device.
-struct Shared {
-  explicit Shared(const HostDeviceOptions& o)
-      : options(o),
-        h2d(o.h2d_bytes_per_second),
-        d2h(o.d2h_bytes_per_second),
-        d2d(o.d2d_bytes_per_second) {}
-  const HostDeviceOptions options;
-  RangeSet device_memory;
-  RangeSet registered_host;
-  Link h2d, d2h, d2d;
-
-  // The closed device-wide gates that hold work issued on `queue` now.
-  std::vector<std::shared_ptr<StreamGate::State>> device_gates_for(const StreamQueue* queue) {
-    MutexLock lock(&mu);
-    std::erase_if(gates, [](const DeviceGate& g) { return g.state->is_open(); });
-    std::vector<std::shared_ptr<StreamGate::State>> closed;
-    for (const DeviceGate& g : gates) {
-      if (std::find(g.exempt.begin(), g.exempt.end(), queue) == g.exempt.end()) {
-        closed.push_back(g.state);
-      }
-    }
-    return closed;
-  }
-  void add_gate(DeviceGate gate) {
-    MutexLock lock(&mu);
-    gates.push_back(std::move(gate));
-  }
-
-  // Host streams' native handles: ids from 16 up, so they never read as DLPack's special stream
-  // values (-1, 0, 1, 2) or as null.
-  uint64_t add_queue(const std::shared_ptr<StreamQueue>& queue) {
-    MutexLock lock(&mu);
-    const uint64_t id = next_stream_id++;
-    queues.emplace(id, queue);
-    return id;
-  }
-  void remove_queue(uint64_t id) {
-    MutexLock lock(&mu);
-    queues.erase(id);
-  }
-  std::shared_ptr<StreamQueue> find_queue(uint64_t id) {
-    MutexLock lock(&mu);
-    auto it = queues.find(id);
-    return it == queues.end() ? nullptr : it->second.lock();
-  }
-
- private:
-  absl::Mutex mu;
-  std::vector<DeviceGate> gates ABSL_GUARDED_BY(mu);
-  uint64_t next_stream_id ABSL_GUARDED_BY(mu) = 16;
-  absl::btree_map<uint64_t, std::weak_ptr<StreamQueue>> queues ABSL_GUARDED_BY(mu);
-};
+using detail::StreamQueue;
 
 struct EventState {
   absl::Mutex mu;
@@ -137,103 +53,17 @@ struct FlagState {
 
 class HostFlagImpl final : public HostFlag {
  public:
-  explicit HostFlagImpl(std::shared_ptr<const Shared> shared) : owner(std::move(shared)) {}
+  explicit HostFlagImpl(std::shared_ptr<const HostDeviceState> shared) : owner(std::move(shared)) {}
   ~HostFlagImpl() override { state->raise(); }
-  const std::shared_ptr<const Shared> owner;
+  const std::shared_ptr<const HostDeviceState> owner;
   const std::shared_ptr<FlagState> state = std::make_shared<FlagState>();
 };
 
 class HostEvent final : public Event {
  public:
-  explicit HostEvent(std::shared_ptr<const Shared> shared) : owner(std::move(shared)) {}
-  const std::shared_ptr<const Shared> owner;
+  explicit HostEvent(std::shared_ptr<const HostDeviceState> shared) : owner(std::move(shared)) {}
+  const std::shared_ptr<const HostDeviceState> owner;
   const std::shared_ptr<EventState> state = std::make_shared<EventState>();
-};
-
-// A FIFO of work executed by one worker thread, like a CUDA stream.
-class StreamQueue {
- public:
-  explicit StreamQueue(std::shared_ptr<Shared> shared)
-      : owner(std::move(shared)), worker_([this] { run(); }) {}
-  ~StreamQueue() {
-    {
-      MutexLock lock(&mu_);
-      stopping_ = true;
-      work_.SignalAll();
-    }
-    worker_.join();  // drains the queue first, as cudaStreamDestroy lets queued work finish
-    if (id != 0) owner->remove_queue(id);
-  }
-
-  void enqueue(Op op) {
-    // Closed gates hold this work: it passes each of them before it runs.
-    std::vector<std::shared_ptr<StreamGate::State>> gates = owner->device_gates_for(this);
-    MutexLock lock(&mu_);
-    std::erase_if(gates_, [](const auto& g) { return g->is_open(); });
-    gates.insert(gates.end(), gates_.begin(), gates_.end());
-    if (!gates.empty()) {
-      op = [gates = std::move(gates), op = std::move(op)]() mutable {
-        for (const auto& gate : gates) gate->pass();
-        std::move(op)();
-      };
-    }
-    queue_.push_back(std::move(op));
-    ++submitted_;
-    work_.Signal();
-  }
-
-  void add_gate(std::shared_ptr<StreamGate::State> gate) {
-    MutexLock lock(&mu_);
-    gates_.push_back(std::move(gate));
-  }
-
-  void drain() {
-    MutexLock lock(&mu_);
-    const uint64_t target = submitted_;
-    while (completed_ < target) wait(&idle_, &mu_);
-  }
-
-  const std::shared_ptr<Shared> owner;  // keeps the links alive for queued copies
-  uint64_t id = 0;                      // the native handle; set once, by create_stream
-
- private:
-  void run() {
-    for (;;) {
-      Op op;
-      {
-        MutexLock lock(&mu_);
-        while (queue_.empty() && !stopping_) wait(&work_, &mu_);
-        if (queue_.empty()) return;
-        op = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::move(op)();
-      MutexLock lock(&mu_);
-      ++completed_;
-      idle_.SignalAll();
-    }
-  }
-
-  absl::Mutex mu_;
-  absl::CondVar work_;
-  absl::CondVar idle_;
-  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<StreamGate::State>> gates_ ABSL_GUARDED_BY(mu_);
-  uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread worker_;  // last: starts after every member it uses exists
-};
-
-// A Stream of the host device: a handle on a queue. The stream create_stream returns and every
-// wrapper wrap_external_stream makes for it share the queue; the queue lives while any does.
-class HostStream final : public Stream {
- public:
-  explicit HostStream(std::shared_ptr<StreamQueue> q) : owner(q->owner), queue(std::move(q)) {}
-  void enqueue(Op op) { queue->enqueue(std::move(op)); }
-  void drain() { queue->drain(); }
-  const std::shared_ptr<Shared> owner;
-  const std::shared_ptr<StreamQueue> queue;
 };
 
 struct FreeDeleter {
@@ -242,31 +72,31 @@ struct FreeDeleter {
 
 class HostDeviceMemory final : public DeviceMemory {
  public:
-  HostDeviceMemory(std::shared_ptr<Shared> shared, std::unique_ptr<void, FreeDeleter> memory,
-                   uint64_t bytes)
+  HostDeviceMemory(std::shared_ptr<HostDeviceState> shared,
+                   std::unique_ptr<void, FreeDeleter> memory, uint64_t bytes)
       : DeviceMemory(memory.get(), bytes), shared_(std::move(shared)), memory_(std::move(memory)) {}
   ~HostDeviceMemory() override { shared_->device_memory.remove(data()); }
 
  private:
-  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<HostDeviceState> shared_;
   std::unique_ptr<void, FreeDeleter> memory_;
 };
 
 class HostRangeRegistration final : public HostRegistration {
  public:
-  HostRangeRegistration(std::shared_ptr<Shared> shared, const void* data)
+  HostRangeRegistration(std::shared_ptr<HostDeviceState> shared, const void* data)
       : shared_(std::move(shared)), data_(data) {}
   ~HostRangeRegistration() override { shared_->registered_host.remove(data_); }
 
  private:
-  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<HostDeviceState> shared_;
   const void* data_;
 };
 
 class HostDevice final : public Device {
  public:
   explicit HostDevice(const HostDeviceOptions& options)
-      : shared_(std::make_shared<Shared>(options)) {}
+      : shared_(std::make_shared<HostDeviceState>(options)) {}
 
   Backend backend() const override { return Backend::kHost; }
 
@@ -506,7 +336,7 @@ class HostDevice final : public Device {
     if (host_stream == nullptr) return foreign("stream");
     return std::pair{host_event, host_stream};
   }
-  const std::shared_ptr<Shared>& shared() const { return shared_; }
+  const std::shared_ptr<HostDeviceState>& shared() const { return shared_; }
 
  private:
   static absl::Status foreign(std::string_view what) {
@@ -530,7 +360,7 @@ class HostDevice final : public Device {
     return absl::OkStatus();
   }
 
-  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<HostDeviceState> shared_;
 };
 
 absl::StatusOr<HostDevice*> host_device_of(Device& device, std::string_view what) {
@@ -543,28 +373,6 @@ absl::StatusOr<HostDevice*> host_device_of(Device& device, std::string_view what
 }
 
 }  // namespace
-
-StreamGate::StreamGate(std::shared_ptr<State> state) : state_(std::move(state)) {}
-
-StreamGate::~StreamGate() { open(); }
-
-void StreamGate::open() {
-  MutexLock lock(&state_->mu);
-  state_->open = true;
-  state_->changed.SignalAll();
-}
-
-bool StreamGate::is_open() const { return state_->is_open(); }
-
-uint64_t StreamGate::held() const {
-  MutexLock lock(&state_->mu);
-  return state_->held;
-}
-
-void StreamGate::wait_until_held(uint64_t count) const {
-  MutexLock lock(&state_->mu);
-  while (!state_->open && state_->held < count) wait(&state_->changed, &state_->mu);
-}
 
 absl::StatusOr<std::unique_ptr<StreamGate>> hold_stream(Device& device, Stream& stream) {
   auto host = host_device_of(device, "hold_stream");

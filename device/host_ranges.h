@@ -1,6 +1,7 @@
 // The devices' bookkeeping of memory and links: which address ranges a device knows (its
 // allocations and registered host ranges) and the simulated bandwidth of one copy direction.
-// Private to device/: host_device.cc uses both, cuda_device.cc the RangeSet of registrations.
+// Private to device/: the host device (host_streams.h) uses both, cuda_device.cc the RangeSet of
+// registrations.
 #pragma once
 
 #include <absl/container/btree_map.h>

@@ -71,52 +71,54 @@ std::shared_ptr<HostBuffer> copy_of(const HostArray& data) {
   return result;
 }
 
-py::object all_reduce(PyCommunicator& c, const py::handle& input, const std::string& op_text) {
-  if (c.comm->backend() != CommBackendKind::kGloo) {
-    raise(absl::StatusCode::kFailedPrecondition,
-          "all_reduce: arrays here are host memory, which only the Gloo backend reduces; this "
-          "communicator is " +
-              std::string(to_string(c.comm->backend())) +
-              " (STRATA_COMM_BACKEND=gloo, or a Communicator without a CUDA runtime)");
-  }
-  const ReduceOp op = parse_op(op_text);
-  const HostArray data(input, "all_reduce: array");
+// Arrays here are host memory, which only the Gloo backend reduces and moves.
+void require_gloo(const PyCommunicator& c, const std::string& op) {
+  if (c.comm->backend() == CommBackendKind::kGloo) return;
+  raise(absl::StatusCode::kFailedPrecondition,
+        op + ": arrays here are host memory, which only the Gloo backend reduces and moves; this " +
+            "communicator is " + std::string(to_string(c.comm->backend())) +
+            " (STRATA_COMM_BACKEND=gloo, or a Communicator without a CUDA runtime)");
+}
+
+// A collective's outcome once it has finished on the host.
+absl::Status finished(absl::StatusOr<std::unique_ptr<CollectiveWork>> work) {
+  if (!work.ok()) return work.status();
+  return (*work)->synchronize();
+}
+
+// Runs `collective(buffer, count, type)` in place on a copy of `data`, without the GIL, waits
+// for it, and returns the copy: a new array of the input's shape and dtype.
+template <typename Collective>
+py::object on_copy(const HostArray& data, Collective collective) {
   const DataType type = data_type(data);
   std::shared_ptr<HostBuffer> result = copy_of(data);
   void* buffer = result->data();
   const uint64_t count = data.count();
-  unlocked_check([&]() -> absl::Status {
-    auto work = c.comm->all_reduce(buffer, buffer, count, type, op);
-    if (!work.ok()) return work.status();
-    return (*work)->synchronize();
-  });
+  unlocked_check([&] { return finished(collective(buffer, count, type)); });
   return to_python(std::move(result));
+}
+
+py::object all_reduce(PyCommunicator& c, const py::handle& input, const std::string& op_text) {
+  require_gloo(c, "all_reduce");
+  const ReduceOp op = parse_op(op_text);
+  return on_copy(HostArray(input, "all_reduce: array"),
+                 [&](void* buffer, uint64_t count, DataType type) {
+                   return c.comm->all_reduce(buffer, buffer, count, type, op);
+                 });
 }
 
 // root's `array` on every rank: a new array of the same shape and dtype.
 py::object broadcast(PyCommunicator& c, const py::handle& input, int root) {
-  if (c.comm->backend() != CommBackendKind::kGloo) {
-    raise(absl::StatusCode::kFailedPrecondition,
-          "broadcast: arrays here are host memory, which only the Gloo backend moves; this "
-          "communicator is " +
-              std::string(to_string(c.comm->backend())));
-  }
+  require_gloo(c, "broadcast");
   if (root < 0 || root >= c.comm->size()) {
     raise(absl::StatusCode::kInvalidArgument, "broadcast: root " + std::to_string(root) +
                                                   " is not a rank of this job (0.." +
                                                   std::to_string(c.comm->size() - 1) + ")");
   }
-  const HostArray data(input, "broadcast: array");
-  const DataType type = data_type(data);
-  std::shared_ptr<HostBuffer> result = copy_of(data);
-  void* buffer = result->data();
-  const uint64_t count = data.count();
-  unlocked_check([&]() -> absl::Status {
-    auto work = c.comm->broadcast(buffer, count, type, root);
-    if (!work.ok()) return work.status();
-    return (*work)->synchronize();
-  });
-  return to_python(std::move(result));
+  return on_copy(HostArray(input, "broadcast: array"),
+                 [&](void* buffer, uint64_t count, DataType type) {
+                   return c.comm->broadcast(buffer, count, type, root);
+                 });
 }
 
 py::dict comm_stats(const CommStats& s) {
@@ -165,13 +167,7 @@ comm_backend="gloo", comm_debug=True); None unsets.)doc")
            "rank; Gloo only. Every rank calls it with the same shape and dtype.")
       .def(
           "barrier",
-          [](PyCommunicator& c) {
-            unlocked_check([&]() -> absl::Status {
-              auto work = c.comm->barrier();
-              if (!work.ok()) return work.status();
-              return (*work)->synchronize();
-            });
-          },
+          [](PyCommunicator& c) { unlocked_check([&] { return finished(c.comm->barrier()); }); },
           "Returns once every rank has called it.")
       .def("__repr__",
            [](PyCommunicator& c) { return "strata.Communicator(" + c.comm->description() + ")"; });

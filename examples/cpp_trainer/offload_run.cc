@@ -15,10 +15,6 @@
 namespace cpp_trainer {
 namespace {
 
-absl::Status annotate(const absl::Status& st, const std::string& what) {
-  return st.ok() ? st : absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
-}
-
 // Destroys the tensors when the run ends (after the optimizer, declared later, is gone).
 struct OwnedTensors {
   strata::TensorStore& store;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <absl/status/statusor.h>
+#include <absl/strings/str_cat.h>
 
 #include <array>
 #include <cstdint>
@@ -19,6 +20,11 @@ namespace cpp_trainer {
 
 inline constexpr float kLr = 2e-3F;
 inline constexpr float kWeightDecay = 1e-4F;
+
+// `st` with `what` in front of its message: which step of the example failed.
+inline absl::Status annotate(const absl::Status& st, const std::string& what) {
+  return st.ok() ? st : absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
+}
 
 struct Args {
   int steps = 300;

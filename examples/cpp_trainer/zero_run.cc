@@ -26,10 +26,6 @@
 namespace cpp_trainer {
 namespace {
 
-absl::Status annotate(const absl::Status& st, const std::string& what) {
-  return st.ok() ? st : absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
-}
-
 // An all-reduce of a few host values between the ranks (the report's figures). Gloo reduces
 // host memory directly; NCCL needs device memory, so the values go through a store tensor
 // acquired in the GPU tier.

@@ -64,11 +64,12 @@ struct Config {
   // nullopt (STRATA_DEVICE unset): LOCAL_RANK when set (torchrun's convention), else 0; see
   // choose_device().
   std::optional<int> device;
-  // nullopt: 80% on cuda, 1GiB on host. A percentage is of this rank's share of the selected
-  // GPU on cuda (free memory, divided among the local ranks that share the device) and of this
-  // rank's share of physical memory on the host backend.
+  // nullopt: 80% on cuda, 1GiB on host. A percentage is of this rank's share: on cuda, the
+  // selected GPU's total memory divided among the local ranks that share it
+  // (DeviceChoice::sharing), at most its free memory; on the host backend, this rank's share of
+  // physical memory (RAM / LOCAL_WORLD_SIZE), since its "device" memory is host memory.
   std::optional<SizeSetting> gpu_bytes;
-  // A percentage is of this rank's share of physical memory (divided by LOCAL_WORLD_SIZE).
+  // A percentage is of this rank's share of physical memory: RAM / LOCAL_WORLD_SIZE.
   SizeSetting cpu_bytes = SizeSetting::of_percent(25);
   std::vector<std::string> nvme_paths;                                // empty: no NVMe tier
   SizeSetting nvme_bytes = SizeSetting::of_bytes(uint64_t{8} << 30);  // per path; % of free space
@@ -141,14 +142,17 @@ struct ResolvedConfig {
   LogLevel log = LogLevel::kWarn;
   CommSettings comm;  // as configured (the backend is chosen when a communicator is created)
   // Things that work but not as well as they could (e.g. the CPU tier above RLIMIT_MEMLOCK, so
-  // it is not registered with io_uring). Printed by strata-info, logged by the runtime.
+  // it will not all be registered with io_uring). Printed by strata-info, logged by the runtime.
   std::vector<std::string> warnings;
 };
 
-// Bytes this rank registers with io_uring as fixed buffers, which RLIMIT_MEMLOCK limits: the
-// whole pinned CPU tier (staging is carved from it), once per NVMe path, since each path's ring
-// registers it (runtime/swap_config.cc, nvme/uring_engine.cc); 0 without an NVMe tier or with
-// psync. The one place that knows how registration is laid out: change it with the swap space.
+// The most this rank registers with io_uring as fixed buffers, which RLIMIT_MEMLOCK limits:
+// the whole pinned CPU tier (staging is carved from it), once per NVMe path, since each path's
+// ring registers it; 0 without an NVMe tier or with psync. Registration is lazy: a piece of the
+// tier is registered when the tier first uses it and stays registered (runtime/swap_config.cc,
+// nvme/uring_buffers.cc), so this is what is registered once the tier has filled; at start it is
+// much less (Runtime::startup() has the figure so far). The one place that knows how
+// registration is laid out: change it with the swap space.
 uint64_t io_uring_registered_bytes(const ResolvedConfig& config);
 
 // The kernel charges registered buffers to the user (user->locked_vm), so the local ranks of a
@@ -159,7 +163,8 @@ uint64_t io_uring_registered_bytes_per_user(const ResolvedConfig& config);
 // kHost, from choose_backend), on cuda with gpu_count and, for the device choose_device()
 // picks, gpu; `machine.paths` must hold every path in config.nvme_paths. probe_machine_for()
 // fills all of it. Percentages are of this rank's share: RAM / LOCAL_WORLD_SIZE, and the GPU's
-// free memory divided among the local ranks that share it (DeviceChoice::sharing). Absolute
+// total memory divided among the local ranks that share it (DeviceChoice::sharing), at most its
+// free memory. Absolute
 // sizes must fit the machine when every local rank asks the same (the ranks of a launch share
 // one environment): size × LOCAL_WORLD_SIZE against RAM, size × sharing against the GPU.
 absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& machine);
