@@ -351,6 +351,10 @@ int run_zero3_workload(const Zero3Options& o, const cli::FlagSet& flags) {
   if (!record.ok()) return fail(record.status());
   if (absl::Status s = combine(comm, *record, o.steps, report); !s.ok()) return fail(s);
   if (!lead) return 0;
+  // Rank 0's (the others' are not gathered).
+  if (std::string note = record->fresh.note("zero, rank 0", "timed step"); !note.empty()) {
+    report.notes.push_back(std::move(note));
+  }
   human << "offload-bench on " << report.device << "\n" << render(report.config);
   print_zero3(report, human);
   if (o.json.empty()) return 0;
