@@ -39,6 +39,7 @@ constexpr double Zero3Sample::*kFields[] = {
     &Zero3Sample::compute,
     &Zero3Sample::optimizer,
     &Zero3Sample::fetch_wait,
+    &Zero3Sample::gather_wait,
     &Zero3Sample::reduce_scatter_wait,
     &Zero3Sample::acquire_param,
     &Zero3Sample::release_param,
