@@ -15,6 +15,8 @@ void FaultInjector::clear() {
   MutexLock lock(&mu_);
   rules_.clear();
   registrations_left_.reset();
+  registrations_held_ = false;
+  released_.SignalAll();
 }
 
 uint64_t FaultInjector::fired() const {
@@ -57,8 +59,20 @@ void FaultInjector::fail_registrations(uint64_t skip, int error_number) {
   registration_error_ = error_number;
 }
 
+void FaultInjector::hold_registrations() {
+  MutexLock lock(&mu_);
+  registrations_held_ = true;
+}
+
+void FaultInjector::release_registrations() {
+  MutexLock lock(&mu_);
+  registrations_held_ = false;
+  released_.SignalAll();
+}
+
 int FaultInjector::apply_registration() {
   MutexLock lock(&mu_);
+  while (registrations_held_) wait(&released_, &mu_);
   if (!registrations_left_) return 0;
   if (*registrations_left_ > 0) {
     --*registrations_left_;

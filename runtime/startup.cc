@@ -1,5 +1,5 @@
 // Runtime::startup() and its text: what creating the runtime cost, and how the pinned CPU tier
-// is pinned and registered piece by piece as it fills.
+// is pinned and registered piece by piece as it fills; wait_for_registration().
 #include <absl/strings/str_format.h>
 
 #include "strata/base/format_bytes.h"
@@ -21,6 +21,8 @@ StartupStats Runtime::startup() const {
   }
   return stats;
 }
+
+void Runtime::wait_for_registration() const { cpu_->wait_piece_listener(); }
 
 std::string to_string(const StartupStats& s) {
   const PinningStats& p = s.pinning;

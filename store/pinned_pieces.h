@@ -67,8 +67,8 @@ class PinnedPieces {
   // call in progress (if any) has returned, dropping pieces not yet handed over. Starts or stops
   // the background thread. Not to be called concurrently with itself.
   void set_listener(Listener listener);
-  // Blocks until the listener has been called for every piece queued so far (a test hook; the
-  // runtime never waits for it).
+  // Blocks until the listener has returned for every piece queued so far (benchmarks wait for
+  // it before timing, through Runtime::wait_for_registration(); the runtime itself never does).
   void wait_listener_idle() const;
 
   PinningStats stats() const;

@@ -108,7 +108,7 @@ std::string startup_line(Config config, const SizeSetting& nvme_bytes) {
   if (!runtime.ok()) {
     return "runtime start-up: not measured: " + std::string(runtime.status().message());
   }
-  (*runtime)->cpu().wait_piece_listener();
+  (*runtime)->wait_for_registration();
   return "runtime start-up (the environment's CPU and GPU tiers): " +
          absl::StrJoin(absl::StrSplit(to_string((*runtime)->startup()), '\n', absl::SkipEmpty()),
                        "; ");
@@ -548,7 +548,12 @@ int run(int argc, const char* const* argv) {
       report.engine = result->engine;
       report.engine_reason = result->engine_reason;
     }
-    if (report.notes.empty()) report.notes = result->notes;
+    // Each size's notes once (the baselines' are the same for every size).
+    for (const std::string& note : result->notes) {
+      if (std::find(report.notes.begin(), report.notes.end(), note) == report.notes.end()) {
+        report.notes.push_back(note);
+      }
+    }
   }
   progress.clear();
   if (dirs.has_value()) {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/fresh_pieces.h"
 #include "bench/gpu_paths.h"
 #include "bench/link_check.h"
 #include "bench/raw_io.h"
@@ -130,8 +131,11 @@ class StoreBench {
 
   // Run after every pass: nothing it started may still be moving. A pass that returns early
   // would be timed without its work, and that work would share the links with the next pass (a
-  // baseline, perhaps). Also where the NVMe use of the timed passes is counted (untimed): what
-  // happened since the last check, when a runtime pass ran in between (timed(), below).
+  // baseline, perhaps). Also run before every timed pass (after its preparation): the CPU
+  // tier's io_uring registration of the pieces used so far is waited for, so it never runs
+  // beside a timed pass. And where the NVMe use of the timed passes and the pieces they pinned
+  // are counted (untimed): what happened since the last check, when a runtime pass ran in
+  // between (timed(), below).
   absl::Status settled(std::string_view path) {
     const StoreStats stats = store_.stats();
     if (stats.moves_in_flight != 0 || stats.drops_pending != 0) {
@@ -140,6 +144,11 @@ class StoreBench {
           "its time would leave that work out. This is a bench bug; please report it",
           path, stats.moves_in_flight, stats.drops_pending));
     }
+    rt_.wait_for_registration();
+    const PinCounters pins = pin_counters(rt_);
+    // The first runtime pass of a row is its warm-up: it may take the first touches.
+    if (timed_ran_ && runtime_passes_ > 1) fresh_.add(pins_, pins);
+    pins_ = pins;
     StagingPool* staging = rt_.staging();
     if (staging == nullptr) return absl::OkStatus();
     const StagingStats pool = staging->stats();
@@ -163,10 +172,12 @@ class StoreBench {
     wait_ns_before_ = pool.wait_ns;
     return absl::OkStatus();
   }
-  // `pass` as timed: marks that a runtime pass ran, so that settled() counts its NVMe use.
+  // `pass` as timed: marks that a runtime pass ran, so that settled() counts its NVMe use and
+  // the pieces it pinned.
   Pass timed(const Pass& pass) {
     return [this, pass] {
       timed_ran_ = true;
+      ++runtime_passes_;
       return pass();
     };
   }
@@ -175,6 +186,11 @@ class StoreBench {
     std::optional<NvmeUse> use = std::exchange(use_, std::nullopt);
     use_counted_ = NvmeUse();
     return use;
+  }
+  // The pieces timed passes pinned since the last call; the next runtime pass is a warm-up.
+  FreshPieces take_fresh() {
+    runtime_passes_ = 0;
+    return std::exchange(fresh_, FreshPieces());
   }
 
   // Every tensor's copy in `tier` holds the last write()'s pattern.
@@ -225,6 +241,9 @@ class StoreBench {
   NvmeUse use_counted_;
   uint64_t waits_before_ = 0;
   uint64_t wait_ns_before_ = 0;
+  uint64_t runtime_passes_ = 0;  // since take_fresh()
+  PinCounters pins_;             // at the last settled()
+  FreshPieces fresh_;
 };
 
 // A path's runtime pass, its untimed preparation, and up to two baselines (the lower wins).
@@ -242,13 +261,14 @@ struct PathPlan {
 };
 
 absl::Status run_plan(const Options& o, const PathPlan& plan, StoreBench& bench,
-                      std::vector<Row>& rows) {
+                      std::vector<Row>& rows, std::vector<std::string>& notes) {
   if (plan.setup) {
     if (absl::Status status = plan.setup(); !status.ok()) return status;
   }
   const Pass settled = [&] { return bench.settled(plan.path); };
   if (absl::Status status = settled(); !status.ok()) return status;
   (void)bench.take_use();  // from the setup: not this row's
+  (void)bench.take_fresh();
   const Pass runtime = bench.timed(plan.runtime);
   Row row;
   if (plan.baseline) {
@@ -265,6 +285,9 @@ absl::Status run_plan(const Options& o, const PathPlan& plan, StoreBench& bench,
   }
   // The warm-up pass counts too (the first of the repetitions the row reports).
   row.nvme_use = bench.take_use();
+  const std::string fresh = bench.take_fresh().note(
+      absl::StrFormat("%s with %s tensors", plan.path, format_bytes(o.tensor_bytes)), "timed pass");
+  if (!fresh.empty()) notes.push_back(fresh);
   if (absl::Status status = plan.verify(); !status.ok()) return status;
   const Pass* link = &plan.baseline;
   if (plan.second_baseline) {
@@ -325,7 +348,9 @@ absl::Status run_gpu_group(const Options& o, const Config& base, PathsResult& re
                   .verify = [&] { return bench.verify(TierKind::kGpu, kCpuGpu); },
                   .baseline = h2d,
                   .baseline_bytes = o.bytes};
-    if (absl::Status status = run_plan(o, plan, bench, result.rows); !status.ok()) return status;
+    if (absl::Status status = run_plan(o, plan, bench, result.rows, result.notes); !status.ok()) {
+      return status;
+    }
   }
   if (o.wants(kGpuCpu)) {
     PathPlan plan{.path = kGpuCpu,
@@ -334,7 +359,9 @@ absl::Status run_gpu_group(const Options& o, const Config& base, PathsResult& re
                   .verify = [&] { return bench.verify(TierKind::kCpu, kGpuCpu); },
                   .baseline = d2h,
                   .baseline_bytes = o.bytes};
-    if (absl::Status status = run_plan(o, plan, bench, result.rows); !status.ok()) return status;
+    if (absl::Status status = run_plan(o, plan, bench, result.rows, result.notes); !status.ok()) {
+      return status;
+    }
   }
   return absl::OkStatus();
 }
@@ -475,7 +502,9 @@ absl::Status run_nvme_group(const Options& o, const Config& base,
                      .second_baseline_bytes = o.bytes});
   }
   for (const PathPlan& plan : plans) {
-    if (absl::Status status = run_plan(o, plan, bench, result.rows); !status.ok()) return status;
+    if (absl::Status status = run_plan(o, plan, bench, result.rows, result.notes); !status.ok()) {
+      return status;
+    }
   }
   const IoStats io = rt.nvme()->stats().io;
   human << absl::StrFormat(

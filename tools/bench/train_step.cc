@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "bench/common.h"
+#include "bench/fresh_pieces.h"
 #include "bench/train_step_link.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
@@ -459,6 +460,7 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     std::shared_ptr<std::atomic<int64_t>> spent_ns = std::make_shared<std::atomic<int64_t>>(0);
     std::vector<std::pair<double, StepCounters>> steps;
     std::unique_ptr<ActivationStash> stash;  // --activations=stash
+    FreshPieces fresh;                       // CPU-tier pieces first used in measured steps
   };
   std::vector<PolicyRun> runs;
   for (const std::string& name : o.policies) {
@@ -530,6 +532,10 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
   human.flush();
   for (uint64_t s = 0; s < o.steps; ++s) {
     for (PolicyRun& run : runs) {
+      // Untimed: no runtime's io_uring registration of its CPU tier runs beside the step (every
+      // policy's runtime is alive, each may have pieces queued).
+      for (PolicyRun& other : runs) other.runtime->wait_for_registration();
+      const PinCounters pins = pin_counters(*run.runtime);
       TensorStore& store = run.runtime->store();
       StepCounters counters;
       store.reset_peak_usage();
@@ -553,7 +559,12 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
       counters.after = store.stats();
       counters.compute_seconds = static_cast<double>(run.spent_ns->load()) * 1e-9;
       run.steps.emplace_back(seconds, counters);
+      run.fresh.add(pins, pin_counters(*run.runtime));
     }
+  }
+  for (const PolicyRun& run : runs) {
+    const std::string fresh = run.fresh.note(run.policy->name, "measured step");
+    if (!fresh.empty()) report.notes.push_back(fresh);
   }
   for (PolicyRun& policy_run : runs) {
     std::vector<std::pair<double, StepCounters>>& steps = policy_run.steps;

@@ -29,14 +29,16 @@ std::string sample_fields(const Zero3Report& report, const Zero3Sample& s) {
       absl::StrFormat(
           R"("forward_seconds": %s, "backward_seconds": %s, "step_call_seconds": %s, )"
           R"("compute_seconds": %s, "optimizer_seconds": %s, "fetch_wait_seconds": %s, )"
+          R"("gather_wait_seconds": %s, )"
           R"("reduce_scatter_wait_seconds": %s, "acquire_param_seconds": %s, )"
           R"("release_param_seconds": %s, "acquire_grad_seconds": %s, "grad_ready_seconds": %s, )"
           R"("grad_copy_seconds": %s, "outside_compute_seconds": %s, )",
           seconds_json(s.forward), seconds_json(s.backward), seconds_json(s.step_call),
           seconds_json(s.compute), seconds_json(s.optimizer), seconds_json(s.fetch_wait),
-          seconds_json(s.reduce_scatter_wait), seconds_json(s.acquire_param),
-          seconds_json(s.release_param), seconds_json(s.acquire_grad), seconds_json(s.grad_ready),
-          seconds_json(s.grad_copy), seconds_json(s.outside_compute())),
+          seconds_json(s.gather_wait), seconds_json(s.reduce_scatter_wait),
+          seconds_json(s.acquire_param), seconds_json(s.release_param),
+          seconds_json(s.acquire_grad), seconds_json(s.grad_ready), seconds_json(s.grad_copy),
+          seconds_json(s.outside_compute())),
       absl::StrFormat(
           R"("exposed_comm_seconds": %s, "exposed_comm_fraction": %s, )"
           R"("exposed_with_grad_waits_seconds": %s, "exposed_with_grad_waits_fraction": %s, )"
@@ -117,7 +119,7 @@ std::string goal_text(const Zero3Report& report, const Zero3Sample& s) {
   }
   return absl::StrFormat(
       "%s: exposed %s of the step (compute %s >= communication %s); with the gradient-bucket "
-      "waits in acquire_grad, which ZeroStats does not count, %s",
+      "waits in acquire_grad (ZeroStats::bucket_wait_ns), %s",
       g.met ? "met" : "NOT met", percent(s.exposed_fraction(), 2), ms(b.compute),
       ms(std::max(b.comm, b.shard_read)), percent(s.exposed_with_grad_waits_fraction(), 2));
 }
@@ -166,9 +168,11 @@ void print_zero3(const Zero3Report& r, std::ostream& out) {
   out << "bound = max(compute, comm, read) + optimizer: comm = gathers x the raw all_gather + "
          "layers x the raw reduce_scatter (the Communicator called directly, this run), read = "
          "the raw io_uring read of the rank's shard (nvme); ratio = step / bound; exposed = "
-         "the engine's fetch_wait_ns + last_step_wait_ns; outside = step - compute - optimizer "
-         "(every host wait, counted or not); in calls = host time inside acquire_param, "
-         "acquire_grad and grad_ready; late = prefetch_late; peak = gathered_peak_bytes.\n";
+         "the engine's fetch_wait_ns (acquire_param's host time) + the gather waits (the "
+         "trainer's stream synchronized before each layer's compute) + last_step_wait_ns; "
+         "outside = step - compute - optimizer (every host wait, counted or not); in calls = "
+         "host time inside acquire_param, acquire_grad and grad_ready; late = prefetch_late; "
+         "peak = gathered_peak_bytes.\n";
 }
 
 std::string zero3_json(const Zero3Report& r) {

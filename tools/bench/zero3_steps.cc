@@ -55,7 +55,16 @@ uint64_t nvme_reads(const StoreStats& s) {
   return bytes;
 }
 
-// One training step from `start` (the end of the previous step()) to the end of its step().
+// acquire_param() returns with the gather ordered on the trainer's stream, not done (at stage 3
+// the engine waits for no collective on the host: docs/zero.md). The compute here runs on the
+// host, so, as a trainer computing on the host does, it waits for the stream first: the time
+// is the exposed gather (gather_wait), what a GPU kernel queued behind the gather would wait.
+absl::Status wait_for_gather(Rig& r, Zero3Sample& s) {
+  return timed(s.gather_wait, [&] { return r.runtime.device().synchronize(r.stream); });
+}
+
+// One training step from `start` (the end of the previous step()) to the end of its step() and
+// of its work on the trainer's stream.
 absl::StatusOr<Zero3Sample> one_step(Rig& r, Clock::time_point start) {
   ZeroEngine& engine = r.engine;
   Stream& stream = r.stream;
@@ -67,6 +76,7 @@ absl::StatusOr<Zero3Sample> one_step(Rig& r, Clock::time_point start) {
     auto p =
         timed(s.acquire_param, [&] { return engine.acquire_param(id, TierKind::kGpu, stream); });
     if (!p.ok()) return with_context(p.status(), "forward: acquire_param");
+    if (auto st = wait_for_gather(r, s); !st.ok()) return with_context(st, "forward");
     s.compute += r.compute.run(r.compute_elements);
     if (auto st = timed(s.release_param, [&] { return engine.release_param(id, stream); });
         !st.ok()) {
@@ -80,16 +90,21 @@ absl::StatusOr<Zero3Sample> one_step(Rig& r, Clock::time_point start) {
     auto p =
         timed(s.acquire_param, [&] { return engine.acquire_param(id, TierKind::kGpu, stream); });
     if (!p.ok()) return with_context(p.status(), "backward: acquire_param");
+    if (auto st = wait_for_gather(r, s); !st.ok()) return with_context(st, "backward");
     s.compute += r.compute.run(r.compute_elements);
     auto grad =
         timed(s.acquire_grad, [&] { return engine.acquire_grad(id, TierKind::kGpu, stream); });
     if (!grad.ok()) return with_context(grad.status(), "backward: acquire_grad");
-    // The buffer starts each micro-step at zero: writing the gradient adds it.
+    // The buffer starts each micro-step at zero: writing the gradient adds it. The copy stands
+    // for the layer's compute writing its gradient, so it is waited for here: left on the
+    // stream, the next layer's wait for its gather would count it as communication.
     if (auto st = timed(s.grad_copy,
                         [&] {
-                          return r.runtime.device().copy_async(*grad, r.gradient.data(),
-                                                               r.layer_bytes,
-                                                               CopyKind::kHostToDevice, stream);
+                          absl::Status copied =
+                              r.runtime.device().copy_async(*grad, r.gradient.data(), r.layer_bytes,
+                                                            CopyKind::kHostToDevice, stream);
+                          if (!copied.ok()) return copied;
+                          return r.runtime.device().synchronize(stream);
                         });
         !st.ok()) {
       return with_context(st, "backward: writing a gradient");
@@ -110,6 +125,11 @@ absl::StatusOr<Zero3Sample> one_step(Rig& r, Clock::time_point start) {
     return absl::InternalError(
         "zero: step() was skipped for an inf/nan gradient; the workload's gradients are finite, "
         "so this is a bug");
+  }
+  // The step ends when its work on the trainer's stream has (step() waits for the work that
+  // used the gathered layers; this makes it certain, and costs nothing when it did).
+  if (auto st = r.runtime.device().synchronize(stream); !st.ok()) {
+    return with_context(st, "the end of the step");
   }
   s.step = since(start);
   const ZeroStats z1 = engine.stats();
@@ -208,12 +228,21 @@ absl::StatusOr<Zero3RankRecord> run_zero3_steps(const Zero3Options& o, const Zer
   human << absl::StrFormat("zero: 1 warm-up step (it records the order), %d timed\n", o.steps);
   human.flush();
   Zero3RankRecord record;
+  // Untimed, before the warm-up step and between it and the first timed step: the CPU tier's
+  // io_uring registration queued so far (nothing, usually, after the warm-up). The timed steps
+  // run back to back; pieces they first use are counted (record.fresh) instead.
+  rt.wait_for_registration();
   Clock::time_point start = Clock::now();
   for (uint64_t s = 0; s <= o.steps; ++s) {
+    const PinCounters pins = pin_counters(rt);
     auto sample = one_step(rig, start);
     if (!sample.ok()) return sample.status();
+    if (s == 0) rt.wait_for_registration();
     start = Clock::now();
-    if (s > 0) record.samples.push_back(*sample);
+    if (s > 0) {
+      record.fresh.add(pins, pin_counters(rt));
+      record.samples.push_back(*sample);
+    }
   }
   if (absl::Status st = device.synchronize(**stream); !st.ok()) return st;
   record.memory = (*engine)->memory();

@@ -9,6 +9,7 @@
 #include <ostream>
 #include <vector>
 
+#include "bench/fresh_pieces.h"
 #include "bench/zero3_baselines.h"
 #include "bench/zero3_workload.h"
 #include "strata/comm/communicator.h"
@@ -38,6 +39,7 @@ Zero3Plan plan_of(const Zero3Options& options, int ranks);
 struct Zero3RankRecord {
   std::vector<Zero3Sample> samples;
   ZeroMemory memory;
+  FreshPieces fresh;  // CPU-tier pieces the timed steps pinned
 };
 
 // This rank's engine over the runtime and communicator (every rank calls it: collectives): one

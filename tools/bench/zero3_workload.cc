@@ -39,6 +39,7 @@ constexpr double Zero3Sample::*kFields[] = {
     &Zero3Sample::compute,
     &Zero3Sample::optimizer,
     &Zero3Sample::fetch_wait,
+    &Zero3Sample::gather_wait,
     &Zero3Sample::reduce_scatter_wait,
     &Zero3Sample::acquire_param,
     &Zero3Sample::release_param,
@@ -351,6 +352,10 @@ int run_zero3_workload(const Zero3Options& o, const cli::FlagSet& flags) {
   if (!record.ok()) return fail(record.status());
   if (absl::Status s = combine(comm, *record, o.steps, report); !s.ok()) return fail(s);
   if (!lead) return 0;
+  // Rank 0's (the others' are not gathered).
+  if (std::string note = record->fresh.note("zero, rank 0", "timed step"); !note.empty()) {
+    report.notes.push_back(std::move(note));
+  }
   human << "offload-bench on " << report.device << "\n" << render(report.config);
   print_zero3(report, human);
   if (o.json.empty()) return 0;

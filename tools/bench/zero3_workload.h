@@ -5,14 +5,19 @@
 // The model: --layers layers of --layer-bytes fp16 parameters each, one parameter per layer and
 // one flat group per layer (bucket_bytes = the layer's bytes; nothing persistent), shards homed
 // in --param-home (gpu, cpu or nvme), optimizer states in the CPU tier. Each step, on every rank:
-//   forward:  for each layer: acquire_param, compute, release_param
-//   backward: for each layer in reverse: acquire_param, compute, acquire_grad, the gradient
-//             copied in, grad_ready, release_param
-//   step()
+//   forward:  for each layer: acquire_param, the stream waited for, compute, release_param
+//   backward: for each layer in reverse: acquire_param, the stream waited for, compute,
+//             acquire_grad, the gradient copied in (waited for), grad_ready, release_param
+//   step(), then the stream waited for
 // where compute is --layer-compute of real work on the host (bench/zero3_baselines.h: a
-// calibrated y = a·x + y over fp32 buffers, not a sleep). One warm-up step (it records the
-// order), then --steps timed ones, back to back: a step runs from the end of the previous
-// step() to the end of its own, so nothing the engine does between steps goes untimed.
+// calibrated y = a·x + y over fp32 buffers, not a sleep). acquire_param() returns with the
+// layer's gather ordered on the trainer's stream, not done; the host computes only once the
+// stream has reached that point, as a host trainer reads parameters (that wait is gather_wait).
+// One warm-up step (it records the order), then --steps timed ones, back to back: a step runs
+// from the end of the previous step to the end of its own step() and of its work on the
+// stream, so nothing the engine does between steps goes untimed. Before the warm-up step and
+// after it, untimed, the CPU tier's io_uring registration queued so far is waited for
+// (Runtime::wait_for_registration); CPU-tier pieces first used by the timed steps are noted.
 //
 // The baselines, on every rank at once: the compute's calibration and, with --param-home=nvme,
 // an io_uring read of this rank's whole shard of the model (bench/raw_io.h), before the engine
@@ -22,8 +27,8 @@
 //   max(compute, gathers × all_gather + layers × reduce_scatter, shard read) + optimizer
 // (the optimizer: ZeroStats::last_optimizer_ns, the Adam step after backward, which no schedule
 // overlaps with this loop's compute); the exposed communication is the engine's
-// fetch_wait_ns + last_step_wait_ns of the step, also reported with the host time acquire_grad
-// waited for gradient buckets (docs/bench.md).
+// fetch_wait_ns + the gather waits + last_step_wait_ns of the step, also reported with the
+// host time acquire_grad waited for gradient buckets (docs/bench.md).
 #pragma once
 
 #include <absl/time/time.h>
@@ -80,20 +85,23 @@ std::optional<std::string> parse_zero3_stage(uint64_t value);
 // One rank's record of one timed step. Times in seconds, counts and bytes per step (deltas from
 // the end of the previous step() to the end of this one).
 struct Zero3Sample {
-  double step = 0;        // wall time
-  double forward = 0;     // of which the forward loop
-  double backward = 0;    // the backward loop
-  double step_call = 0;   // step()
-  double compute = 0;     // the compute kernels (forward and backward)
-  double optimizer = 0;   // ZeroStats::last_optimizer_ns (the Adam step, statistics all-reduce)
-  double fetch_wait = 0;  // ZeroStats::fetch_wait_ns: acquire_param waiting for gathers
+  double step = 0;       // wall time
+  double forward = 0;    // of which the forward loop
+  double backward = 0;   // the backward loop
+  double step_call = 0;  // step()
+  double compute = 0;    // the compute kernels (forward and backward)
+  double optimizer = 0;  // ZeroStats::last_optimizer_ns (the Adam step, statistics all-reduce)
+  // ZeroStats::fetch_wait_ns: host time acquire_param spent fetching (issuing gathers, making
+  // room, a shard's NVMe read); the gathers themselves are waited for on the stream:
+  double fetch_wait = 0;
+  double gather_wait = 0;  // the stream synchronized before each layer's compute: the gathers
   double reduce_scatter_wait = 0;  // ZeroStats::last_step_wait_ns
   // Host time inside the engine's calls (waits included), measured by the bench.
   double acquire_param = 0;
   double release_param = 0;
   double acquire_grad = 0;  // a gradient bucket still being reduce-scattered is waited for here
   double grad_ready = 0;
-  double grad_copy = 0;  // writing the gradients (copies issued on the stream)
+  double grad_copy = 0;  // writing the gradients (copies on the stream, waited for)
   // ZeroStats counters.
   double gathers = 0;  // on demand + prefetched
   double gathers_on_demand = 0;
@@ -108,10 +116,10 @@ struct Zero3Sample {
   double reduce_scatter_bytes = 0;
   double nvme_read_bytes = 0;
 
-  double exposed() const { return fetch_wait + reduce_scatter_wait; }
+  double exposed() const { return fetch_wait + gather_wait + reduce_scatter_wait; }
   double exposed_fraction() const { return step > 0 ? exposed() / step : 0; }
   // With the time acquire_grad spent (waiting for a gradient bucket to come back from its
-  // reduce-scatter: communication that ZeroStats does not count).
+  // reduce-scatter: communication, ZeroStats::bucket_wait_ns, not in exposed()).
   double exposed_with_grad_waits() const { return exposed() + acquire_grad; }
   double exposed_with_grad_waits_fraction() const {
     return step > 0 ? exposed_with_grad_waits() / step : 0;

@@ -70,6 +70,12 @@ class Runtime {
   TensorStore& store() { return *store_; }
   const ResolvedConfig& config() const { return config_; }
   StartupStats startup() const;
+  // Blocks until the background io_uring registration of every CPU-tier piece in use so far
+  // has finished (pieces first used later are not waited for). A trainer never needs it: I/O
+  // into a piece not yet registered works, unregistered. For measurements: a benchmark calls
+  // it, untimed, before a timed region, so that the registration does not share the machine
+  // with the timed work (docs/nvme.md). Returns at once without an NVMe tier.
+  void wait_for_registration() const;
   // Degraded but working (psync fallback, buffered swap, ...). create() already logged each
   // once per process through log::warn_once (unless STRATA_LOG=error); this is the full list.
   const std::vector<std::string>& warnings() const { return warnings_; }

@@ -89,7 +89,8 @@ class MemoryTier {
   // now and each piece first used later: the runtime registers it with io_uring. Null
   // detaches, waiting for a call in progress; detach before what the listener uses goes away.
   void set_piece_listener(absl::AnyInvocable<void(uint32_t piece)> listener);
-  // Blocks until the listener has returned for every piece in use (a test hook).
+  // Blocks until the listener has returned for every piece in use now (Runtime's
+  // wait_for_registration(); pieces first used while it waits may be waited for too).
   void wait_piece_listener() const;
   // A pinning failure after start (pieces left unpinned), or "".
   std::string pinning_warning() const;

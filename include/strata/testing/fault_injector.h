@@ -36,7 +36,7 @@ struct FaultRule {
 class FaultInjector {
  public:
   void add(FaultRule rule);
-  void clear();
+  void clear();  // releases held registrations too
   // Faults applied so far.
   uint64_t fired() const;
 
@@ -50,6 +50,11 @@ class FaultInjector {
   // Buffer registrations (one per buffer and ring, io_uring only) after the first `skip` fail
   // with -error_number instead of reaching the kernel: ENOMEM is what RLIMIT_MEMLOCK gives.
   void fail_registrations(uint64_t skip, int error_number);
+  // While held, each registration waits in apply_registration() until released (the sparse
+  // table a ring starts with too: hold after the engine exists). Tests use it to keep
+  // registration work queued.
+  void hold_registrations();
+  void release_registrations();
   // Called by the engine before each registration: 0 to go ahead, or -errno to report instead.
   int apply_registration();
 
@@ -64,6 +69,8 @@ class FaultInjector {
   uint64_t fired_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<uint64_t> registrations_left_ ABSL_GUARDED_BY(mu_);  // nullopt: no fault armed
   int registration_error_ ABSL_GUARDED_BY(mu_) = 0;
+  bool registrations_held_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar released_;
 };
 
 }  // namespace strata
