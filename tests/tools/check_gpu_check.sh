@@ -71,6 +71,8 @@ EOF
 add_test([=[fake.python]=] "$work/usr/bin/python3" "-c" "ctest-ok")
 add_test([=[fake.cmake]=] "$work/usr/bin/cmake" "-E" "true")
 add_test([=[fake.fail]=] "/bin/false")
+add_test([=[fake.install]=] "/bin/false")
+set_tests_properties([=[fake.install]=] PROPERTIES LABELS needs_dev_packages)
 EOF
   chmod +x "$b/tests/fake_test" "$b/tools/strata-info" "$b/tools/offload-bench"
 }
