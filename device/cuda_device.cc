@@ -351,9 +351,9 @@ class CudaDevice final : public Device {
     }
     for (const detail::RangeSet::Segment& piece : pieces) {
       const auto at = static_cast<uint64_t>(piece.data - static_cast<const std::byte*>(host));
-      const cudaError_t error =
-          cudaMemcpyAsync(static_cast<std::byte*>(dst) + at, static_cast<const std::byte*>(src) + at,
-                          piece.bytes, memcpy_kind(kind), s->handle);
+      const cudaError_t error = cudaMemcpyAsync(static_cast<std::byte*>(dst) + at,
+                                                static_cast<const std::byte*>(src) + at,
+                                                piece.bytes, memcpy_kind(kind), s->handle);
       if (error == cudaSuccess) continue;
       return cuda_status(error, absl::StrFormat("cudaMemcpyAsync(%s, %s of %s)", to_string(kind),
                                                 format_bytes(piece.bytes), format_bytes(bytes)));

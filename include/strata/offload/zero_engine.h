@@ -185,9 +185,9 @@ struct ZeroStats {
   uint64_t reuses = 0;                  // used while still gathered from an earlier use
   uint64_t gathers_dropped_unused = 0;  // prefetched, then dropped (order changed, room needed)
   uint64_t order_changes = 0;           // uses that departed from the recorded order
-  uint64_t gathered_bytes = 0;  // gathered parameter bytes held for use now
-  uint64_t retiring_bytes = 0;  // dropped, returned once the work that used them has ended
-  uint64_t gathered_peak_bytes = 0;  // of the two together (what max_live_bytes bounds)
+  uint64_t gathered_bytes = 0;          // gathered parameter bytes held for use now
+  uint64_t retiring_bytes = 0;          // dropped, returned once the work that used them has ended
+  uint64_t gathered_peak_bytes = 0;     // of the two together (what max_live_bytes bounds)
   // Host time acquire_param() spent fetching: issuing gathers and prefetches, making room, a
   // shard's NVMe read. The gathers themselves are waited for on the trainer's stream.
   uint64_t fetch_wait_ns = 0;
