@@ -26,13 +26,15 @@ endif()
 if(STRATA_WITH_CUDA)
   message(STATUS "strata: CUDA ${CUDAToolkit_VERSION} found in ${CUDAToolkit_BIN_DIR}; "
                  "building the CUDA backend")
-  find_library(STRATA_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  # NCCL: only its header at build time; the library is found and loaded at run time
+  # (comm/nccl_library.cc: the system's, or torch's nvidia-nccl wheel), never linked.
   find_path(STRATA_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-  if(STRATA_NCCL_LIBRARY AND STRATA_NCCL_INCLUDE_DIR)
-    message(STATUS "strata: NCCL found at ${STRATA_NCCL_LIBRARY}; building the NCCL backend")
+  if(STRATA_NCCL_INCLUDE_DIR)
+    message(STATUS "strata: nccl.h found in ${STRATA_NCCL_INCLUDE_DIR}; building the NCCL "
+                   "backend (libnccl is loaded at run time)")
   else()
-    message(STATUS "strata: NCCL not found (libnccl or nccl.h missing under the CUDA toolkit and "
-                   "the system paths): the NCCL communicator is left out, collectives use Gloo")
+    message(STATUS "strata: nccl.h not found under the CUDA toolkit or the system paths: the "
+                   "NCCL communicator is left out, collectives use Gloo")
   endif()
 else()
   message(STATUS "strata: CUDA toolkit not found: the CUDA backend is left out "

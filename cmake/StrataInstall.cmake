@@ -48,10 +48,15 @@ function(strata_pkg_config_dependencies layers out_requires out_libs)
         list(APPEND libs -lgloo)  # Debian's libgloo-dev ships no .pc file
       elseif(dep STREQUAL "Threads::Threads")
         list(APPEND libs -pthread)
+      elseif(dep STREQUAL "CUDA::cudart_static")
+        # The static CUDA runtime needs dlopen (it loads libcuda.so.1 itself) and librt.
+        list(APPEND libs "-L${CUDAToolkit_LIBRARY_DIR}" -lcudart_static -ldl -lrt -pthread)
       elseif(dep MATCHES "^CUDA::(.+)$")
         list(APPEND libs "-L${CUDAToolkit_LIBRARY_DIR}" "-l${CMAKE_MATCH_1}")
+      elseif(dep STREQUAL "${CMAKE_DL_LIBS}")
+        list(APPEND libs "-l${dep}")  # dlopen (the NCCL loader)
       elseif(IS_ABSOLUTE "${dep}")
-        list(APPEND libs "${dep}")  # a library found by path (libnccl)
+        list(APPEND libs "${dep}")  # a library found by path
       else()
         message(WARNING "strata.pc: no pkg-config name for ${layer}'s dependency '${dep}'; "
                         "add it to strata_pkg_config_dependencies in cmake/StrataInstall.cmake")

@@ -5,7 +5,10 @@
 #include <numeric>
 #include <vector>
 
+#include "backend_agreement.h"
 #include "gloo_communicator.h"
+#include "job_monitor.h"
+#include "strata/comm/nccl_library.h"
 #include "strata/base/text.h"
 #include "strata/config/config.h"
 #include "strata/device/device.h"
@@ -33,20 +36,12 @@ uint64_t CommStats::total_wire_bytes() const {
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::create(const CommOptions& options) {
   const bool cuda_device = options.device != nullptr && options.device->backend() == Backend::kCuda;
   CommBackendKind kind = options.settings.backend;
-#if defined(STRATA_HAVE_NCCL)
-  constexpr bool kHaveNccl = true;
-#else
-  constexpr bool kHaveNccl = false;
-#endif
-  if (kind == CommBackendKind::kAuto) {
-    kind = kHaveNccl && cuda_device ? CommBackendKind::kNccl : CommBackendKind::kGloo;
-  }
   if (kind == CommBackendKind::kNccl) {
-    if (!kHaveNccl) {
+    if (!nccl_backend_built()) {
       return absl::FailedPreconditionError(
-          "STRATA_COMM_BACKEND=nccl but this build of strata has no NCCL (CMake found no "
-          "libnccl under the CUDA toolkit): install NCCL and rebuild, or use "
-          "STRATA_COMM_BACKEND=gloo");
+          "STRATA_COMM_BACKEND=nccl but this build of strata has no NCCL backend (CMake found "
+          "no CUDA toolkit or no nccl.h): build strata where the CUDA toolkit and NCCL's header "
+          "are, or use STRATA_COMM_BACKEND=gloo");
     }
     if (!cuda_device) {
       return absl::FailedPreconditionError(
@@ -54,11 +49,35 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::create(const CommOpt
           "communicator with the runtime's CUDA device, or use STRATA_COMM_BACKEND=gloo for "
           "host buffers");
     }
-#if defined(STRATA_HAVE_NCCL)
-    return comm_internal::create_nccl_communicator(options);
-#endif
+    if (const NcclSearch& nccl = nccl_library(); !nccl.found()) {
+      return absl::FailedPreconditionError(
+          to_absl(cat("STRATA_COMM_BACKEND=nccl: ", nccl.error.message())));
+    }
   }
-  return comm_internal::create_gloo_communicator(options);
+  absl::StatusOr<std::unique_ptr<comm_internal::JobMonitor>> monitor =
+      comm_internal::JobMonitor::join(options.launch, options.settings);
+  if (!monitor.ok()) return monitor.status();
+  if (kind == CommBackendKind::kAuto) {
+    // Every rank must choose alike: the choice is agreed through the rendezvous.
+    absl::StatusOr<CommBackendKind> agreed = comm_internal::agree_on_backend(
+        (*monitor)->store(), options.launch.rank, options.launch.world_size,
+        comm_internal::local_capability(cuda_device));
+    if (!agreed.ok()) return agreed.status();
+    kind = *agreed;
+  }
+#if defined(STRATA_HAVE_NCCL)
+  if (kind == CommBackendKind::kNccl) {
+    return comm_internal::create_nccl_communicator(options, *std::move(monitor));
+  }
+#else
+  if (kind == CommBackendKind::kNccl) {
+    // Only a rank that claims NCCL for a test (STRATA_TESTING_CLAIM_NCCL) gets here.
+    return absl::FailedPreconditionError(
+        "the ranks agreed on NCCL but this build of strata has no NCCL backend: use "
+        "STRATA_COMM_BACKEND=gloo");
+  }
+#endif
+  return comm_internal::create_gloo_communicator(options, *std::move(monitor));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::from_environment(Device* device) {

@@ -474,19 +474,17 @@ void handle_sigpipe_once() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const CommOptions& options) {
+absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(
+    const CommOptions& options, std::unique_ptr<JobMonitor> monitor) {
   handle_sigpipe_once();
-  absl::StatusOr<std::unique_ptr<JobMonitor>> monitor =
-      JobMonitor::join(options.launch, options.settings);
-  if (!monitor.ok()) return monitor.status();
   const LaunchInfo& launch = options.launch;
   auto context = std::make_shared<gloo::rendezvous::Context>(launch.rank, launch.world_size);
   context->setTimeout(options.settings.timeout);
-  StoreForGloo store((*monitor)->store());
+  StoreForGloo store(monitor->store());
   try {
     gloo::transport::tcp::attr attr;
     // The interface that reaches rank 0 reaches the other ranks too.
-    attr.hostname = (*monitor)->store().local_address();
+    attr.hostname = monitor->store().local_address();
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::PrefixStore prefixed("strata/gloo", store);
     context->connectFullMesh(prefixed, device);
@@ -498,7 +496,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const Com
                     "(rendezvous at ",
                     launch.master_addr, ":", launch.master_port, "): ", cause)));
   }
-  return std::make_unique<GlooCommunicator>(options, *std::move(monitor), std::move(context));
+  return std::make_unique<GlooCommunicator>(options, std::move(monitor), std::move(context));
 }
 
 }  // namespace strata::comm_internal

@@ -10,6 +10,10 @@
 
 namespace strata::comm_internal {
 
-absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const CommOptions& options);
+class JobMonitor;
+
+// `monitor`: the job's rendezvous, joined by Communicator::create.
+absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const CommOptions& options,
+                                                              std::unique_ptr<JobMonitor> monitor);
 
 }  // namespace strata::comm_internal

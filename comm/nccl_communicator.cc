@@ -11,6 +11,7 @@
 #include "communicator_base.h"
 #include "gpu_assignment.h"
 #include "job_monitor.h"
+#include "nccl_api.h"
 #include "nccl_support.h"
 #include "strata/base/log.h"
 #include "strata/base/mutex.h"
@@ -41,7 +42,7 @@ struct NcclParts {
   int ordinal = 0;
   int version = 0;
   std::unique_ptr<Stream> stream;
-  cudaStream_t stream_handle = nullptr;
+  cudaStream_t stream_handle = nullptr;  // the stream's native handle, for NCCL
   std::unique_ptr<DeviceMemory> scratch;
   std::unique_ptr<PinnedHostMemory> signatures;  // STRATA_COMM_DEBUG only
   std::unique_ptr<JobMonitor> monitor;
@@ -92,6 +93,11 @@ class NcclCommunicator final : public CommunicatorBase {
     CollectiveCall call;
     std::string local;  // in the engine's words
   };
+  // A call's stream: the Device's, for events and copies, and its handle, for NCCL.
+  struct CallStream {
+    Stream* stream;
+    cudaStream_t handle;
+  };
 
   ncclResult_t enqueue(const Operation& op, cudaStream_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // ncclGroupStart, one call per rank with elements (every rank skips the same empty ones),
@@ -99,16 +105,22 @@ class NcclCommunicator final : public CommunicatorBase {
   ncclResult_t group(const CollectiveCall& c,
                      const std::function<ncclResult_t(int peer, uint64_t offset)>& each) const;
 
-  absl::StatusOr<cudaStream_t> stream_for(const CollectiveOptions& options) const {
-    if (options.stream == nullptr) return stream_handle_;
-    absl::StatusOr<uintptr_t> native = this->options().device->native_handle(*options.stream);
+  Device& device() const { return *options().device; }
+
+  absl::StatusOr<CallStream> stream_for(const CollectiveOptions& options) const {
+    if (options.stream == nullptr) return CallStream{stream_.get(), stream_handle_};
+    absl::StatusOr<uintptr_t> native = device().native_handle(*options.stream);
     if (!native.ok()) return native.status();
-    return reinterpret_cast<cudaStream_t>(*native);
+    return CallStream{options.stream, reinterpret_cast<cudaStream_t>(*native)};
+  }
+  // "" or the error's words (the device's, which name the CUDA call).
+  static std::string words(const absl::Status& status) {
+    return status.ok() ? std::string() : std::string(text::to_std(status.message()));
   }
 
   std::string settle_locked(ncclResult_t result, std::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  std::string wait_event_locked(cudaEvent_t event, std::string_view what)
+  std::string wait_event_locked(Event& event, std::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   void watch();
@@ -139,32 +151,32 @@ ncclResult_t NcclCommunicator::enqueue(const Operation& op, cudaStream_t s) {
   void* recv = op.recv;
   switch (c.kind) {
     case CollectiveKind::kAllGather:
-      if (equal) return ncclAllGather(send, recv, c.counts[0], nccl_type(c.type), comm_, s);
+      if (equal) return nccl().AllGather(send, recv, c.counts[0], nccl_type(c.type), comm_, s);
       // Uneven shards: one broadcast per rank into its slice (PyTorch's all_gather_v), fused
       // into one group.
       return group(c, [&](int peer, uint64_t offset) {
         char* slice = at(recv, offset, c.type);
-        return ncclBroadcast(peer == rank() ? send : slice, slice, c.counts[peer],
+        return nccl().Broadcast(peer == rank() ? send : slice, slice, c.counts[peer],
                              nccl_type(c.type), peer, comm_, s);
       });
     case CollectiveKind::kReduceScatter:
       if (equal) {
-        return ncclReduceScatter(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op), comm_,
+        return nccl().ReduceScatter(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op), comm_,
                                  s);
       }
       // Uneven shards: one reduce per rank, rooted there (NCCL reads recvbuff on the root only,
       // so the other ranks need no scratch).
       return group(c, [&](int peer, uint64_t offset) {
-        return ncclReduce(at(send, offset, c.type), peer == rank() ? recv : nullptr, c.counts[peer],
+        return nccl().Reduce(at(send, offset, c.type), peer == rank() ? recv : nullptr, c.counts[peer],
                           nccl_type(c.type), nccl_op(c.op), peer, comm_, s);
       });
     case CollectiveKind::kAllReduce:
-      return ncclAllReduce(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op), comm_, s);
+      return nccl().AllReduce(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op), comm_, s);
     case CollectiveKind::kBroadcast:
-      return ncclBroadcast(send, recv, c.counts[0], nccl_type(c.type), c.root, comm_, s);
+      return nccl().Broadcast(send, recv, c.counts[0], nccl_type(c.type), c.root, comm_, s);
     case CollectiveKind::kBarrier:
       // An all-reduce of one int on the scratch: later work on the stream waits for every rank.
-      return ncclAllReduce(scratch_->data(), scratch_->data(), 1, ncclInt32, ncclSum, comm_, s);
+      return nccl().AllReduce(scratch_->data(), scratch_->data(), 1, ncclInt32, ncclSum, comm_, s);
   }
   return ncclInvalidArgument;
 }
@@ -172,26 +184,26 @@ ncclResult_t NcclCommunicator::enqueue(const Operation& op, cudaStream_t s) {
 ncclResult_t NcclCommunicator::group(
     const CollectiveCall& c,
     const std::function<ncclResult_t(int peer, uint64_t offset)>& each) const {
-  ncclResult_t result = ncclGroupStart();
+  ncclResult_t result = nccl().GroupStart();
   if (result != ncclSuccess) return result;
   uint64_t offset = 0;
   for (int peer = 0; peer < size(); ++peer) {
     if (c.counts[peer] > 0) {
       result = each(peer, offset);
       if (result != ncclSuccess && result != ncclInProgress) {
-        (void)ncclGroupEnd();
+        (void)nccl().GroupEnd();
         return result;
       }
     }
     offset += c.counts[peer];
   }
-  return ncclGroupEnd();
+  return nccl().GroupEnd();
 }
 
 absl::StatusOr<std::unique_ptr<CollectiveWork>> NcclCommunicator::start(
     const Operation& op, const CollectiveOptions& options) {
   const CollectiveCall& call = op.call;
-  absl::StatusOr<cudaStream_t> stream = stream_for(options);
+  absl::StatusOr<CallStream> stream = stream_for(options);
   if (!stream.ok()) return fail(call, text::to_std(stream.status().message()));
   if (settings().debug) {
     if (absl::Status s = check_signatures(call, options); !s.ok()) return s;
@@ -202,11 +214,11 @@ absl::StatusOr<std::unique_ptr<CollectiveWork>> NcclCommunicator::start(
   EventPtr start, end;
   std::string local;
   if (run) {
-    absl::StatusOr<EventPtr> s = create_event();
-    absl::StatusOr<EventPtr> e = s.ok() ? create_event() : s.status();
+    absl::StatusOr<std::unique_ptr<Event>> s = device().create_event();
+    absl::StatusOr<std::unique_ptr<Event>> e = s.ok() ? device().create_event() : s.status();
     if (e.ok()) {
-      start = *std::move(s);
-      end = *std::move(e);
+      start = EventPtr(*std::move(s));
+      end = EventPtr(*std::move(e));
     } else {
       local = std::string(e.status().message());
     }
@@ -215,17 +227,13 @@ absl::StatusOr<std::unique_ptr<CollectiveWork>> NcclCommunicator::start(
     MutexLock lock(&mutex_);
     if (comm_ == nullptr) {
       local = "the NCCL communicator was aborted";
-    } else if (cudaError_t e = cudaSetDevice(ordinal_); local.empty() && e != cudaSuccess) {
-      local = cuda_error(e, cat("cudaSetDevice(", ordinal_, ")"));
+    } else if (local.empty()) {
+      local = words(device().make_current());
     }
     if (local.empty() && run) {
-      if (cudaError_t e = cudaEventRecord(start.get(), *stream); e != cudaSuccess) {
-        local = cuda_error(e, "cudaEventRecord");
-      }
-      if (local.empty()) local = settle_locked(enqueue(op, *stream), call.describe());
-      if (cudaError_t e = cudaEventRecord(end.get(), *stream); local.empty() && e != cudaSuccess) {
-        local = cuda_error(e, "cudaEventRecord");
-      }
+      local = words(device().record(*start, *stream->stream));
+      if (local.empty()) local = settle_locked(enqueue(op, stream->handle), call.describe());
+      if (local.empty()) local = words(device().record(*end, *stream->stream));
       if (local.empty()) {
         pending_.push_back(Pending{call, start, end, std::nullopt, state});
         cv_.SignalAll();
@@ -235,7 +243,7 @@ absl::StatusOr<std::unique_ptr<CollectiveWork>> NcclCommunicator::start(
     }
   }
   if (!local.empty()) return fail(call, local);
-  return std::make_unique<NcclWork>(call.sequence, call.describe(), settings().timeout, health(),
+  return std::make_unique<NcclWork>(device(), call.sequence, call.describe(), settings().timeout, health(),
                                     std::move(state), std::move(end));
 }
 
@@ -243,40 +251,35 @@ absl::StatusOr<std::unique_ptr<CollectiveWork>> NcclCommunicator::start(
 // The host waits (bounded): debug mode only.
 absl::StatusOr<std::vector<CollectiveCall::Signature>> NcclCommunicator::exchange_signatures(
     const CollectiveCall& call, const CollectiveOptions& options) {
-  absl::StatusOr<cudaStream_t> stream = stream_for(options);
+  absl::StatusOr<CallStream> stream = stream_for(options);
   if (!stream.ok()) return stream.status();
-  absl::StatusOr<EventPtr> done = create_event();
+  absl::StatusOr<std::unique_ptr<Event>> done = device().create_event();
   if (!done.ok()) return done.status();
   const CollectiveCall::Signature mine = call.signature();
   auto* host = static_cast<uint8_t*>(signatures_->data());
   std::memcpy(host, mine.data(), kSignatureBytes);
-  auto* device = static_cast<uint8_t*>(scratch_->data());
+  auto* scratch = static_cast<uint8_t*>(scratch_->data());
   const uint64_t table_bytes = kSignatureBytes * static_cast<uint64_t>(size());
   std::string local;
   {
     MutexLock lock(&mutex_);
     if (comm_ == nullptr) return absl::AbortedError("the NCCL communicator was aborted");
-    if (cudaError_t e = cudaSetDevice(ordinal_); e != cudaSuccess) {
-      local = cuda_error(e, cat("cudaSetDevice(", ordinal_, ")"));
-    } else if (cudaError_t c = cudaMemcpyAsync(device + kSignatureOffset, host, kSignatureBytes,
-                                               cudaMemcpyHostToDevice, *stream);
-               c != cudaSuccess) {
-      local = cuda_error(c, "cudaMemcpyAsync (signature)");
-    } else {
-      local = settle_locked(ncclAllGather(device + kSignatureOffset, device + kGatherOffset,
-                                          kSignatureBytes, ncclUint8, comm_, *stream),
+    local = words(device().make_current());
+    if (local.empty()) {
+      local = words(device().copy_async(scratch + kSignatureOffset, host, kSignatureBytes,
+                                        CopyKind::kHostToDevice, *stream->stream));
+    }
+    if (local.empty()) {
+      local = settle_locked(nccl().AllGather(scratch + kSignatureOffset, scratch + kGatherOffset,
+                                             kSignatureBytes, ncclUint8, comm_, stream->handle),
                             "ncclAllGather");
     }
     if (local.empty()) {
-      const cudaError_t e = cudaMemcpyAsync(host + kSignatureBytes, device + kGatherOffset,
-                                            table_bytes, cudaMemcpyDeviceToHost, *stream);
-      if (e != cudaSuccess) local = cuda_error(e, "cudaMemcpyAsync (signatures)");
+      local = words(device().copy_async(host + kSignatureBytes, scratch + kGatherOffset,
+                                        table_bytes, CopyKind::kDeviceToHost, *stream->stream));
     }
-    if (local.empty()) {
-      const cudaError_t e = cudaEventRecord(done->get(), *stream);
-      if (e != cudaSuccess) local = cuda_error(e, "cudaEventRecord");
-    }
-    if (local.empty()) local = wait_event_locked(done->get(), "the signature exchange");
+    if (local.empty()) local = words(device().record(**done, *stream->stream));
+    if (local.empty()) local = wait_event_locked(**done, "the signature exchange");
   }
   if (!local.empty()) return absl::UnavailableError(to_absl(local));
   std::vector<CollectiveCall::Signature> all(size());
@@ -296,22 +299,22 @@ std::string NcclCommunicator::settle_locked(ncclResult_t result, std::string_vie
     }
     backoff.pause();
     ncclResult_t async = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    const ncclResult_t r = nccl().CommGetAsyncError(comm_, &async);
     result = r != ncclSuccess ? r : async;
   }
   return result == ncclSuccess ? std::string() : nccl_error(result, what);
 }
 
 // Waits on the host for `event`, bounded by the timeout and ended early by an NCCL error.
-std::string NcclCommunicator::wait_event_locked(cudaEvent_t event, std::string_view what) {
+std::string NcclCommunicator::wait_event_locked(Event& event, std::string_view what) {
   const auto deadline = Clock::now() + settings().timeout;
   Backoff backoff;
   while (true) {
-    const cudaError_t q = cudaEventQuery(event);
-    if (q == cudaSuccess) return {};
-    if (q != cudaErrorNotReady) return cuda_error(q, cat("cudaEventQuery (", what, ")"));
+    absl::StatusOr<bool> done = device().query(event);
+    if (!done.ok()) return cat(what, ": ", done.status().message());
+    if (*done) return {};
     ncclResult_t async = ncclSuccess;
-    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) async = r;
+    if (ncclResult_t r = nccl().CommGetAsyncError(comm_, &async); r != ncclSuccess) async = r;
     if (async != ncclSuccess && async != ncclInProgress) return nccl_error(async, what);
     if (Clock::now() >= deadline) {
       return cat(what, " did not finish within STRATA_COMM_TIMEOUT (",
@@ -324,7 +327,7 @@ std::string NcclCommunicator::wait_event_locked(cudaEvent_t event, std::string_v
 // The watchdog: records each operation's completion, and turns an operation that runs past the
 // timeout, or an asynchronous NCCL error, into an abort and the job's error.
 void NcclCommunicator::watch() {
-  (void)cudaSetDevice(ordinal_);
+  (void)device().make_current();
   bool exit = false;
   while (!exit) {
     if (std::optional<Failure> failure = poll(exit)) (void)fail(failure->call, failure->local);
@@ -343,20 +346,23 @@ std::optional<NcclCommunicator::Failure> NcclCommunicator::poll(bool& exit) {
     return std::nullopt;
   }
   ncclResult_t async = ncclSuccess;
-  if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) async = r;
+  if (ncclResult_t r = nccl().CommGetAsyncError(comm_, &async); r != ncclSuccess) async = r;
   if (async != ncclSuccess && async != ncclInProgress) {
     return Failure{pending_.front().call, nccl_error(async, "NCCL (an asynchronous error)")};
   }
   const auto now = Clock::now();
   for (auto it = pending_.begin(); it != pending_.end();) {
-    const cudaError_t q = cudaEventQuery(it->end.get());
-    if (q == cudaSuccess) {
+    absl::StatusOr<bool> done = device().query(*it->end);
+    if (done.ok() && *done) {
       it->state->finish(absl::OkStatus());
       it = pending_.erase(it);
       continue;
     }
-    if (q != cudaErrorNotReady) return Failure{it->call, cuda_error(q, "cudaEventQuery")};
-    if (!it->started && cudaEventQuery(it->start.get()) == cudaSuccess) it->started = now;
+    if (!done.ok()) return Failure{it->call, words(done.status())};
+    if (!it->started) {
+      absl::StatusOr<bool> started = device().query(*it->start);
+      if (started.ok() && *started) it->started = now;
+    }
     if (it->started && now - *it->started > settings().timeout) {
       return Failure{it->call, cat("the operation did not finish within STRATA_COMM_TIMEOUT (",
                                    format_duration(settings().timeout),
@@ -376,7 +382,7 @@ std::optional<NcclCommunicator::Failure> NcclCommunicator::poll(bool& exit) {
 void NcclCommunicator::abort_transport() {
   MutexLock lock(&mutex_);
   if (comm_ != nullptr) {
-    (void)ncclCommAbort(comm_);
+    (void)nccl().CommAbort(comm_);
     comm_ = nullptr;
   }
   cv_.SignalAll();
@@ -410,14 +416,14 @@ NcclCommunicator::~NcclCommunicator() {
     MutexLock lock(&mutex_);
     if (comm_ != nullptr) {
       // ncclCommFinalize flushes and is non-blocking here: polled, bounded, else aborted.
-      (void)cudaSetDevice(ordinal_);
+      (void)device().make_current();
       std::string local;
-      if (pending_.empty()) local = settle_locked(ncclCommFinalize(comm_), "ncclCommFinalize");
+      if (pending_.empty()) local = settle_locked(nccl().CommFinalize(comm_), "ncclCommFinalize");
       if (pending_.empty() && local.empty()) {
-        (void)ncclCommDestroy(comm_);
+        (void)nccl().CommDestroy(comm_);
       } else {
         if (!local.empty()) STRATA_LOG(kWarn, "%s: aborting the NCCL communicator", local);
-        (void)ncclCommAbort(comm_);
+        (void)nccl().CommAbort(comm_);
       }
       comm_ = nullptr;
     }
@@ -433,7 +439,8 @@ NcclCommunicator::~NcclCommunicator() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const CommOptions& options) {
+absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(
+    const CommOptions& options, std::unique_ptr<JobMonitor> monitor) {
   const LaunchInfo& launch = options.launch;
   Device* device = options.device;
   if (device == nullptr || device->backend() != Backend::kCuda) {
@@ -441,6 +448,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const Com
         "the NCCL communicator needs a CUDA device: pass the runtime's CUDA device in "
         "CommOptions::device, or use STRATA_COMM_BACKEND=gloo for host buffers");
   }
+  // NCCL's functions, from the library found at run time (strata/comm/nccl_library.h).
+  if (absl::StatusOr<const NcclApi*> api = load_nccl_api(); !api.ok()) return api.status();
   NcclParts parts;
   const uint64_t scratch_bytes =
       kGatherOffset + kSignatureBytes * static_cast<uint64_t>(launch.world_size);
@@ -448,16 +457,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const Com
       device->allocate_device_memory(scratch_bytes);
   if (!scratch.ok()) return scratch.status();
   parts.scratch = *std::move(scratch);
-  // The device's GPU, learnt from memory it allocated (the Device seam does not name ordinals).
-  cudaPointerAttributes attributes{};
-  if (cudaError_t e = cudaPointerGetAttributes(&attributes, parts.scratch->data());
-      e != cudaSuccess) {
-    return absl::InternalError(to_absl(cuda_error(e, "cudaPointerGetAttributes")));
-  }
-  parts.ordinal = attributes.device;
-  if (cudaError_t e = cudaSetDevice(parts.ordinal); e != cudaSuccess) {
-    return absl::InternalError(to_absl(cuda_error(e, cat("cudaSetDevice(", parts.ordinal, ")"))));
-  }
+  parts.ordinal = device->ordinal();
+  // NCCL creates its communicator on the calling thread's current device.
+  if (absl::Status s = device->make_current(); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<Stream>> stream = device->create_stream();
   if (!stream.ok()) return stream.status();
   absl::StatusOr<uintptr_t> handle = device->native_handle(**stream);
@@ -471,16 +473,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const Com
     parts.signatures = *std::move(pinned);
   }
 
-  absl::StatusOr<std::unique_ptr<JobMonitor>> monitor = JobMonitor::join(launch, options.settings);
-  if (!monitor.ok()) return monitor.status();
-  parts.monitor = *std::move(monitor);
+  parts.monitor = std::move(monitor);
   TcpStore& store = parts.monitor->store();
 
   const GpuIdentity gpu = GpuIdentity::on_this_machine(device->pci_bus_id(), parts.ordinal);
   absl::StatusOr<ncclComm_t> comm = nccl_rendezvous(launch, options.settings, store, gpu);
   if (!comm.ok()) return comm.status();
   parts.comm = *comm;
-  (void)ncclGetVersion(&parts.version);
+  (void)nccl().GetVersion(&parts.version);
   auto communicator = std::make_unique<NcclCommunicator>(options, std::move(parts));
   STRATA_LOG(kInfo, "%s", communicator->description());
   return communicator;

@@ -14,6 +14,10 @@
 namespace strata::comm_internal {
 
 // options.device must be a CUDA device; it must outlive the communicator.
-absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const CommOptions& options);
+class JobMonitor;
+
+// `monitor`: the job's rendezvous, joined by Communicator::create.
+absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(const CommOptions& options,
+                                                              std::unique_ptr<JobMonitor> monitor);
 
 }  // namespace strata::comm_internal

@@ -40,14 +40,10 @@ std::string absent_ranks(TcpStore& store, int world_size) {
 }  // namespace
 
 std::string nccl_error(ncclResult_t result, std::string_view what) {
-  std::string message = cat(what, " failed: ", ncclGetErrorString(result));
-  const char* last = ncclGetLastError(nullptr);
+  std::string message = cat(what, " failed: ", nccl().GetErrorString(result));
+  const char* last = nccl().GetLastError(nullptr);
   if (last != nullptr && *last != '\0') message += cat(" (", last, ")");
   return message;
-}
-
-std::string cuda_error(cudaError_t error, std::string_view what) {
-  return cat(what, " failed: ", cudaGetErrorString(error), " (", cudaGetErrorName(error), ")");
 }
 
 ncclDataType_t nccl_type(DataType type) {
@@ -84,14 +80,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-absl::StatusOr<EventPtr> create_event() {
-  cudaEvent_t event = nullptr;
-  if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess) {
-    return absl::InternalError(to_absl(cuda_error(e, "cudaEventCreateWithFlags")));
-  }
-  return EventPtr(event, [](cudaEvent_t e) { cudaEventDestroy(e); });
-}
-
 absl::Status NcclWork::wait() {
   if (std::optional<absl::Status> r = state_->result(); r.has_value() && !r->ok()) return *r;
   return health_->verdict();
@@ -103,12 +91,12 @@ absl::Status NcclWork::synchronize() {
   while (true) {
     if (std::optional<absl::Status> r = state_->result()) return *r;
     if (absl::Status broken = health_->verdict(); !broken.ok()) return broken;
-    const cudaError_t q = end_ == nullptr ? cudaSuccess : cudaEventQuery(end_.get());
-    // Done — unless an abort ended it, which the health tells.
-    if (q == cudaSuccess) return health_->verdict();
-    if (q != cudaErrorNotReady) {
-      return absl::InternalError(to_absl(cat(what_, ": ", cuda_error(q, "cudaEventQuery"))));
+    absl::StatusOr<bool> done = end_ == nullptr ? true : device_.query(*end_);
+    if (!done.ok()) {
+      return absl::InternalError(to_absl(cat(what_, ": ", done.status().message())));
     }
+    // Done — unless an abort ended it, which the health tells.
+    if (*done) return health_->verdict();
     if (Clock::now() >= deadline) {
       return absl::DeadlineExceededError(
           to_absl(cat(what_,
@@ -129,7 +117,7 @@ absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommS
   // Rank 0 makes the unique id; the others read it from the rendezvous.
   ncclUniqueId id{};
   if (launch.rank == 0) {
-    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+    if (ncclResult_t r = nccl().GetUniqueId(&id); r != ncclSuccess) {
       return absl::UnavailableError(to_absl(cat(who, ": ", nccl_error(r, "ncclGetUniqueId"))));
     }
     if (absl::Status s = store.set(kIdKey, std::string_view(id.internal, sizeof(id.internal)));
@@ -157,17 +145,17 @@ absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommS
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  ncclResult_t result = ncclCommInitRankConfig(&comm, launch.world_size, id, launch.rank, &config);
+  ncclResult_t result = nccl().CommInitRankConfig(&comm, launch.world_size, id, launch.rank, &config);
   const auto deadline = Clock::now() + settings.timeout;
   Backoff backoff;
   while (result == ncclInProgress && comm != nullptr && Clock::now() < deadline) {
     backoff.pause();
     ncclResult_t async = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+    const ncclResult_t r = nccl().CommGetAsyncError(comm, &async);
     result = r != ncclSuccess ? r : async;
   }
   if (result != ncclSuccess) {
-    if (comm != nullptr) (void)ncclCommAbort(comm);
+    if (comm != nullptr) (void)nccl().CommAbort(comm);
     if (result == ncclInProgress) {
       return absl::DeadlineExceededError(to_absl(
           cat(who, ": NCCL's set-up did not finish within STRATA_COMM_TIMEOUT (",

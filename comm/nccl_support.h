@@ -1,13 +1,14 @@
 // The pieces of the NCCL backend around the communicator: NCCL's words for types and errors,
-// CUDA events, the work handle, and the set-up of the NCCL communicator through the rendezvous.
+// the work handle, and the set-up of the NCCL communicator through the rendezvous.
 // Private to comm/ (with nccl_communicator.cc, the only files that include nccl.h).
 #pragma once
 
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 #include <absl/synchronization/mutex.h>
-#include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "nccl_api.h"
 
 #include <algorithm>
 #include <chrono>
@@ -23,14 +24,14 @@
 #include "strata/base/mutex.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/tcp_store.h"
+#include "strata/device/device.h"
 
 namespace strata::comm_internal {
 
 using Clock = std::chrono::steady_clock;
 
-// "what failed: NCCL's words (its last error)" and the same for CUDA.
+// "what failed: NCCL's words (its last error)".
 std::string nccl_error(ncclResult_t result, std::string_view what);
-std::string cuda_error(cudaError_t error, std::string_view what);
 
 ncclDataType_t nccl_type(DataType type);
 ncclRedOp_t nccl_op(ReduceOp op);
@@ -47,8 +48,9 @@ class Backoff {
   std::chrono::microseconds delay_{10};
 };
 
-using EventPtr = std::shared_ptr<std::remove_pointer_t<cudaEvent_t>>;
-absl::StatusOr<EventPtr> create_event();  // without timing
+// Events come from the Device (no CUDA runtime calls in comm/): shared by the communicator's
+// watchdog and the work handle. The device outlives both.
+using EventPtr = std::shared_ptr<Event>;
 
 // One operation's outcome as the watchdog saw it (the first finish() wins).
 struct OpState {
@@ -72,9 +74,10 @@ struct OpState {
 class NcclWork final : public CollectiveWork {
  public:
   // `end`: recorded after the operation on its stream; null when it was skipped (no elements).
-  NcclWork(uint64_t sequence, std::string what, std::chrono::milliseconds timeout,
+  NcclWork(Device& device, uint64_t sequence, std::string what, std::chrono::milliseconds timeout,
            std::shared_ptr<Health> health, std::shared_ptr<OpState> state, EventPtr end)
-      : sequence_(sequence),
+      : device_(device),
+        sequence_(sequence),
         what_(std::move(what)),
         timeout_(timeout),
         health_(std::move(health)),
@@ -89,6 +92,7 @@ class NcclWork final : public CollectiveWork {
   uint64_t sequence() const override { return sequence_; }
 
  private:
+  Device& device_;
   uint64_t sequence_;
   std::string what_;
   std::chrono::milliseconds timeout_;

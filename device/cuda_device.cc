@@ -254,6 +254,27 @@ class CudaDevice final : public Device {
     return id;
   }
 
+  int ordinal() const override { return ordinal_; }
+  absl::Status make_current() override { return select(ordinal_); }
+
+  absl::StatusOr<MemoryKind> memory_kind(const void* p) override {
+    cudaPointerAttributes attributes{};
+    if (auto status = cuda_status(cudaPointerGetAttributes(&attributes, p),
+                                  "cudaPointerGetAttributes");
+        !status.ok()) {
+      return status;
+    }
+    switch (attributes.type) {
+      case cudaMemoryTypeDevice:
+      case cudaMemoryTypeManaged:
+        return MemoryKind::kDevice;
+      case cudaMemoryTypeHost:
+        return MemoryKind::kRegisteredHost;
+      default:
+        return MemoryKind::kHost;
+    }
+  }
+
   absl::StatusOr<std::unique_ptr<DeviceMemory>> allocate_device_memory(uint64_t bytes) override {
     if (auto status = select(ordinal_); !status.ok()) return status;
     void* data = nullptr;

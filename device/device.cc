@@ -20,6 +20,18 @@ std::string_view to_string(CopyKind kind) {
   return "unknown";
 }
 
+std::string_view to_string(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kHost:
+      return "host";
+    case MemoryKind::kRegisteredHost:
+      return "registered host";
+    case MemoryKind::kDevice:
+      return "device";
+  }
+  return "unknown";
+}
+
 void PinnedHostMemory::FreeDeleter::operator()(void* p) const { std::free(p); }
 
 PinnedHostMemory::~PinnedHostMemory() = default;

@@ -135,6 +135,12 @@ class HostDevice final : public Device {
     return std::make_unique<HostDeviceMemory>(shared_, std::move(memory), bytes);
   }
 
+  absl::StatusOr<MemoryKind> memory_kind(const void* p) override {
+    if (shared_->device_memory.contains(p, 1)) return MemoryKind::kDevice;
+    if (shared_->registered_host.contains(p, 1)) return MemoryKind::kRegisteredHost;
+    return MemoryKind::kHost;
+  }
+
   absl::StatusOr<std::unique_ptr<HostRegistration>> register_host(void* data,
                                                                   uint64_t bytes) override {
     if (data == nullptr || bytes == 0) {

@@ -132,6 +132,9 @@ class BorrowedDevice final : public Device {
   explicit BorrowedDevice(Device& to) : to_(to) {}
   Backend backend() const override { return to_.backend(); }
   std::string description() const override { return to_.description(); }
+  int ordinal() const override { return to_.ordinal(); }
+  absl::Status make_current() override { return to_.make_current(); }
+  absl::StatusOr<MemoryKind> memory_kind(const void* p) override { return to_.memory_kind(p); }
   absl::StatusOr<std::unique_ptr<DeviceMemory>> allocate_device_memory(uint64_t bytes) override {
     return to_.allocate_device_memory(bytes);
   }

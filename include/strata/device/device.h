@@ -23,6 +23,15 @@ enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 std::string_view to_string(CopyKind kind);
 
+// What an address is to a device (Device::memory_kind).
+enum class MemoryKind {
+  kHost,            // ordinary host memory (or memory the device does not know)
+  kRegisteredHost,  // host memory registered with the device (pinned)
+  kDevice,          // the device's own memory (or memory the device can address directly)
+};
+
+std::string_view to_string(MemoryKind kind);
+
 // An ordered queue of device work. Created by a Device; must not outlive it.
 class Stream {
  public:
@@ -109,6 +118,14 @@ class Device {
   // The GPU's PCI bus id ("0000:3b:00.0"), the same in every process on this machine that uses
   // it (NCCL needs one GPU per rank); "" where there is no GPU (the host backend) or no answer.
   virtual std::string pci_bus_id() const { return {}; }
+  // The GPU's CUDA ordinal (cuda:N); -1 where there is no GPU (the host backend).
+  virtual int ordinal() const { return -1; }
+  // Makes this device current on the calling thread (cudaSetDevice), for libraries that work on
+  // the current device (NCCL); nothing to do on the host backend.
+  virtual absl::Status make_current() { return absl::OkStatus(); }
+  // What `p` points into (cudaPointerGetAttributes on CUDA; the host backend answers from its
+  // own books: its device allocations and registered ranges).
+  virtual absl::StatusOr<MemoryKind> memory_kind(const void* p) = 0;
 
   // One device allocation of `bytes` (the GPU arena is one such allocation, made at start).
   virtual absl::StatusOr<std::unique_ptr<DeviceMemory>> allocate_device_memory(uint64_t bytes) = 0;

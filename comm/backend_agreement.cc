@@ -1,0 +1,116 @@
+#include "backend_agreement.h"
+
+#include <cstdlib>
+
+#include "strata/base/text.h"
+#include "strata/comm/nccl_library.h"
+
+namespace strata::comm_internal {
+namespace {
+
+using text::cat;
+using text::to_absl;
+
+std::string capability_key(int rank) { return cat("strata/capability/", rank); }
+
+// "rank 3" or "ranks 1, 2 and 5".
+std::string name_ranks(const std::vector<int>& ranks) {
+  if (ranks.size() == 1) return cat("rank ", ranks[0]);
+  std::string out = "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
+    out += cat(ranks[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string CommCapability::encode() const {
+  return cat("gpu=", cuda_device ? 1 : 0, ";nccl=", nccl ? 1 : 0);
+}
+
+absl::StatusOr<CommCapability> CommCapability::decode(std::string_view text) {
+  if (text.size() != 11 || text.substr(0, 4) != "gpu=" || text.substr(5, 6) != ";nccl=" ||
+      (text[4] != '0' && text[4] != '1') || (text[10] != '0' && text[10] != '1')) {
+    return absl::InvalidArgumentError(
+        to_absl(cat("an unreadable capability \"", text, "\": is every rank this build?")));
+  }
+  return CommCapability{.cuda_device = text[4] == '1', .nccl = text[10] == '1'};
+}
+
+CommCapability local_capability(bool cuda_device) {
+  if (const char* claim = std::getenv("STRATA_TESTING_CLAIM_NCCL");
+      claim != nullptr && std::string_view(claim) == "1") {
+    return CommCapability{.cuda_device = true, .nccl = true};
+  }
+  // NCCL is searched only where it could be used: a rank without a GPU never loads it.
+  const bool nccl = cuda_device && nccl_backend_built() && nccl_library().found();
+  return CommCapability{.cuda_device = cuda_device, .nccl = nccl};
+}
+
+absl::StatusOr<CommBackendKind> choose_backend(const std::vector<CommCapability>& by_rank) {
+  std::vector<int> without_gpu, without_nccl;
+  for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) {
+    if (!by_rank[r].cuda_device) {
+      without_gpu.push_back(r);
+    } else if (!by_rank[r].nccl) {
+      without_nccl.push_back(r);
+    }
+  }
+  const size_t unable = without_gpu.size() + without_nccl.size();
+  if (unable == 0) return CommBackendKind::kNccl;
+  if (unable == by_rank.size()) return CommBackendKind::kGloo;
+  std::vector<int> able;
+  for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) {
+    if (by_rank[r].can_use_nccl()) able.push_back(r);
+  }
+  std::string message =
+      cat("STRATA_COMM_BACKEND=auto: the ranks cannot agree on a communicator: ", name_ranks(able),
+          " can use NCCL (a GPU and NCCL found) but");
+  std::string fix = "Fix: set STRATA_COMM_BACKEND=gloo on every rank";
+  if (!without_nccl.empty()) {
+    message += cat(" ", name_ranks(without_nccl), " found no NCCL");
+    fix += cat(", or install NCCL where it is missing (pip install nvidia-nccl-cu12, or set "
+               "STRATA_NCCL_LIBRARY; strata-info shows where NCCL was searched)");
+  }
+  if (!without_gpu.empty()) {
+    message += cat(without_nccl.empty() ? " " : " and ", name_ranks(without_gpu),
+                   without_gpu.size() == 1 ? " has" : " have", " no GPU");
+    fix += ", or give every rank a GPU";
+  }
+  return absl::FailedPreconditionError(
+      to_absl(cat(message, ". Every rank must use the same backend. ", fix, ".")));
+}
+
+absl::StatusOr<CommBackendKind> agree_on_backend(TcpStore& store, int rank, int world_size,
+                                                 const CommCapability& mine) {
+  const std::string who = cat("rank ", rank, " of ", world_size);
+  if (absl::Status s = store.set(capability_key(rank), mine.encode()); !s.ok()) return s;
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(capability_key(r));
+  if (absl::Status s = store.wait(keys, store.options().timeout); !s.ok()) {
+    return absl::Status(s.code(), to_absl(cat(who,
+                                              ": the ranks did not all tell what they can use "
+                                              "(STRATA_COMM_BACKEND=auto): ",
+                                              s.message())));
+  }
+  std::vector<CommCapability> all;
+  for (int r = 0; r < world_size; ++r) {
+    absl::StatusOr<std::string> value = store.get(keys[r]);
+    if (!value.ok()) return value.status();
+    absl::StatusOr<CommCapability> capability = CommCapability::decode(*value);
+    if (!capability.ok()) {
+      return absl::InvalidArgumentError(
+          to_absl(cat(who, ": rank ", r, " posted ", capability.status().message())));
+    }
+    all.push_back(*capability);
+  }
+  absl::StatusOr<CommBackendKind> verdict = choose_backend(all);
+  if (!verdict.ok()) {
+    return absl::Status(verdict.status().code(), to_absl(cat(who, ": ", verdict.status().message())));
+  }
+  return verdict;
+}
+
+}  // namespace strata::comm_internal
