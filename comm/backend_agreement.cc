@@ -31,12 +31,12 @@ std::string CommCapability::encode() const {
 }
 
 absl::StatusOr<CommCapability> CommCapability::decode(std::string_view text) {
-  if (text.size() != 11 || text.substr(0, 4) != "gpu=" || text.substr(5, 6) != ";nccl=" ||
-      (text[4] != '0' && text[4] != '1') || (text[10] != '0' && text[10] != '1')) {
+  if (text.size() != 12 || text.substr(0, 4) != "gpu=" || text.substr(5, 6) != ";nccl=" ||
+      (text[4] != '0' && text[4] != '1') || (text[11] != '0' && text[11] != '1')) {
     return absl::InvalidArgumentError(
         to_absl(cat("an unreadable capability \"", text, "\": is every rank this build?")));
   }
-  return CommCapability{.cuda_device = text[4] == '1', .nccl = text[10] == '1'};
+  return CommCapability{.cuda_device = text[4] == '1', .nccl = text[11] == '1'};
 }
 
 CommCapability local_capability(bool cuda_device) {

@@ -84,7 +84,7 @@ bool try_file(NcclSearch& search, const std::string& file, std::string_view step
   return true;
 }
 
-NcclSearch search() {
+NcclSearch search(const testing::NcclSearchSteps& steps) {
   NcclSearch search;
   if (const char* path = env("STRATA_NCCL_LIBRARY")) {
     void* handle = dlopen(path, kOpenFlags);
@@ -103,11 +103,14 @@ NcclSearch search() {
   search.tried.push_back("STRATA_NCCL_LIBRARY: not set");
 
   const std::string soname(kSoname);
-  if (void* handle = dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+  if (!steps.already_loaded) {
+    search.tried.push_back("already loaded in this process: left out (test)");
+  } else if (void* handle = dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
     accept(search, handle, loaded_path(handle, soname), "already loaded in this process");
     return search;
+  } else {
+    search.tried.push_back(cat("already loaded in this process: no ", soname));
   }
-  search.tried.push_back(cat("already loaded in this process: no ", soname));
 
   if (const char* dirs = env("STRATA_NCCL_SEARCH_PATH")) {
     std::string_view rest = dirs;
@@ -122,8 +125,12 @@ NcclSearch search() {
     search.tried.push_back("STRATA_NCCL_SEARCH_PATH: not set");
   }
 
-  if (try_file(search, soname, "the system's library path")) return search;
-  if (try_file(search, cat("/usr/local/cuda/lib64/", soname), "the CUDA toolkit")) return search;
+  if (!steps.system) {
+    search.tried.push_back("the system: left out (test)");
+  } else if (try_file(search, soname, "the system's library path") ||
+             try_file(search, cat("/usr/local/cuda/lib64/", soname), "the CUDA toolkit")) {
+    return search;
+  }
 
   search.error = absl::NotFoundError(to_absl(
       cat("NCCL (", soname, ") was not found. Searched: ", text::join(search.tried, "; "), ". ",
@@ -134,7 +141,7 @@ NcclSearch search() {
 }  // namespace
 
 const NcclSearch& nccl_library() {
-  static const NcclSearch result = search();  // C++ guarantees one thread runs the search
+  static const NcclSearch result = search({});  // C++ guarantees one thread runs the search
   return result;
 }
 
@@ -153,7 +160,7 @@ bool nccl_backend_built() {
 }
 
 namespace testing {
-NcclSearch search_nccl_uncached() { return search(); }
+NcclSearch search_nccl_uncached(NcclSearchSteps steps) { return search(steps); }
 }  // namespace testing
 
 }  // namespace strata

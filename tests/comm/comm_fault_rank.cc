@@ -2,12 +2,14 @@
 //   comm_fault_rank SCENARIO FAULTY_RANK
 // Scenarios: ok (no fault), die (FAULTY_RANK is killed while its all_reduce is in flight),
 // other-op (it issues a broadcast where the others all_reduce), other-size (its all_reduce
-// has another size), fewer (it stops issuing collectives and sleeps, as if stuck).
+// has another size), fewer (it stops issuing collectives and sleeps, as if stuck), claim-nccl
+// (it claims a GPU and NCCL for STRATA_COMM_BACKEND=auto: STRATA_TESTING_CLAIM_NCCL).
 // Prints "rank R: ok" or "rank R: error: <message>" on stderr and exits 0 or 1.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -29,11 +31,15 @@ int report(int rank, const absl::Status& status) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: comm_fault_rank ok|die|other-op|other-size|fewer FAULTY_RANK\n");
+    std::fprintf(stderr, "usage: comm_fault_rank ok|die|other-op|other-size|fewer|claim-nccl FAULTY_RANK\n");
     return 2;
   }
   const std::string scenario = argv[1];
   const int faulty = std::atoi(argv[2]);
+  if (scenario == "claim-nccl" && std::getenv("RANK") != nullptr &&
+      std::atoi(std::getenv("RANK")) == faulty) {
+    setenv("STRATA_TESTING_CLAIM_NCCL", "1", 1);
+  }
   absl::StatusOr<std::unique_ptr<strata::Communicator>> created =
       strata::Communicator::from_environment();
   if (!created.ok()) return report(-1, created.status());

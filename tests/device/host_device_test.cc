@@ -130,6 +130,29 @@ TEST_CASE("HostDevice memory is bounded like a GPU's", "[device]") {
   CHECK(absl::IsInvalidArgument(device->allocate_device_memory(0).status()));
 }
 
+TEST_CASE("HostDevice tells what memory a pointer is, and has no GPU to make current",
+          "[device]") {
+  auto device = host_device();
+  CHECK(device->ordinal() == -1);
+  CHECK(device->make_current().ok());
+  auto memory = device->allocate_device_memory(1 << 20);
+  REQUIRE(memory.ok());
+  auto* data = static_cast<char*>((*memory)->data());
+  CHECK(*device->memory_kind(data) == MemoryKind::kDevice);
+  CHECK(*device->memory_kind(data + (1 << 20) - 1) == MemoryKind::kDevice);
+  std::vector<char> host(8192);
+  CHECK(*device->memory_kind(host.data()) == MemoryKind::kHost);
+  {
+    auto registration = device->register_host(host.data(), host.size());
+    REQUIRE(registration.ok());
+    CHECK(*device->memory_kind(host.data() + 100) == MemoryKind::kRegisteredHost);
+  }
+  CHECK(*device->memory_kind(host.data()) == MemoryKind::kHost);  // unregistered again
+  memory->reset();
+  CHECK(*device->memory_kind(data) == MemoryKind::kHost);  // freed
+  CHECK(to_string(MemoryKind::kRegisteredHost) == "registered host");
+}
+
 TEST_CASE("HostDevice rejects bad options", "[device]") {
   HostDeviceOptions options;
   options.h2d_bytes_per_second = -1;

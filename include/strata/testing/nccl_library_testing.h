@@ -6,6 +6,13 @@
 
 namespace strata::testing {
 
-NcclSearch search_nccl_uncached();
+// Which of the search's steps run: a test on a machine that has NCCL installed (or loaded
+// already) leaves out those steps to see the search fail. A step left out is reported so.
+struct NcclSearchSteps {
+  bool already_loaded = true;
+  bool system = true;
+};
+
+NcclSearch search_nccl_uncached(NcclSearchSteps steps = {});
 
 }  // namespace strata::testing
