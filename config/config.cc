@@ -99,7 +99,9 @@ absl::Status unknown_variable(std::string_view name, std::string_view value) {
   const std::string name_upper = upper(name);
   std::string_view best;
   size_t best_distance = std::numeric_limits<size_t>::max();
-  for (std::string_view known : known_variables()) {
+  std::vector<std::string_view> candidates = known_variables();
+  candidates.insert(candidates.end(), std::begin(kLoaderVariables), std::end(kLoaderVariables));
+  for (std::string_view known : candidates) {
     const size_t d = edit_distance(name_upper, known);
     if (d < best_distance) {
       best_distance = d;
@@ -388,7 +390,9 @@ absl::StatusOr<Config> Config::from_variables(const std::map<std::string, std::s
   for (const auto& [name, value] : vars) {
     if (!name.starts_with(kPrefix)) continue;
     const auto& known = known_variables();
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
+    if (std::find(known.begin(), known.end(), name) == known.end() &&
+        std::find(std::begin(kLoaderVariables), std::end(kLoaderVariables), name) ==
+            std::end(kLoaderVariables)) {
       errors.add(unknown_variable(name, value));
     }
   }

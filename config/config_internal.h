@@ -33,6 +33,10 @@ inline constexpr std::string_view kCommBackend = "STRATA_COMM_BACKEND";
 inline constexpr std::string_view kCommTimeout = "STRATA_COMM_TIMEOUT";
 inline constexpr std::string_view kCommDebug = "STRATA_COMM_DEBUG";
 inline constexpr std::string_view kPrefix = "STRATA_";
+// Read where they are used, not by Config: the NCCL loader's (comm/nccl_library.cc) and the
+// auto agreement's test hook (comm/backend_agreement.cc). Known, so never "not a strata variable".
+inline constexpr std::string_view kLoaderVariables[] = {
+    "STRATA_NCCL_LIBRARY", "STRATA_NCCL_SEARCH_PATH", "STRATA_TESTING_CLAIM_NCCL"};
 
 // Collects every error; the combined status carries the first error's code.
 class Errors {

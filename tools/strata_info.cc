@@ -17,8 +17,10 @@
 #include "cli.h"
 #include "strata/base/size.h"
 #include "strata/config/config.h"
+#include "strata/comm/nccl_library.h"
 #include "strata/config/machine_info.h"
 #include "strata/device/backend.h"
+#include "strata/device/cuda_libraries.h"
 #include "strata/runtime/runtime.h"
 
 namespace strata {
@@ -76,6 +78,39 @@ std::string path_text(const PathInfo& p) {
                          p.logical_block_size, p.block_size_known ? "" : " (assumed)");
 }
 
+// The run-time libraries: what was found where (the CUDA runtime is linked in; the driver and
+// NCCL are found at run time).
+struct LibraryLines {
+  std::string cuda_runtime;
+  std::string cuda_driver;
+  std::string nccl;
+  std::vector<std::string> nccl_searched;
+};
+
+LibraryLines library_lines() {
+  LibraryLines out;
+  const CudaLibraries cuda = cuda_libraries();
+  out.cuda_runtime =
+      cuda.runtime_built
+          ? absl::StrFormat("CUDA %s, linked statically", cuda_version_text(cuda.runtime_version))
+          : std::string("none: this build has no CUDA backend");
+  out.cuda_driver = cuda.driver_found
+                        ? absl::StrFormat("libcuda.so.1 at %s, supports CUDA %s",
+                                          cuda.driver_path.empty() ? "?" : cuda.driver_path,
+                                          cuda_version_text(cuda.driver_version))
+                        : absl::StrFormat("not found: no GPU driver (%s)", cuda.driver_error);
+  if (!nccl_backend_built()) {
+    out.nccl = "not used: this build has no NCCL backend (no CUDA or no nccl.h at build time)";
+    return out;
+  }
+  const NcclSearch& nccl = nccl_library();
+  out.nccl = nccl.found() ? absl::StrFormat("NCCL %s at %s (from %s)",
+                                            nccl_version_text(nccl.version), nccl.path, nccl.step)
+                          : absl::StrFormat("not found: %s", nccl.error.message());
+  out.nccl_searched = nccl.tried;
+  return out;
+}
+
 void print_text(const MachineInfo& m, const ResolvedConfig* config) {
   std::ostringstream out;
   if (config != nullptr) {
@@ -114,6 +149,12 @@ void print_text(const MachineInfo& m, const ResolvedConfig* config) {
                       : absl::StrFormat("unavailable: %s; NVMe I/O uses psync", m.io_uring_detail));
   if (m.paths.empty()) row("NVMe paths", "none (STRATA_NVME_PATHS is empty: no NVMe tier)");
   for (const PathInfo& p : m.paths) row(p.path, path_text(p));
+  const LibraryLines libraries = library_lines();
+  out << "\nLibraries\n";
+  row("CUDA runtime", libraries.cuda_runtime);
+  row("CUDA driver", libraries.cuda_driver);
+  row("NCCL", libraries.nccl);
+  for (const std::string& step : libraries.nccl_searched) row("", "searched: " + step);
   std::cout << out.str();
 }
 
@@ -251,6 +292,15 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const std::string
       .str("io_uring_detail", m.io_uring_detail)
       .raw("nvme_paths", json_list(paths));
   root.raw("machine", machine.done());
+  const LibraryLines libraries = library_lines();
+  std::vector<std::string> searched;
+  for (const std::string& step : libraries.nccl_searched) searched.push_back(json_string(step));
+  root.raw("libraries", JsonObject()
+                            .str("cuda_runtime", libraries.cuda_runtime)
+                            .str("cuda_driver", libraries.cuda_driver)
+                            .str("nccl", libraries.nccl)
+                            .raw("nccl_searched", json_list(searched))
+                            .done());
   if (!startup.empty()) root.raw("startup", startup);
   std::cout << root.done() << "\n";
 }
