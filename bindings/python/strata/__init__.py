@@ -12,6 +12,28 @@ strata and trains it with the ZeRO-Offload optimizer. strata.Communicator and st
 train data-parallel over several ranks (ZeRO-DP stages 1 and 2). See docs/python.md.
 """
 
+
+
+def _add_torch_nccl_to_search_path():
+    """Appends the lib/ directories of torch's NCCL wheel (nvidia-nccl-cu*) found on sys.path
+    to STRATA_NCCL_SEARCH_PATH, without importing torch, so that strata loads the NCCL torch
+    uses. The C++ loader reads the variable when NCCL is first needed (docs/comm.md)."""
+    import os
+    import sys
+
+    name = "STRATA_NCCL_SEARCH_PATH"
+    dirs = [d for d in os.environ.get(name, "").split(":") if d]
+    for entry in sys.path:
+        lib = os.path.join(entry or os.getcwd(), "nvidia", "nccl", "lib")
+        if os.path.isfile(os.path.join(lib, "libnccl.so.2")) and lib not in dirs:
+            dirs.append(lib)
+    if dirs:
+        os.environ[name] = ":".join(dirs)
+
+
+_add_torch_nccl_to_search_path()
+del _add_torch_nccl_to_search_path
+
 from ._strata import (  # noqa: F401
     Acquisition,
     ActivationStash,
