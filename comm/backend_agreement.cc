@@ -71,8 +71,9 @@ absl::StatusOr<CommBackendKind> choose_backend(const std::vector<CommCapability>
   std::string fix = "Fix: set STRATA_COMM_BACKEND=gloo on every rank";
   if (!without_nccl.empty()) {
     message += cat(" ", name_ranks(without_nccl), " found no NCCL");
-    fix += cat(", or install NCCL where it is missing (pip install nvidia-nccl-cu12, or set "
-               "STRATA_NCCL_LIBRARY; strata-info shows where NCCL was searched)");
+    fix +=
+        cat(", or install NCCL where it is missing (pip install nvidia-nccl-cu12, or set "
+            "STRATA_NCCL_LIBRARY; strata-info shows where NCCL was searched)");
   }
   if (!without_gpu.empty()) {
     message += cat(without_nccl.empty() ? " " : " and ", name_ranks(without_gpu),
@@ -108,7 +109,8 @@ absl::StatusOr<CommBackendKind> agree_on_backend(TcpStore& store, int rank, int 
   }
   absl::StatusOr<CommBackendKind> verdict = choose_backend(all);
   if (!verdict.ok()) {
-    return absl::Status(verdict.status().code(), to_absl(cat(who, ": ", verdict.status().message())));
+    return absl::Status(verdict.status().code(),
+                        to_absl(cat(who, ": ", verdict.status().message())));
   }
   return verdict;
 }

@@ -8,8 +8,8 @@
 #include "backend_agreement.h"
 #include "gloo_communicator.h"
 #include "job_monitor.h"
-#include "strata/comm/nccl_library.h"
 #include "strata/base/text.h"
+#include "strata/comm/nccl_library.h"
 #include "strata/config/config.h"
 #include "strata/device/device.h"
 #if defined(STRATA_HAVE_NCCL)

@@ -13,7 +13,7 @@ namespace strata::comm_internal {
 class JobMonitor;
 
 // `monitor`: the job's rendezvous, joined by Communicator::create.
-absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(const CommOptions& options,
-                                                              std::unique_ptr<JobMonitor> monitor);
+absl::StatusOr<std::unique_ptr<Communicator>> create_gloo_communicator(
+    const CommOptions& options, std::unique_ptr<JobMonitor> monitor);
 
 }  // namespace strata::comm_internal

@@ -40,10 +40,10 @@ absl::StatusOr<NcclApi> resolve() {
   get(api.Reduce, "ncclReduce");
   get(api.Broadcast, "ncclBroadcast");
   if (!missing.empty()) {
-    return absl::FailedPreconditionError(to_absl(
-        cat(library.path, " (NCCL ", nccl_version_text(library.version), ") lacks ", missing,
-            ": use NCCL ", nccl_version_text(kMinNcclVersion),
-            " or newer (pip install nvidia-nccl-cu12, or set STRATA_NCCL_LIBRARY)")));
+    return absl::FailedPreconditionError(
+        to_absl(cat(library.path, " (NCCL ", nccl_version_text(library.version), ") lacks ",
+                    missing, ": use NCCL ", nccl_version_text(kMinNcclVersion),
+                    " or newer (pip install nvidia-nccl-cu12, or set STRATA_NCCL_LIBRARY)")));
   }
   return api;
 }

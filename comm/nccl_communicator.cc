@@ -157,18 +157,18 @@ ncclResult_t NcclCommunicator::enqueue(const Operation& op, cudaStream_t s) {
       return group(c, [&](int peer, uint64_t offset) {
         char* slice = at(recv, offset, c.type);
         return nccl().Broadcast(peer == rank() ? send : slice, slice, c.counts[peer],
-                             nccl_type(c.type), peer, comm_, s);
+                                nccl_type(c.type), peer, comm_, s);
       });
     case CollectiveKind::kReduceScatter:
       if (equal) {
-        return nccl().ReduceScatter(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op), comm_,
-                                 s);
+        return nccl().ReduceScatter(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op),
+                                    comm_, s);
       }
       // Uneven shards: one reduce per rank, rooted there (NCCL reads recvbuff on the root only,
       // so the other ranks need no scratch).
       return group(c, [&](int peer, uint64_t offset) {
-        return nccl().Reduce(at(send, offset, c.type), peer == rank() ? recv : nullptr, c.counts[peer],
-                          nccl_type(c.type), nccl_op(c.op), peer, comm_, s);
+        return nccl().Reduce(at(send, offset, c.type), peer == rank() ? recv : nullptr,
+                             c.counts[peer], nccl_type(c.type), nccl_op(c.op), peer, comm_, s);
       });
     case CollectiveKind::kAllReduce:
       return nccl().AllReduce(send, recv, c.counts[0], nccl_type(c.type), nccl_op(c.op), comm_, s);
@@ -243,8 +243,8 @@ absl::StatusOr<std::unique_ptr<CollectiveWork>> NcclCommunicator::start(
     }
   }
   if (!local.empty()) return fail(call, local);
-  return std::make_unique<NcclWork>(device(), call.sequence, call.describe(), settings().timeout, health(),
-                                    std::move(state), std::move(end));
+  return std::make_unique<NcclWork>(device(), call.sequence, call.describe(), settings().timeout,
+                                    health(), std::move(state), std::move(end));
 }
 
 // Every rank all-gathers every rank's signature of this call through NCCL, on the call's stream.

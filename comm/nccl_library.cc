@@ -132,9 +132,8 @@ NcclSearch search(const testing::NcclSearchSteps& steps) {
     return search;
   }
 
-  search.error = absl::NotFoundError(to_absl(
-      cat("NCCL (", soname, ") was not found. Searched: ", text::join(search.tried, "; "), ". ",
-          kFix)));
+  search.error = absl::NotFoundError(to_absl(cat("NCCL (", soname, ") was not found. Searched: ",
+                                                 text::join(search.tried, "; "), ". ", kFix)));
   return search;
 }
 

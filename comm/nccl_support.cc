@@ -145,7 +145,8 @@ absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommS
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  ncclResult_t result = nccl().CommInitRankConfig(&comm, launch.world_size, id, launch.rank, &config);
+  ncclResult_t result =
+      nccl().CommInitRankConfig(&comm, launch.world_size, id, launch.rank, &config);
   const auto deadline = Clock::now() + settings.timeout;
   Backoff backoff;
   while (result == ncclInProgress && comm != nullptr && Clock::now() < deadline) {

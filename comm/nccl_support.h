@@ -8,8 +8,6 @@
 #include <absl/synchronization/mutex.h>
 #include <nccl.h>
 
-#include "nccl_api.h"
-
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -21,6 +19,7 @@
 
 #include "communicator_base.h"
 #include "gpu_assignment.h"
+#include "nccl_api.h"
 #include "strata/base/mutex.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/tcp_store.h"

@@ -259,8 +259,8 @@ class CudaDevice final : public Device {
 
   absl::StatusOr<MemoryKind> memory_kind(const void* p) override {
     cudaPointerAttributes attributes{};
-    if (auto status = cuda_status(cudaPointerGetAttributes(&attributes, p),
-                                  "cudaPointerGetAttributes");
+    if (auto status =
+            cuda_status(cudaPointerGetAttributes(&attributes, p), "cudaPointerGetAttributes");
         !status.ok()) {
       return status;
     }

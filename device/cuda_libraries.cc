@@ -38,8 +38,6 @@ CudaLibraries cuda_libraries() {
   return out;
 }
 
-std::string cuda_version_text(int code) {
-  return text::cat(code / 1000, ".", code % 1000 / 10);
-}
+std::string cuda_version_text(int code) { return text::cat(code / 1000, ".", code % 1000 / 10); }
 
 }  // namespace strata

@@ -16,8 +16,8 @@
 
 #include "cli.h"
 #include "strata/base/size.h"
-#include "strata/config/config.h"
 #include "strata/comm/nccl_library.h"
+#include "strata/config/config.h"
 #include "strata/config/machine_info.h"
 #include "strata/device/backend.h"
 #include "strata/device/cuda_libraries.h"
@@ -90,10 +90,9 @@ struct LibraryLines {
 LibraryLines library_lines() {
   LibraryLines out;
   const CudaLibraries cuda = cuda_libraries();
-  out.cuda_runtime =
-      cuda.runtime_built
-          ? absl::StrFormat("CUDA %s, linked statically", cuda_version_text(cuda.runtime_version))
-          : std::string("none: this build has no CUDA backend");
+  out.cuda_runtime = cuda.runtime_built ? absl::StrFormat("CUDA %s, linked statically",
+                                                          cuda_version_text(cuda.runtime_version))
+                                        : std::string("none: this build has no CUDA backend");
   out.cuda_driver = cuda.driver_found
                         ? absl::StrFormat("libcuda.so.1 at %s, supports CUDA %s",
                                           cuda.driver_path.empty() ? "?" : cuda.driver_path,

@@ -73,8 +73,7 @@ TEST_CASE("auto: one rank with NCCL among ranks without: every rank fails naming
 }
 
 TEST_CASE("auto: ranks without a GPU agree on Gloo", "[comm][auto]") {
-  testing::RankProcesses job({STRATA_COMM_FAULT_RANK, "ok", "-1"}, 2, {0, 1},
-                             testing::free_port(),
+  testing::RankProcesses job({STRATA_COMM_FAULT_RANK, "ok", "-1"}, 2, {0, 1}, testing::free_port(),
                              {{"STRATA_COMM_TIMEOUT", "20s"}, {"STRATA_COMM_BACKEND", "auto"}});
   for (const testing::RankOutcome& r : job.wait(60s)) {
     INFO("rank " << r.rank << ": " << r.output);

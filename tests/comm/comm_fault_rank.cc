@@ -31,7 +31,8 @@ int report(int rank, const absl::Status& status) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: comm_fault_rank ok|die|other-op|other-size|fewer|claim-nccl FAULTY_RANK\n");
+    std::fprintf(
+        stderr, "usage: comm_fault_rank ok|die|other-op|other-size|fewer|claim-nccl FAULTY_RANK\n");
     return 2;
   }
   const std::string scenario = argv[1];

@@ -2,6 +2,8 @@
 // real loading of the NCCL this machine has under /usr/local/cuda (ncclGetVersion and
 // ncclGetErrorString need no GPU). Searches run afresh (the test hook); the environment is set
 // per test and restored.
+#include "strata/comm/nccl_library.h"
+
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 #include <optional>
 #include <string>
 
-#include "strata/comm/nccl_library.h"
 #include "strata/testing/nccl_library_testing.h"
 
 namespace strata {
@@ -71,12 +72,11 @@ class NcclDir {
   fs::path dir_;
 };
 
-TEST_CASE("No NCCL anywhere: the error names every place searched and the fix",
-          "[nccl_library]") {
+TEST_CASE("No NCCL anywhere: the error names every place searched and the fix", "[nccl_library]") {
   ScopedEnv library("STRATA_NCCL_LIBRARY", std::nullopt);
   ScopedEnv path("STRATA_NCCL_SEARCH_PATH", "/nonexistent/strata-a:/nonexistent/strata-b");
-  const NcclSearch search = search_nccl_uncached(
-      NcclSearchSteps{.already_loaded = false, .system = false});
+  const NcclSearch search =
+      search_nccl_uncached(NcclSearchSteps{.already_loaded = false, .system = false});
   INFO(message(search));
   CHECK_FALSE(search.found());
   CHECK(search.error.code() == absl::StatusCode::kNotFound);
@@ -95,7 +95,8 @@ TEST_CASE("STRATA_NCCL_LIBRARY naming a missing file is an error naming it, noth
   INFO(message(search));
   CHECK_FALSE(search.found());
   CHECK(search.error.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(contains(message(search), "STRATA_NCCL_LIBRARY=/nonexistent/libnccl.so.2 cannot be loaded"));
+  CHECK(
+      contains(message(search), "STRATA_NCCL_LIBRARY=/nonexistent/libnccl.so.2 cannot be loaded"));
   CHECK(contains(message(search), "No such file"));  // dlerror's words
   CHECK(search.tried.size() == 1);
 }

@@ -206,8 +206,8 @@ TEST_CASE("Near misses of STRATA_ variables are errors with the closest name sug
   // Variables of other programs are not ours to judge.
   CHECK(Config::from_variables({{"STRATAX", "1"}, {"MY_STRATA_THING", "1"}}).ok());
   // The NCCL loader's variables are strata's, read where NCCL is loaded; a typo is still caught.
-  CHECK(Config::from_variables({{"STRATA_NCCL_LIBRARY", "/x/libnccl.so.2"},
-                                {"STRATA_NCCL_SEARCH_PATH", "/a:/b"}})
+  CHECK(Config::from_variables(
+            {{"STRATA_NCCL_LIBRARY", "/x/libnccl.so.2"}, {"STRATA_NCCL_SEARCH_PATH", "/a:/b"}})
             .ok());
   CHECK(contains(error_of({{"STRATA_NCCL_LIBRAY", "/x"}}), "did you mean STRATA_NCCL_LIBRARY?"));
 }

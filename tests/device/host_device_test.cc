@@ -130,8 +130,7 @@ TEST_CASE("HostDevice memory is bounded like a GPU's", "[device]") {
   CHECK(absl::IsInvalidArgument(device->allocate_device_memory(0).status()));
 }
 
-TEST_CASE("HostDevice tells what memory a pointer is, and has no GPU to make current",
-          "[device]") {
+TEST_CASE("HostDevice tells what memory a pointer is, and has no GPU to make current", "[device]") {
   auto device = host_device();
   CHECK(device->ordinal() == -1);
   CHECK(device->make_current().ok());

@@ -25,12 +25,12 @@ inline constexpr int kMinNcclVersion = 21400;
 
 struct NcclSearch {
   bool found() const { return handle != nullptr; }
-  std::string path;     // the file loaded ("" when not found)
-  int version = 0;      // ncclGetVersion's code: 22809 for 2.28.9
-  std::string step;     // the step that found it ("STRATA_NCCL_SEARCH_PATH", ...)
+  std::string path;  // the file loaded ("" when not found)
+  int version = 0;   // ncclGetVersion's code: 22809 for 2.28.9
+  std::string step;  // the step that found it ("STRATA_NCCL_SEARCH_PATH", ...)
   // Each place tried, in order, with what happened ("/x/libnccl.so.2: no such file").
   std::vector<std::string> tried;
-  absl::Status error;   // OK when found; else what went wrong, every place tried and the fix
+  absl::Status error;      // OK when found; else what went wrong, every place tried and the fix
   void* handle = nullptr;  // dlopen's handle, for comm's table of NCCL functions
 };
 

@@ -11,9 +11,9 @@ struct CudaLibraries {
   bool runtime_built = false;  // this build has the CUDA backend (and the static runtime)
   int runtime_version = 0;     // cudaRuntimeGetVersion: 12080 for 12.8
   bool driver_found = false;
-  std::string driver_path;     // where libcuda.so.1 was loaded from
-  int driver_version = 0;      // cuDriverGetVersion: the newest CUDA the driver supports
-  std::string driver_error;    // why it was not found (dlerror's words)
+  std::string driver_path;   // where libcuda.so.1 was loaded from
+  int driver_version = 0;    // cuDriverGetVersion: the newest CUDA the driver supports
+  std::string driver_error;  // why it was not found (dlerror's words)
 };
 
 CudaLibraries cuda_libraries();
