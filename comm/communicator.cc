@@ -8,6 +8,7 @@
 #include "backend_agreement.h"
 #include "gloo_communicator.h"
 #include "job_monitor.h"
+#include "strata/base/log.h"
 #include "strata/base/text.h"
 #include "strata/comm/nccl_library.h"
 #include "strata/config/config.h"
@@ -64,6 +65,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::create(const CommOpt
         comm_internal::local_capability(cuda_device));
     if (!agreed.ok()) return agreed.status();
     kind = *agreed;
+    if (kind == CommBackendKind::kGloo && cuda_device && nccl_backend_built() &&
+        !nccl_library().found()) {
+      // Every rank lacks NCCL: Gloo works, on host buffers; say why it was not NCCL.
+      STRATA_LOG(kWarn, "STRATA_COMM_BACKEND=auto: using Gloo on a CUDA device: %s",
+                 nccl_library().error.message());
+    }
   }
 #if defined(STRATA_HAVE_NCCL)
   if (kind == CommBackendKind::kNccl) {
