@@ -22,8 +22,8 @@ def _relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def train_zero(args, t) -> int:
-    """`t`: model.py (the model, the data, the hyper-parameters)."""
+def train_zero(args, w) -> int:
+    """`w`: the workload (workload.py: the model, the data, the hyper-parameters)."""
     rt = strata.Runtime()
     if rt.backend == "cuda" or args.device == "cuda":
         print("--zero-stage: this example trains on the CPU (STRATA_BACKEND=host, --device=cpu); "
@@ -36,24 +36,22 @@ def train_zero(args, t) -> int:
     param_home = home if args.zero_stage == 3 else "cpu"
     per_rank = args.batch // ranks
 
-    torch.manual_seed(1234)
-    reference = t.TinyTransformer()
+    reference = w.build()  # the same on every rank (tiny: one seed; GPT: per-parameter seeds)
     n_params = sum(p.numel() for p in reference.parameters())
-    units = None if args.units == "layer" else (t.Block,)
+    units = None if args.units == "layer" else (w.block,)
     model = st.zero_shard(
         copy.deepcopy(reference), comm, stage=args.zero_stage, units=units,
         param_home=param_home, state_home=home, bucket_bytes=args.bucket_bytes,
         max_live_bytes=args.max_live_bytes, prefetch_bytes="64KiB", reuse_window_bytes="64KiB",
-        persist_below_bytes="2KiB", max_grad_norm=t.MAX_GRAD_NORM, **t.HYPER)
+        persist_below_bytes="2KiB", max_grad_norm=w.max_grad_norm, **w.hyper)
     layout = model.engine.layout()
-    say(f"model: {n_params} parameters ({4 * n_params / 1024:.0f} KiB fp32), {t.LAYERS} blocks, "
-        f"d_model {t.D_MODEL}, vocab {t.VOCAB}, seq {t.SEQ}; global batch {args.batch} "
-        f"({per_rank} per rank)")
+    say(f"model: {n_params} parameters ({4 * n_params / 1024:.0f} KiB fp32), {w.describe}; "
+        f"global batch {args.batch} ({per_rank} per rank)")
     say(f"strata: ZeRO stage {args.zero_stage} on {ranks} rank(s) over "
         f"{comm.backend}, {len(model.units)} units ({args.units}), {layout['groups']} groups, "
         f"parameters homed in {param_home}, AdamW states in {home}")
 
-    batches = t.markov_batches(args.steps, batch=args.batch)
+    batches = [w.batch(step) for step in range(1, args.steps + 1)]
     first = 0
     if args.load_sharded:
         model.load_sharded(args.load_sharded)
@@ -66,12 +64,12 @@ def train_zero(args, t) -> int:
 
     ref_opt = None
     if rank == 0:
-        ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **t.HYPER)
+        ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **w.hyper)
 
     def reference_step(x, y) -> float:
-        loss = t.lm_loss(reference, x, y)
+        loss = w.loss(reference, x, y)
         loss.backward()
-        nn.utils.clip_grad_norm_(reference.parameters(), t.MAX_GRAD_NORM)
+        nn.utils.clip_grad_norm_(reference.parameters(), w.max_grad_norm)
         ref_opt.step()
         ref_opt.zero_grad()
         return loss.item()
@@ -86,7 +84,7 @@ def train_zero(args, t) -> int:
     start = time.perf_counter()
     for step in range(first + 1, args.steps + 1):
         x, y = batches[step - 1]
-        loss = t.lm_loss(model, x[mine], y[mine])
+        loss = w.loss(model, x[mine], y[mine])
         loss.backward()
         result = model.step()
         clipped += result["clip_coef"] < 1.0
@@ -142,7 +140,7 @@ def train_zero(args, t) -> int:
                 f"late), {stats['reuses']} reuses, {stats['order_changes']} order changes; "
                 f"gathered peak {stats['gathered_peak_bytes']} bytes "
                 f"(max_live_bytes {args.max_live_bytes})")
-        say(f"gradient clipping (max norm {t.MAX_GRAD_NORM:g}) applied at {clipped} of "
+        say(f"gradient clipping (max norm {w.max_grad_norm:g}) applied at {clipped} of "
             f"{len(losses)} steps")
         say(f"{len(losses)} steps in {elapsed:.2f} s (rank 0 trains the reference too)")
         if worst > args.tolerance:
