@@ -41,9 +41,11 @@ def train_zero(args, w) -> int:
     units = None if args.units == "layer" else (w.block,)
     model = st.zero_shard(
         copy.deepcopy(reference), comm, stage=args.zero_stage, units=units,
-        param_home=param_home, state_home=home, bucket_bytes=args.bucket_bytes,
-        max_live_bytes=args.max_live_bytes, prefetch_bytes="64KiB", reuse_window_bytes="64KiB",
-        persist_below_bytes="2KiB", max_grad_norm=w.max_grad_norm, **w.hyper)
+        offload_policy=st.OffloadPolicy(param_home=param_home, state_home=home),
+        reduce_policy=st.ReducePolicy(bucket_bytes=args.bucket_bytes),
+        fetch_policy=st.FetchPolicy(max_live_bytes=args.max_live_bytes, prefetch_bytes="64KiB",
+                                    reuse_window_bytes="64KiB", persist_below_bytes="2KiB"),
+        optimizer=st.ZeroAdamW(max_grad_norm=w.max_grad_norm, **w.hyper))
     layout = model.engine.layout()
     say(f"model: {n_params} parameters ({4 * n_params / 1024:.0f} KiB fp32), {w.describe}; "
         f"global batch {args.batch} ({per_rank} per rank)")

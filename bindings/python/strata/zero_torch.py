@@ -5,7 +5,9 @@ strata's Communicator (imported by strata.torch; docs/python.md has the details)
     import strata, strata.torch as st
     rt = strata.Runtime()
     comm = strata.Communicator.from_environment(rt)
-    model = st.zero_shard(MyModel(), comm, stage=3, lr=1e-3, weight_decay=0.01)
+    model = st.zero_shard(MyModel(), comm, stage=3,
+                          offload_policy=st.OffloadPolicy(param_home="cpu", state_home="cpu"),
+                          optimizer=st.ZeroAdamW(lr=1e-3, weight_decay=0.01))
     for x, y in my_slice_of_each_global_batch:
         loss_fn(model(x), y).backward()   # gradients reduce-scatter as backward produces them
         result = model.step()             # strata's Adam on this rank's slice; the same on all
@@ -45,17 +47,13 @@ from torch import nn
 
 import strata
 
+from .zero_policy import (FetchPolicy, MixedPrecisionPolicy, OffloadPolicy, ReducePolicy,
+                          ZeroAdamW, to_options)
+
 __all__ = ["ZeroModule", "zero_shard"]
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _BUFFERS_FILE = "strata_torch_buffers.pt"
 _FORMAT = "strata.torch.ZeroModule/1"
-
-
-def _dtype_name(dtype, what: str) -> str:
-    if dtype not in _DTYPE_NAMES:
-        raise ValueError(f"{what}={dtype}: use torch.float32, torch.float16 or torch.bfloat16")
-    return _DTYPE_NAMES[dtype]
 
 
 def _stream_of(tensor):
@@ -145,28 +143,29 @@ def _unit_owners(module: nn.Module, units):
 
 class ZeroModule(nn.Module):
     """An nn.Module trained data-parallel with a strata.ZeroEngine (see the module docstring).
+    zero_shard() makes one; its keyword arguments are ZeroModule's."""
 
-    Engine keywords (`**options`, as strata.ZeroEngine's): bucket_bytes, gradient_buckets,
-    alignment, param_home (gpu or cpu; stage 3 also nvme), accumulation_steps,
-    persist_below_bytes, prefetch_bytes, max_live_bytes, reuse_window_bytes, state_home, lr,
-    betas, eps, weight_decay, decoupled, max_grad_norm, loss_scale, dynamic_loss_scale,
-    skip_on_overflow, chunk_elements.
-    """
-
-    def __init__(self, module: nn.Module, comm: "strata.Communicator", stage: int = 3,
-                 units=None, tier: str = "gpu", param_dtype=torch.float32,
-                 grad_dtype=torch.float32, sync_module_states: bool = True,
-                 order: str = "record", **options):
+    def __init__(self, module: nn.Module, comm: "strata.Communicator", *, stage: int = 3,
+                 units=None, mp_policy: MixedPrecisionPolicy | None = None,
+                 offload_policy: OffloadPolicy | None = None,
+                 fetch_policy: FetchPolicy | None = None,
+                 reduce_policy: ReducePolicy | None = None, optimizer: ZeroAdamW | None = None,
+                 tier: str = "gpu", sync_module_states: bool = True, **moved):
         super().__init__()
+        if moved:
+            raise TypeError(_moved_message(moved))
         if comm.runtime is None:
             raise ValueError("the Communicator has no Runtime: create it with "
                              "strata.Communicator.from_environment(runtime)")
-        if order not in ("record", "module"):
-            raise ValueError(f"order={order!r}: use 'record' (the first step records the "
-                             "order of use) or 'module' (units in module order, then reversed)")
-        if "groups" in options:
-            raise ValueError("groups: ZeroModule gives every trainable parameter the keyword "
-                             "hyper-parameters (frozen ones a group of lr 0)")
+        options = to_options(stage, mp_policy, offload_policy, fetch_policy, reduce_policy,
+                             optimizer)
+        self.mp_policy = mp_policy or MixedPrecisionPolicy()
+        self.offload_policy = offload_policy or OffloadPolicy()
+        self.fetch_policy = fetch_policy or FetchPolicy()
+        self.reduce_policy = reduce_policy or ReducePolicy()
+        self.optimizer = optimizer or ZeroAdamW()
+        param_dtype = self.mp_policy.param_dtype
+        order = self.fetch_policy.order
         self.module = module
         self.comm = comm
         self.runtime = comm.runtime
@@ -178,8 +177,6 @@ class ZeroModule(nn.Module):
         self._hooks = []
         self._forward_depth = 0
         self._in_backward = False
-        param_name = _dtype_name(param_dtype, "param_dtype")
-        grad_name = _dtype_name(grad_dtype, "grad_dtype")
 
         # Units and their parameters, in module order. Each parameter is registered once (under
         # its first name) in module order, which should be the order forward uses them: stage
@@ -215,10 +212,9 @@ class ZeroModule(nn.Module):
             specs.append((first_names[id(p)], tuple(p.shape), flat[at:at + n],
                           0 if p.requires_grad else 1))
             at += n
-        if frozen:
-            options["groups"] = [{}, {"lr": 0.0, "weight_decay": 0.0}]
-        self.engine = strata.ZeroEngine(self.runtime, comm, specs, stage=stage,
-                                        param_dtype=param_name, grad_dtype=grad_name, **options)
+        if frozen:  # group 1: the frozen parameters, never changed
+            options.groups = [{}, {"lr": 0.0, "weight_decay": 0.0}]
+        self.engine = strata.ZeroEngine(self.runtime, comm, specs, options)
 
         with torch.enable_grad():
             for pid, p in enumerate(ordered):
@@ -532,8 +528,66 @@ class ZeroModule(nn.Module):
         self.engine = None
 
 
-def zero_shard(module: nn.Module, comm: "strata.Communicator", stage: int = 3, units=None,
-               **options) -> ZeroModule:
+def zero_shard(module: nn.Module, comm: "strata.Communicator", *, stage: int = 3, units=None,
+               mp_policy: MixedPrecisionPolicy | None = None,
+               offload_policy: OffloadPolicy | None = None,
+               fetch_policy: FetchPolicy | None = None, reduce_policy: ReducePolicy | None = None,
+               optimizer: ZeroAdamW | None = None, tier: str = "gpu",
+               sync_module_states: bool = True, **moved) -> ZeroModule:
     """Wraps `module` for ZeRO-DP training over `comm`'s ranks (every rank calls it, with the
-    same module and options). See ZeroModule."""
-    return ZeroModule(module, comm, stage=stage, units=units, **options)
+    same module and arguments), FSDP2's fully_shard's shape: keyword-only, grouped in frozen
+    policy objects (zero_policy.py; None: that policy's defaults).
+
+    stage: 1 (Adam states partitioned), 2 (gradients too), 3 (parameters too).
+    units: None (every module with parameters of its own), module classes, or a predicate
+        (name, module) -> bool: each such subtree is one unit, gathered and released whole.
+    mp_policy: MixedPrecisionPolicy (param_dtype, reduce_dtype, loss scaling).
+    offload_policy: OffloadPolicy (param_home: gpu/cpu/nvme; state_home: cpu/nvme).
+    fetch_policy: FetchPolicy (stage 3: order, prefetch_bytes, max_live_bytes, ...).
+    reduce_policy: ReducePolicy (bucket_bytes, gradient_buckets, alignment,
+        accumulation_steps).
+    optimizer: ZeroAdamW (lr, betas, eps, weight_decay, decoupled, max_grad_norm).
+    tier: where the module computes: 'gpu' (the GPU tier: device memory on the cuda backend,
+        host memory on the host backend) or 'cpu'.
+    sync_module_states: every rank starts from rank 0's values (a broadcast).
+    The engine is created with to_options(...) of these: model.engine.options shows it."""
+    if moved:
+        raise TypeError(_moved_message(moved))
+    return ZeroModule(module, comm, stage=stage, units=units, mp_policy=mp_policy,
+                      offload_policy=offload_policy, fetch_policy=fetch_policy,
+                      reduce_policy=reduce_policy, optimizer=optimizer, tier=tier,
+                      sync_module_states=sync_module_states)
+
+
+# Where the keywords of zero_shard before the policy objects went.
+_MOVED = {
+    "param_dtype": "mp_policy=MixedPrecisionPolicy(param_dtype=...)",
+    "grad_dtype": "mp_policy=MixedPrecisionPolicy(reduce_dtype=...)",
+    "loss_scale": "mp_policy=MixedPrecisionPolicy(loss_scale=...)",
+    "dynamic_loss_scale": "mp_policy=MixedPrecisionPolicy(dynamic_loss_scale=...)",
+    "skip_on_overflow": "mp_policy=MixedPrecisionPolicy(skip_on_overflow=...)",
+    "param_home": "offload_policy=OffloadPolicy(param_home=...)",
+    "state_home": "offload_policy=OffloadPolicy(state_home=...)",
+    "order": "fetch_policy=FetchPolicy(order=...)",
+    "prefetch_bytes": "fetch_policy=FetchPolicy(prefetch_bytes=...)",
+    "max_live_bytes": "fetch_policy=FetchPolicy(max_live_bytes=...)",
+    "reuse_window_bytes": "fetch_policy=FetchPolicy(reuse_window_bytes=...)",
+    "persist_below_bytes": "fetch_policy=FetchPolicy(persist_below_bytes=...)",
+    "bucket_bytes": "reduce_policy=ReducePolicy(bucket_bytes=...)",
+    "gradient_buckets": "reduce_policy=ReducePolicy(gradient_buckets=...)",
+    "alignment": "reduce_policy=ReducePolicy(alignment=...)",
+    "accumulation_steps": "reduce_policy=ReducePolicy(accumulation_steps=...)",
+    **{k: f"optimizer=ZeroAdamW({k}=...)" for k in ("lr", "betas", "eps", "weight_decay",
+                                                     "decoupled", "max_grad_norm",
+                                                     "chunk_elements")},
+}
+
+
+def _moved_message(moved: dict) -> str:
+    name = next(iter(moved))
+    if name in _MOVED:
+        return (f"zero_shard({name}=...): the options are grouped in policy objects now; use "
+                f"strata.torch.{_MOVED[name]}")
+    return (f"zero_shard() got an unexpected keyword argument {name!r} (use stage, units, "
+            "mp_policy, offload_policy, fetch_policy, reduce_policy, optimizer, tier, "
+            "sync_module_states)")
