@@ -1,7 +1,7 @@
 """torch_trainer's GPT (torch): a GPT-2-style causal language model of any size, built on the
 meta device and initialized in pieces, and synthetic next-token batches.
 
-    config = gpt.preset("gpt-1.3b")            # or gpt.GPTConfig(vocab=..., layers=..., ...)
+    config = gpt.preset("gpt-xl")              # or gpt.GPTConfig(vocab=..., layers=..., ...)
     model = gpt.GPT(config, device="meta")      # instant: no memory behind the parameters
     gpt.materialize(model.blocks[0], "cpu", config)   # one block at a time, or
     gpt.materialize(model, "cpu", config)       # the whole model

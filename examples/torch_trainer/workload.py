@@ -1,6 +1,6 @@
-"""What torch_trainer trains (torch): model.py's TinyTransformer on its Markov batches (--model=tiny,
-the default), or gpt.py's GPT (--model=gpt with --layers/--d-model/... or a preset such as
---model=gpt-1.3b) on gpt.synthetic_batch(). train.py and zero_train.py see only a Workload."""
+"""What torch_trainer trains (torch): model.py's TinyTransformer on its Markov batches
+(--model=tiny, the default), or gpt.py's GPT (--model=gpt with --layers/--d-model/... or a
+preset such as --model=gpt-xl) on gpt.synthetic_batch(). train.py and zero_train.py see only a Workload."""
 
 from __future__ import annotations
 

@@ -87,8 +87,8 @@ def test_engine_takes_options_or_fields(runtime, comm):
     assert engine.stage == 3
     # Keyword fields over the options (the optimizer's by their short names); `o` unchanged.
     other = strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="8MiB", nvme_paths=None)
-    again = strata.ZeroEngine(other, solo_communicator(other), [("v", 4)], o, stage=2, lr=0.125, betas=(0.5, 0.6),
-                              groups=[{}, {"weight_decay": 0.5}])
+    again = strata.ZeroEngine(other, solo_communicator(other), [("v", 4)], o, stage=2,
+                              lr=0.125, betas=(0.5, 0.6), groups=[{}, {"weight_decay": 0.5}])
     a = again.options
     assert (a.stage, a.optimizer.defaults.lr, a.bucket_bytes) == (2, 0.125, 4096)
     assert a.optimizer.defaults.betas == pytest.approx((0.5, 0.6))
