@@ -13,7 +13,7 @@ class Workload:
     transformer block class (a ZeRO unit with --units=block); hyper, max_grad_norm: AdamW's."""
 
     def __init__(self, name, build, batch, loss, block, hyper, max_grad_norm, describe,
-                 parameters):
+                 parameters, build_meta=None, param_init=None):
         self.name = name
         self.build = build
         self.batch = batch
@@ -23,6 +23,10 @@ class Workload:
         self.max_grad_norm = max_grad_norm
         self.describe = describe  # a line: the sizes
         self.parameters = parameters  # the count, known before building
+        # GPT: the model on the meta device and each parameter's initial values by name, for
+        # zero_shard(param_init=...): no fp32 copy of the model before the engine's.
+        self.build_meta = build_meta
+        self.param_init = param_init
 
 
 def gpt_config(args):
@@ -61,4 +65,5 @@ def make(args, steps: int, batch: int) -> Workload:
                                                  weight_decay=0.1), 1.0,
                     f"GPT {args.model}: {c.layers} blocks, d_model {c.d_model}, {c.heads} heads, "
                     f"vocab {c.vocab}, seq {c.seq_len}, {'tied' if c.tied else 'untied'} head",
-                    gpt.parameter_count(c))
+                    gpt.parameter_count(c), build_meta=lambda: gpt.GPT(c, device="meta"),
+                    param_init=lambda name, shape: gpt.init_parameter(name, shape, c))

@@ -70,14 +70,21 @@ def train_zero(args, w) -> int:
     param_home = home if args.zero_stage == 3 else "cpu"
     per_rank = args.batch // ranks
 
-    reference = w.build()  # the same on every rank (tiny: one seed; GPT: per-parameter seeds)
-    n_params = sum(p.numel() for p in reference.parameters())
+    # The reference (rank 0's, and every rank's copy of the small transformer): the same values
+    # on every rank (tiny: one seed; GPT: per-parameter seeds).
+    meta = w.build_meta is not None
+    reference = w.build() if rank == 0 or not meta else None
+    n_params = w.parameters if meta else sum(p.numel() for p in reference.parameters())
     units = None if args.units == "layer" else (w.block,)
     fetch = st.FetchPolicy(max_live_bytes=args.max_live_bytes, prefetch_bytes="64KiB",
                            reuse_window_bytes="64KiB", persist_below_bytes="2KiB")
     adamw = st.ZeroAdamW(max_grad_norm=w.max_grad_norm, **w.hyper)
+    # The GPT goes to zero_shard on the meta device, each parameter's values drawn by name as
+    # the engine is created (the same values as the materialized reference's, by gpt.py's
+    # per-parameter seeds); the small transformer as a copy of the reference.
     model = st.zero_shard(
-        copy.deepcopy(reference), comm, stage=args.zero_stage, units=units,
+        w.build_meta() if meta else copy.deepcopy(reference), comm, stage=args.zero_stage,
+        units=units, param_init=w.param_init,
         offload_policy=st.OffloadPolicy(param_home=param_home, state_home=home),
         reduce_policy=st.ReducePolicy(bucket_bytes=args.bucket_bytes), fetch_policy=fetch,
         optimizer=adamw)
@@ -89,7 +96,9 @@ def train_zero(args, w) -> int:
         f"global batch {args.batch} ({per_rank} per rank)")
     say(f"strata: ZeRO stage {args.zero_stage} on {ranks} rank(s) over "
         f"{comm.backend}, {len(model.units)} units ({args.units}), {layout['groups']} groups, "
-        f"parameters homed in {param_home}, AdamW states in {home}")
+        f"parameters homed in {param_home}, AdamW states in {home}"
+        + ("; built on the meta device, each parameter's values drawn by name (param_init)"
+           if meta else ""))
 
     batches = [w.batch(step) for step in range(1, args.steps + 1)]
     first = 0

@@ -234,3 +234,37 @@ def to_options(stage: int, mp_policy=None, offload_policy=None, fetch_policy=Non
     d.lr, d.betas, d.eps = adam.lr, adam.betas, adam.eps
     d.weight_decay, d.decoupled = adam.weight_decay, adam.decoupled
     return o
+
+
+# Where the keywords of zero_shard before the policy objects went.
+_MOVED = {
+    "param_dtype": "mp_policy=MixedPrecisionPolicy(param_dtype=...)",
+    "grad_dtype": "mp_policy=MixedPrecisionPolicy(reduce_dtype=...)",
+    "loss_scale": "mp_policy=MixedPrecisionPolicy(loss_scale=...)",
+    "dynamic_loss_scale": "mp_policy=MixedPrecisionPolicy(dynamic_loss_scale=...)",
+    "skip_on_overflow": "mp_policy=MixedPrecisionPolicy(skip_on_overflow=...)",
+    "param_home": "offload_policy=OffloadPolicy(param_home=...)",
+    "state_home": "offload_policy=OffloadPolicy(state_home=...)",
+    "order": "fetch_policy=FetchPolicy(order=...)",
+    "prefetch_bytes": "fetch_policy=FetchPolicy(prefetch_bytes=...)",
+    "max_live_bytes": "fetch_policy=FetchPolicy(max_live_bytes=...)",
+    "reuse_window_bytes": "fetch_policy=FetchPolicy(reuse_window_bytes=...)",
+    "persist_below_bytes": "fetch_policy=FetchPolicy(persist_below_bytes=...)",
+    "bucket_bytes": "reduce_policy=ReducePolicy(bucket_bytes=...)",
+    "gradient_buckets": "reduce_policy=ReducePolicy(gradient_buckets=...)",
+    "alignment": "reduce_policy=ReducePolicy(alignment=...)",
+    "accumulation_steps": "reduce_policy=ReducePolicy(accumulation_steps=...)",
+    **{k: f"optimizer=ZeroAdamW({k}=...)" for k in ("lr", "betas", "eps", "weight_decay",
+                                                     "decoupled", "max_grad_norm",
+                                                     "chunk_elements")},
+}
+
+
+def _moved_message(moved: dict) -> str:
+    name = next(iter(moved))
+    if name in _MOVED:
+        return (f"zero_shard({name}=...): the options are grouped in policy objects now; use "
+                f"strata.torch.{_MOVED[name]}")
+    return (f"zero_shard() got an unexpected keyword argument {name!r} (use stage, units, "
+            "mp_policy, offload_policy, fetch_policy, reduce_policy, optimizer, tier, "
+            "sync_module_states, param_init, device)")

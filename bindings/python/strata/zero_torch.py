@@ -48,7 +48,8 @@ from torch import nn
 import strata
 
 from .zero_policy import (FetchPolicy, MixedPrecisionPolicy, OffloadPolicy, ReducePolicy,
-                          ZeroAdamW, to_options)
+                          ZeroAdamW, _moved_message, to_options)
+from .zero_meta import _initial_values, _replace_meta_parameters
 
 __all__ = ["ZeroModule", "zero_shard"]
 
@@ -150,7 +151,8 @@ class ZeroModule(nn.Module):
                  offload_policy: OffloadPolicy | None = None,
                  fetch_policy: FetchPolicy | None = None,
                  reduce_policy: ReducePolicy | None = None, optimizer: ZeroAdamW | None = None,
-                 tier: str = "gpu", sync_module_states: bool = True, **moved):
+                 tier: str = "gpu", sync_module_states: bool = True, param_init=None,
+                 device=None, **moved):
         super().__init__()
         if moved:
             raise TypeError(_moved_message(moved))
@@ -178,6 +180,10 @@ class ZeroModule(nn.Module):
         self._forward_depth = 0
         self._in_backward = False
 
+        # Parameters on the meta device (a model too large to build in host memory): empty ones
+        # on `device` instead, their values from param_init as the engine is created.
+        shapes, meta = _replace_meta_parameters(module, device, comm.runtime, param_init)
+
         # Units and their parameters, in module order. Each parameter is registered once (under
         # its first name) in module order, which should be the order forward uses them: stage
         # 2-3 buckets are filled in the reverse order (backward's), and a group whose gradients
@@ -199,19 +205,23 @@ class ZeroModule(nn.Module):
         if not ordered:
             raise ValueError("the module has no parameters")
 
-        # Initial values: rank 0's (sync_module_states), so that every rank starts the same.
-        flat = np.concatenate([p.detach().to("cpu", torch.float32).reshape(-1).numpy()
-                               for p in ordered]).astype(np.float32, copy=False)
-        if sync_module_states and comm.size > 1:
-            flat = comm.broadcast(flat, 0)
+        # Initial values: rank 0's (sync_module_states), so that every rank starts the same; a
+        # meta parameter's from param_init, one parameter at a time (the same on every rank by
+        # its contract: no broadcast), so that the only whole copy is the one handed to the
+        # engine.
+        values = [_initial_values(p, first_names[id(p)], shapes[id(p)], param_init)
+                  if id(p) in meta else
+                  p.detach().to("cpu", torch.float32).reshape(-1).numpy() for p in ordered]
+        if sync_module_states and comm.size > 1 and not meta:
+            flat = comm.broadcast(np.concatenate(values).astype(np.float32, copy=False), 0)
+            at = 0
+            for i, v in enumerate(values):
+                values[i] = flat[at:at + v.size]
+                at += v.size
         frozen = any(not p.requires_grad for p in ordered)
-        specs = []
-        at = 0
-        for p in ordered:
-            n = p.numel()
-            specs.append((first_names[id(p)], tuple(p.shape), flat[at:at + n],
-                          0 if p.requires_grad else 1))
-            at += n
+        specs = [(first_names[id(p)], shapes[id(p)], v, 0 if p.requires_grad else 1)
+                 for p, v in zip(ordered, values)]
+        del values
         if frozen:  # group 1: the frozen parameters, never changed
             options.groups = [{}, {"lr": 0.0, "weight_decay": 0.0}]
         self.engine = strata.ZeroEngine(self.runtime, comm, specs, options)
@@ -223,7 +233,8 @@ class ZeroModule(nn.Module):
                 # The parameter's dtype, device and shape (one element, expanded) while its
                 # gradient accumulator is made: autograd checks gradients against them. Later
                 # data of the same dtype and device keeps the accumulator.
-                p.data = torch.zeros((), dtype=param_dtype, device=p.device).expand(p.shape)
+                p.data = torch.zeros((), dtype=param_dtype, device=p.device).expand(
+                    shapes[id(p)])
                 self._params.append(prm)
                 self._by_param[id(p)] = prm
                 if p.requires_grad:
@@ -533,7 +544,8 @@ def zero_shard(module: nn.Module, comm: "strata.Communicator", *, stage: int = 3
                offload_policy: OffloadPolicy | None = None,
                fetch_policy: FetchPolicy | None = None, reduce_policy: ReducePolicy | None = None,
                optimizer: ZeroAdamW | None = None, tier: str = "gpu",
-               sync_module_states: bool = True, **moved) -> ZeroModule:
+               sync_module_states: bool = True, param_init=None, device=None,
+               **moved) -> ZeroModule:
     """Wraps `module` for ZeRO-DP training over `comm`'s ranks (every rank calls it, with the
     same module and arguments), FSDP2's fully_shard's shape: keyword-only, grouped in frozen
     policy objects (zero_policy.py; None: that policy's defaults).
@@ -550,44 +562,16 @@ def zero_shard(module: nn.Module, comm: "strata.Communicator", *, stage: int = 3
     tier: where the module computes: 'gpu' (the GPU tier: device memory on the cuda backend,
         host memory on the host backend) or 'cpu'.
     sync_module_states: every rank starts from rank 0's values (a broadcast).
+    param_init: for a module built on the meta device (no memory behind its parameters):
+        fn(name, shape) -> that parameter's initial values (a tensor or array of the shape's
+        element count), called once per parameter under its first name, and the same on every
+        rank (no broadcast). The meta parameters become empty ones on `device` (None: cuda on a
+        CUDA runtime, else cpu); the module's fp32 values exist only as the engine is fed.
     The engine is created with to_options(...) of these: model.engine.options shows it."""
     if moved:
         raise TypeError(_moved_message(moved))
     return ZeroModule(module, comm, stage=stage, units=units, mp_policy=mp_policy,
                       offload_policy=offload_policy, fetch_policy=fetch_policy,
                       reduce_policy=reduce_policy, optimizer=optimizer, tier=tier,
-                      sync_module_states=sync_module_states)
-
-
-# Where the keywords of zero_shard before the policy objects went.
-_MOVED = {
-    "param_dtype": "mp_policy=MixedPrecisionPolicy(param_dtype=...)",
-    "grad_dtype": "mp_policy=MixedPrecisionPolicy(reduce_dtype=...)",
-    "loss_scale": "mp_policy=MixedPrecisionPolicy(loss_scale=...)",
-    "dynamic_loss_scale": "mp_policy=MixedPrecisionPolicy(dynamic_loss_scale=...)",
-    "skip_on_overflow": "mp_policy=MixedPrecisionPolicy(skip_on_overflow=...)",
-    "param_home": "offload_policy=OffloadPolicy(param_home=...)",
-    "state_home": "offload_policy=OffloadPolicy(state_home=...)",
-    "order": "fetch_policy=FetchPolicy(order=...)",
-    "prefetch_bytes": "fetch_policy=FetchPolicy(prefetch_bytes=...)",
-    "max_live_bytes": "fetch_policy=FetchPolicy(max_live_bytes=...)",
-    "reuse_window_bytes": "fetch_policy=FetchPolicy(reuse_window_bytes=...)",
-    "persist_below_bytes": "fetch_policy=FetchPolicy(persist_below_bytes=...)",
-    "bucket_bytes": "reduce_policy=ReducePolicy(bucket_bytes=...)",
-    "gradient_buckets": "reduce_policy=ReducePolicy(gradient_buckets=...)",
-    "alignment": "reduce_policy=ReducePolicy(alignment=...)",
-    "accumulation_steps": "reduce_policy=ReducePolicy(accumulation_steps=...)",
-    **{k: f"optimizer=ZeroAdamW({k}=...)" for k in ("lr", "betas", "eps", "weight_decay",
-                                                     "decoupled", "max_grad_norm",
-                                                     "chunk_elements")},
-}
-
-
-def _moved_message(moved: dict) -> str:
-    name = next(iter(moved))
-    if name in _MOVED:
-        return (f"zero_shard({name}=...): the options are grouped in policy objects now; use "
-                f"strata.torch.{_MOVED[name]}")
-    return (f"zero_shard() got an unexpected keyword argument {name!r} (use stage, units, "
-            "mp_policy, offload_policy, fetch_policy, reduce_policy, optimizer, tier, "
-            "sync_module_states)")
+                      sync_module_states=sync_module_states, param_init=param_init,
+                      device=device)
