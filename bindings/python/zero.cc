@@ -16,6 +16,7 @@
 #include "optimizer.h"
 #include "strata/base/size.h"
 #include "tensor.h"
+#include "zero_options.h"
 
 namespace py = pybind11;
 
@@ -24,24 +25,6 @@ namespace {
 
 std::string type_name(const py::handle& value) {
   return py::str(py::type::of(value).attr("__name__")).cast<std::string>();
-}
-
-ParamType param_type_of(const py::object& dtype) {
-  const std::string name = parse_dtype(dtype).name;
-  if (name == "float32") return ParamType::kF32;
-  if (name == "float16") return ParamType::kF16;
-  if (name == "bfloat16") return ParamType::kBF16;
-  raise(absl::StatusCode::kInvalidArgument,
-        "param_dtype " + name + ": the engine's parameters are float32, float16 or bfloat16");
-}
-
-GradType grad_type_of(const py::object& dtype) {
-  const std::string name = parse_dtype(dtype).name;
-  if (name == "float32") return GradType::kF32;
-  if (name == "float16") return GradType::kF16;
-  if (name == "bfloat16") return GradType::kBF16;
-  raise(absl::StatusCode::kInvalidArgument,
-        "grad_dtype " + name + ": the engine's gradients are float32, float16 or bfloat16");
 }
 
 const DType& dtype_of(ParamType type) {
@@ -88,55 +71,16 @@ ZeroParam param_of(const py::handle& item, size_t i,
   return param;
 }
 
-std::shared_ptr<PyZeroEngine> make_engine(
-    const std::shared_ptr<PyRuntime>& rt, const std::shared_ptr<PyCommunicator>& comm,
-    const py::iterable& params, uint32_t stage, const py::object& param_dtype,
-    const py::object& grad_dtype, const py::object& bucket_bytes, uint32_t gradient_buckets,
-    uint32_t alignment, const std::string& param_home, uint32_t accumulation_steps,
-    const py::object& persist_below_bytes, const py::object& prefetch_bytes,
-    const py::object& max_live_bytes, const py::object& reuse_window_bytes,
-    const std::string& state_home, float lr, std::pair<float, float> betas, float eps,
-    float weight_decay, bool decoupled, float max_grad_norm, float loss_scale,
-    bool dynamic_loss_scale, bool skip_on_overflow, uint64_t chunk_elements,
-    const py::object& groups) {
+std::shared_ptr<PyZeroEngine> make_engine(const std::shared_ptr<PyRuntime>& rt,
+                                          const std::shared_ptr<PyCommunicator>& comm,
+                                          const py::iterable& params, const py::object& options,
+                                          const py::kwargs& fields) {
   if (comm->rt != nullptr && comm->rt != rt) {
     raise(absl::StatusCode::kInvalidArgument,
           "the Communicator was created with another Runtime than the engine's: create it with "
           "Communicator.from_environment(runtime)");
   }
-  ZeroOptions o;
-  o.stage = stage;
-  o.param_type = param_type_of(param_dtype);
-  o.grad_type = grad_type_of(grad_dtype);
-  o.bucket_bytes = size_arg(bucket_bytes, "bucket_bytes");
-  o.gradient_buckets = gradient_buckets;
-  o.alignment = alignment;
-  o.param_home = parse_tier(param_home, /*allow_nvme=*/true);  // NVMe: stage 3 (the engine checks)
-  o.accumulation_steps = accumulation_steps;
-  o.persist_below_bytes = size_arg(persist_below_bytes, "persist_below_bytes", true);
-  o.prefetch_bytes = size_arg(prefetch_bytes, "prefetch_bytes", true);
-  o.max_live_bytes = size_arg(max_live_bytes, "max_live_bytes");
-  o.reuse_window_bytes = size_arg(reuse_window_bytes, "reuse_window_bytes", true);
-  OffloadOptimizerOptions& opt = o.optimizer;
-  opt.state_home = parse_tier(state_home, /*allow_nvme=*/true);
-  opt.defaults = {.lr = lr,
-                  .beta1 = betas.first,
-                  .beta2 = betas.second,
-                  .eps = eps,
-                  .weight_decay = weight_decay,
-                  .decoupled = decoupled};
-  opt.max_grad_norm = max_grad_norm;
-  opt.skip_on_overflow = skip_on_overflow;
-  opt.loss_scaling.scale = loss_scale;
-  opt.loss_scaling.dynamic = dynamic_loss_scale;
-  opt.chunk_elements = chunk_elements;
-  if (!groups.is_none()) {
-    for (const py::handle g : groups) {
-      AdamGroup group = opt.defaults;
-      apply_group_kwargs(group, g.cast<py::dict>());
-      o.groups.push_back(group);
-    }
-  }
+  ZeroOptions o = zero_options_from(options, fields);
   std::vector<std::unique_ptr<Float32Values>> keep;
   std::vector<ZeroParam> list;
   for (const py::handle item : params) list.push_back(param_of(item, list.size(), keep));
@@ -405,8 +349,7 @@ std::string directory_of(const py::object& directory) {
 }  // namespace
 
 void bind_zero(py::module_& m) {
-  const ZeroOptions d;
-  const OffloadOptimizerOptions& od = d.optimizer;
+  bind_zero_options(m);
   py::class_<PyZeroEngine, std::shared_ptr<PyZeroEngine>>(m, "ZeroEngine", R"doc(
 ZeRO-DP stages 1, 2 and 3 over strata's tiers: each of the communicator's ranks keeps the fp32
 master weights and Adam moments of 1/N of the parameters (stage 1), only the reduced gradients of
@@ -415,31 +358,16 @@ parameter's group for its use, ahead of need along the recorded order). Every ra
 with the same parameters and options and makes the same acquire/release/gradient calls in the
 same order (they are collectives).)doc")
       .def(py::init(&make_engine), py::arg("runtime"), py::arg("comm"), py::arg("params"),
-           py::arg("stage") = d.stage, py::arg("param_dtype") = "float16",
-           py::arg("grad_dtype") = "float16", py::arg("bucket_bytes") = d.bucket_bytes,
-           py::arg("gradient_buckets") = d.gradient_buckets, py::arg("alignment") = d.alignment,
-           py::arg("param_home") = "gpu", py::arg("accumulation_steps") = d.accumulation_steps,
-           py::arg("persist_below_bytes") = d.persist_below_bytes,
-           py::arg("prefetch_bytes") = d.prefetch_bytes,
-           py::arg("max_live_bytes") = d.max_live_bytes,
-           py::arg("reuse_window_bytes") = d.reuse_window_bytes, py::arg("state_home") = "cpu",
-           py::arg("lr") = od.defaults.lr,
-           py::arg("betas") = std::pair<float, float>(od.defaults.beta1, od.defaults.beta2),
-           py::arg("eps") = od.defaults.eps, py::arg("weight_decay") = od.defaults.weight_decay,
-           py::arg("decoupled") = od.defaults.decoupled,
-           py::arg("max_grad_norm") = od.max_grad_norm,
-           py::arg("loss_scale") = od.loss_scaling.scale,
-           py::arg("dynamic_loss_scale") = od.loss_scaling.dynamic,
-           py::arg("skip_on_overflow") = od.skip_on_overflow,
-           py::arg("chunk_elements") = od.chunk_elements, py::arg("groups") = py::none(),
+           py::arg("options") = py::none(),
            R"doc(
 params: [(name, shape), (name, shape, initial), (name, shape, initial, group), ...]; initial is
 float32 values (numpy, torch CPU, array.array('f'), any buffer; float16 and bfloat16 are widened,
-other types refused; None: zeros), the same on every rank; group indexes
-`groups`, a list of dicts of lr/betas/eps/weight_decay/decoupled over the defaults (None: one
-group of the keyword defaults). bucket_bytes and the stage-3 byte counts (persist_below_bytes,
-prefetch_bytes, max_live_bytes, reuse_window_bytes): an int or a size ("32MiB"). param_home: gpu
-or cpu; at stage 3 also nvme (each rank's parameter shards).)doc")
+other types refused; None: zeros), the same on every rank; group indexes options.groups.
+options: a strata.ZeroOptions (None: the defaults); keyword fields set over it: any ZeroOptions
+field (stage=3, bucket_bytes="4MiB", param_home="cpu", ...) and the optimizer's by their short
+names (lr, betas, eps, weight_decay, decoupled, max_grad_norm, skip_on_overflow,
+chunk_elements, state_home, loss_scale, dynamic_loss_scale, groups: a list of AdamGroup or of
+dicts over the defaults). The engine's options are engine.options (a copy).)doc")
       .def(
           "find",
           [](PyZeroEngine& e, const std::string& name) {
@@ -550,6 +478,9 @@ or cpu; at stage 3 also nvme (each rank's parameter shards).)doc")
       .def("stats", [](PyZeroEngine& e) { return stats_dict(e.engine->stats()); })
       .def("layout", [](PyZeroEngine& e) { return layout_dict(e.engine->layout()); })
       .def_property_readonly("stage", [](PyZeroEngine& e) { return e.engine->options().stage; })
+      .def_property_readonly(
+          "options", [](PyZeroEngine& e) { return e.engine->options(); },
+          "A copy of the ZeroOptions the engine was created with.")
       .def_property_readonly("loss_scale",
                              [](PyZeroEngine& e) { return e.engine->optimizer().loss_scale(); })
       .def_property_readonly("step_count",

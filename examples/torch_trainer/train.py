@@ -58,25 +58,42 @@ import time
 
 import strata  # the core module, no torch: parse_size for the arguments
 
+# gpt.py's PRESETS' names (kept here too: a usage error needs no torch).
+GPT_PRESETS = ("gpt-tiny", "gpt-mini", "gpt-small", "gpt-medium", "gpt-large", "gpt-xl",
+               "gpt-2.7b", "gpt-6.7b", "gpt-13b", "gpt-20b", "gpt-30b")
+
 # torch, strata.torch and the model (model.py, beside this file) are imported by import_torch()
 # once the arguments are checked: a usage error needs no torch.
 
 def import_torch():
-    """torch, strata.torch and model.py, or exit 77 (CTest's "skipped") without torch."""
+    """torch, strata.torch and workload.py, or exit 77 (CTest's "skipped") without torch."""
     try:
         import torch  # noqa: F401
     except ImportError:
         print("SKIP: torch is not installed (Debian: apt install python3-torch)", flush=True)
         sys.exit(77)
-    import model  # beside this file
+    import workload  # beside this file
     import strata.torch as st
-    return model, st
+    return workload, st
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
+    p.add_argument("--model", default="tiny", metavar="MODEL",
+                   help="tiny (model.py's transformer on Markov sequences, default), gpt "
+                        "(gpt.py's GPT, gpt-tiny's sizes unless the flags below give others) or "
+                        "a GPT preset: " + ", ".join(GPT_PRESETS))
+    for flag, what in (("layers", "transformer blocks"), ("d-model", "model width"),
+                       ("heads", "attention heads"), ("vocab", "vocabulary size"),
+                       ("seq-len", "tokens per sequence")):
+        p.add_argument(f"--{flag}", type=int, default=None,
+                       help=f"GPT: {what} (over the preset's)")
+    p.add_argument("--untied", action="store_true", help="GPT: an LM head of its own")
+    p.add_argument("--describe", action="store_true",
+                   help="print the model's sizes and parameter count (built on the meta "
+                        "device: instant at any size) and exit")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda when torch has CUDA and strata's runtime is on the cuda "
                         "backend, else cpu")
@@ -96,6 +113,10 @@ def parse_args(argv):
                    help="ZeRO: gradient bytes per flat group (default 64KiB)")
     p.add_argument("--max-live-bytes", default="256KiB",
                    help="ZeRO stage 3: most gathered parameter bytes at once (default 256KiB)")
+    p.add_argument("--reference", choices=("torch", "accumulate"), default="torch",
+                   help="ZeRO: what rank 0 checks against: torch (torch.optim.AdamW on the whole "
+                        "batch, within --tolerance; default) or accumulate (strata's ZeRO in one "
+                        "process, the ranks' slices as micro-batches: bitwise, with 1 or 2 ranks)")
     p.add_argument("--save-sharded", metavar="DIR", help="ZeRO: save the sharded checkpoint "
                    "into DIR after the last step")
     p.add_argument("--load-sharded", metavar="DIR", help="ZeRO: start from the sharded "
@@ -108,6 +129,20 @@ def parse_args(argv):
     p.add_argument("--activation-window-bytes", default="256KiB",
                    help="with --offload-activations: the GPU-tier bytes they may hold at once")
     args = p.parse_args(argv)
+    if args.model not in ("tiny", "gpt") + GPT_PRESETS:
+        p.error(f"--model={args.model}: use tiny, gpt or a preset ({', '.join(GPT_PRESETS)})")
+    sizes = ("layers", "d_model", "heads", "vocab", "seq_len")
+    for flag in sizes:
+        value = getattr(args, flag)
+        if value is not None and args.model == "tiny":
+            p.error(f"--{flag.replace('_', '-')} sizes a GPT: add --model=gpt (or a preset)")
+        if value is not None and value < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.d_model is not None or args.heads is not None:
+        d = args.d_model or 64
+        h = args.heads or 4
+        if args.model == "gpt" and d % h:
+            p.error(f"--d-model={d} is not a multiple of --heads={h}")
     if args.offload_activations and args.zero_stage != 0:
         p.error("--offload-activations is for --zero-stage=0 in this example")
     if args.steps < 2:
@@ -115,7 +150,7 @@ def parse_args(argv):
     if not args.tolerance > 0:
         p.error("--tolerance must be positive")
     if args.batch is None and args.zero_stage > 0:
-        args.batch = 12  # stage 0's default is model.BATCH (main, once torch is imported)
+        args.batch = 12  # stage 0's: 8
     if args.batch is not None and args.batch < 1:
         p.error("--batch must be at least 1")
     world = int(os.environ.get("WORLD_SIZE", "1") or "1")
@@ -126,6 +161,11 @@ def parse_args(argv):
         for flag in ("save_sharded", "load_sharded"):
             if getattr(args, flag):
                 p.error(f"--{flag.replace('_', '-')} needs a ZeRO stage (--zero-stage=1, 2 or 3)")
+    elif args.reference == "accumulate" and (args.load_sharded or world > 2):
+        # Two ranks' gradients sum alike in any order; three or more associate differently in
+        # the collective than in one process's accumulation (measured: 7e-7 apart at 4 ranks).
+        p.error(f"--reference=accumulate is bitwise with 1 or 2 ranks (this job has {world}) "
+                "and without --load-sharded")
     elif args.batch % world:
         p.error(f"--batch={args.batch} does not divide among the job's {world} ranks")
     return args
@@ -133,15 +173,17 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    m, st = import_torch()
+    workloads, st = import_torch()
     import torch
+    if args.describe:
+        return describe(args)
+    if args.batch is None:
+        args.batch = 12 if args.zero_stage > 0 else 8
+    w = workloads.make(args, args.steps, args.batch)
     if args.zero_stage > 0:
         from zero_train import train_zero  # beside this file
-        return train_zero(args, m)
-    if args.batch is None:
-        args.batch = m.BATCH
-    torch.manual_seed(1234)
-    reference = m.TinyTransformer()
+        return train_zero(args, w)
+    reference = w.build()
     n_params = sum(p.numel() for p in reference.parameters())
     param_bytes = 4 * n_params
     # The GPU arena: STRATA_GPU_BYTES when set; else room for the parameters (all acquired at the
@@ -172,9 +214,7 @@ def main(argv=None) -> int:
 
     home = "nvme" if rt.has_nvme else "cpu"
     gpu_bytes = rt.config["gpu_bytes"]
-    print(f"model: {n_params} parameters ({param_bytes / 1024:.0f} KiB fp32), "
-          f"{m.LAYERS} blocks, d_model {m.D_MODEL}, {m.HEADS} heads, vocab {m.VOCAB}, "
-          f"seq {m.SEQ}, "
+    print(f"model: {n_params} parameters ({param_bytes / 1024:.0f} KiB fp32), {w.describe}, "
           f"batch {args.batch}")
     print(f"strata: backend {backend}, device {device}, GPU arena {gpu_bytes / 1024:.0f} KiB, "
           f"parameters homed in {home}, optimizer states in {home}")
@@ -185,8 +225,8 @@ def main(argv=None) -> int:
     model = copy.deepcopy(reference).to(device)
     reference.to(device)
     wrapped = st.offload(model, rt, home=home)
-    opt = st.OffloadAdamW(wrapped, state_home=home, max_grad_norm=m.MAX_GRAD_NORM, **m.HYPER)
-    ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **m.HYPER)
+    opt = st.OffloadAdamW(wrapped, state_home=home, max_grad_norm=w.max_grad_norm, **w.hyper)
+    ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **w.hyper)
 
     offload = None
     if args.offload_activations:
@@ -194,7 +234,7 @@ def main(argv=None) -> int:
                                          window_bytes=args.activation_window_bytes,
                                          prefetch_bytes="64KiB", min_bytes="4KiB")
     batches = [(x.to(device), y.to(device))
-               for x, y in m.markov_batches(args.steps, batch=args.batch)]
+               for x, y in (w.batch(step) for step in range(1, args.steps + 1))]
     print(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}")
     losses, ref_losses = [], []
     worst = 0.0
@@ -204,17 +244,17 @@ def main(argv=None) -> int:
         rt.reset_peak_usage()
         if offload is not None:
             with offload:  # one step of the stash: forward's saved tensors go to strata
-                loss = m.lm_loss(wrapped, x, y)
+                loss = w.loss(wrapped, x, y)
         else:
-            loss = m.lm_loss(wrapped, x, y)
+            loss = w.loss(wrapped, x, y)
         loss.backward()
         result = opt.step()
         opt.zero_grad()
         clipped += result["clip_coef"] < 1.0
 
-        ref_loss = m.lm_loss(reference, x, y)
+        ref_loss = w.loss(reference, x, y)
         ref_loss.backward()
-        torch.nn.utils.clip_grad_norm_(reference.parameters(), m.MAX_GRAD_NORM)
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), w.max_grad_norm)
         ref_opt.step()
         ref_opt.zero_grad()
 
@@ -238,7 +278,7 @@ def main(argv=None) -> int:
     print(f"bytes moved between tiers: {moved} ({moved / 2**20:.2f} MiB: {per_pair or 'none'}); "
           f"optimizer NVMe read {ostats['nvme_bytes_read']}, "
           f"written {ostats['nvme_bytes_written']}")
-    print(f"gradient clipping (max norm {m.MAX_GRAD_NORM:g}) applied at {clipped} of "
+    print(f"gradient clipping (max norm {w.max_grad_norm:g}) applied at {clipped} of "
           f"{args.steps} steps")
     print(f"{args.steps} steps of both runs in {elapsed:.2f} s")
     if offload is not None:
@@ -265,6 +305,36 @@ def main(argv=None) -> int:
         ok = False
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def describe(args) -> int:
+    """--describe: the model's sizes and exact parameter count, from a build on the meta device
+    (no memory behind the parameters: instant at any size), checked against gpt.py's formula."""
+    import time
+
+    import torch
+    if args.model == "tiny":
+        import model as m
+        net = m.TinyTransformer()
+        print(f"model tiny: {sum(p.numel() for p in net.parameters())} parameters")
+        return 0
+    import gpt
+    import workload
+    c = workload.gpt_config(args)
+    start = time.perf_counter()
+    net = gpt.GPT(c, device="meta")
+    built = time.perf_counter() - start
+    count = sum(p.numel() for p in net.parameters())
+    assert all(p.device == torch.device("meta") for p in net.parameters())
+    print(f"model {args.model}: {c.layers} blocks, d_model {c.d_model}, {c.heads} heads, d_mlp "
+          f"{c.d_mlp}, vocab {c.vocab}, seq {c.seq_len}, {'tied' if c.tied else 'untied'} head")
+    print(f"parameters: {count} ({count / 1e9:.3f} B; fp32 {4 * count / 2**30:.1f} GiB, "
+          f"Adam states {12 * count / 2**30:.1f} GiB), formula {gpt.parameter_count(c)}; "
+          f"built on the meta device in {built:.3f} s")
+    if count != gpt.parameter_count(c):
+        print("FAIL: the module's count is not the formula's")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

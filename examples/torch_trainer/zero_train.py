@@ -22,8 +22,42 @@ def _relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def train_zero(args, t) -> int:
-    """`t`: model.py (the model, the data, the hyper-parameters)."""
+def _one_process_zero(args, w, units, fetch, adamw, ranks):
+    """strata's ZeRO at the same stage in this process alone (its own Runtime, a job of one
+    rank), taking each step's global batch as `ranks` micro-batches."""
+    import socket
+    with socket.socket() as s:  # a free port: a one-rank rendezvous must not meet the job's
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    solo_rt = strata.Runtime(nvme_paths=None)
+    solo = strata.Communicator.from_environment(
+        solo_rt, rank=None, world_size=None, local_rank=None, master_addr="127.0.0.1",
+        master_port=port, comm_backend="gloo")
+    return st.zero_shard(
+        w.build(), solo, stage=args.zero_stage, units=units,
+        offload_policy=st.OffloadPolicy(param_home="cpu", state_home="cpu"),
+        reduce_policy=st.ReducePolicy(bucket_bytes=args.bucket_bytes, accumulation_steps=ranks),
+        fetch_policy=fetch, optimizer=adamw)
+
+
+def _accumulate_step(model, w, x, y, ranks: int, per_rank: int):
+    """One step of _one_process_zero's model: each rank's slice a micro-batch, its loss
+    divided by `ranks` (the ranks' engine divides their gradients' sum by it; halving is exact
+    in fp32 and commutes with every rounding of backward, and two addends sum alike in either
+    order, so at 2 ranks the gradients are the same bits). Returns the micro-batches'
+    losses."""
+    losses = np.zeros(ranks, np.float64)
+    for r in range(ranks):
+        part = slice(r * per_rank, (r + 1) * per_rank)
+        loss = w.loss(model, x[part], y[part])
+        (loss / ranks).backward()
+        losses[r] = loss.item()
+    model.step()
+    return losses
+
+
+def train_zero(args, w) -> int:
+    """`w`: the workload (workload.py: the model, the data, the hyper-parameters)."""
     rt = strata.Runtime()
     if rt.backend == "cuda" or args.device == "cuda":
         print("--zero-stage: this example trains on the CPU (STRATA_BACKEND=host, --device=cpu); "
@@ -36,24 +70,37 @@ def train_zero(args, t) -> int:
     param_home = home if args.zero_stage == 3 else "cpu"
     per_rank = args.batch // ranks
 
-    torch.manual_seed(1234)
-    reference = t.TinyTransformer()
-    n_params = sum(p.numel() for p in reference.parameters())
-    units = None if args.units == "layer" else (t.Block,)
+    # The reference (rank 0's, and every rank's copy of the small transformer): the same values
+    # on every rank (tiny: one seed; GPT: per-parameter seeds).
+    meta = w.build_meta is not None
+    reference = w.build() if rank == 0 or not meta else None
+    n_params = w.parameters if meta else sum(p.numel() for p in reference.parameters())
+    units = None if args.units == "layer" else (w.block,)
+    fetch = st.FetchPolicy(max_live_bytes=args.max_live_bytes, prefetch_bytes="64KiB",
+                           reuse_window_bytes="64KiB", persist_below_bytes="2KiB")
+    adamw = st.ZeroAdamW(max_grad_norm=w.max_grad_norm, **w.hyper)
+    # The GPT goes to zero_shard on the meta device, each parameter's values drawn by name as
+    # the engine is created (the same values as the materialized reference's, by gpt.py's
+    # per-parameter seeds); the small transformer as a copy of the reference.
     model = st.zero_shard(
-        copy.deepcopy(reference), comm, stage=args.zero_stage, units=units,
-        param_home=param_home, state_home=home, bucket_bytes=args.bucket_bytes,
-        max_live_bytes=args.max_live_bytes, prefetch_bytes="64KiB", reuse_window_bytes="64KiB",
-        persist_below_bytes="2KiB", max_grad_norm=t.MAX_GRAD_NORM, **t.HYPER)
+        w.build_meta() if meta else copy.deepcopy(reference), comm, stage=args.zero_stage,
+        units=units, param_init=w.param_init,
+        offload_policy=st.OffloadPolicy(param_home=param_home, state_home=home),
+        reduce_policy=st.ReducePolicy(bucket_bytes=args.bucket_bytes), fetch_policy=fetch,
+        optimizer=adamw)
+    accumulated = None  # --reference=accumulate: strata in one process, the ranks' slices as
+    if rank == 0 and args.reference == "accumulate":  # micro-batches
+        accumulated = _one_process_zero(args, w, units, fetch, adamw, ranks)
     layout = model.engine.layout()
-    say(f"model: {n_params} parameters ({4 * n_params / 1024:.0f} KiB fp32), {t.LAYERS} blocks, "
-        f"d_model {t.D_MODEL}, vocab {t.VOCAB}, seq {t.SEQ}; global batch {args.batch} "
-        f"({per_rank} per rank)")
+    say(f"model: {n_params} parameters ({4 * n_params / 1024:.0f} KiB fp32), {w.describe}; "
+        f"global batch {args.batch} ({per_rank} per rank)")
     say(f"strata: ZeRO stage {args.zero_stage} on {ranks} rank(s) over "
         f"{comm.backend}, {len(model.units)} units ({args.units}), {layout['groups']} groups, "
-        f"parameters homed in {param_home}, AdamW states in {home}")
+        f"parameters homed in {param_home}, AdamW states in {home}"
+        + ("; built on the meta device, each parameter's values drawn by name (param_init)"
+           if meta else ""))
 
-    batches = t.markov_batches(args.steps, batch=args.batch)
+    batches = [w.batch(step) for step in range(1, args.steps + 1)]
     first = 0
     if args.load_sharded:
         model.load_sharded(args.load_sharded)
@@ -66,12 +113,12 @@ def train_zero(args, t) -> int:
 
     ref_opt = None
     if rank == 0:
-        ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **t.HYPER)
+        ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **w.hyper)
 
     def reference_step(x, y) -> float:
-        loss = t.lm_loss(reference, x, y)
+        loss = w.loss(reference, x, y)
         loss.backward()
-        nn.utils.clip_grad_norm_(reference.parameters(), t.MAX_GRAD_NORM)
+        nn.utils.clip_grad_norm_(reference.parameters(), w.max_grad_norm)
         ref_opt.step()
         ref_opt.zero_grad()
         return loss.item()
@@ -80,19 +127,37 @@ def train_zero(args, t) -> int:
         for x, y in batches[:first]:  # the steps the checkpoint holds
             reference_step(x, y)
 
-    say(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}")
+    if accumulated is not None:
+        say("reference: strata's ZeRO in one process (a job of one rank) on the whole global "
+            f"batch as {ranks} micro-batches (accumulation_steps={ranks}, each loss / {ranks}): "
+            "every rank's loss and the final weights must be bitwise equal")
+    if args.reference == "accumulate":
+        say(f"{'step':>4}  {'strata':>10}  {'one proc':>10}  {'abs. diff':>9}")
+    else:
+        say(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}")
     losses, worst, clipped = [], 0.0, 0
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
     start = time.perf_counter()
     for step in range(first + 1, args.steps + 1):
         x, y = batches[step - 1]
-        loss = t.lm_loss(model, x[mine], y[mine])
+        loss = w.loss(model, x[mine], y[mine])
         loss.backward()
         result = model.step()
         clipped += result["clip_coef"] < 1.0
         # The global batch's loss: the mean of the ranks' (equal slices).
         total = float(comm.all_reduce(np.array([loss.item()], np.float64))[0]) / ranks
         losses.append(total)
+        if accumulated is not None or args.reference == "accumulate":
+            each = np.zeros(ranks, np.float64)  # every rank's loss, exactly (the rest adds 0)
+            each[rank] = loss.item()
+            each = comm.all_reduce(each)
+            if rank == 0:
+                want = _accumulate_step(accumulated, w, x, y, ranks, per_rank)
+                diff = float(np.max(np.abs(each - want)))
+                worst = max(worst, diff) if math.isfinite(diff) else math.inf
+                mark = "  bitwise" if diff == 0 else "  <-- not bitwise"
+                say(f"{step:4d}  {total:10.6f}  {float(np.mean(want)):10.6f}  {diff:9.2e}{mark}")
+            continue
         if rank == 0:
             want = reference_step(x, y)
             rel = _relative(total, want)
@@ -115,7 +180,11 @@ def train_zero(args, t) -> int:
     # every key, so theirs is rounding noise, which Adam's normalization turns into steps of
     # about lr: they drift apart by ~1e-3 while every other tensor agrees to ~1e-5.)
     weights = 0.0
-    if rank == 0:
+    if accumulated is not None:  # bitwise: the largest absolute difference, tensor by tensor
+        other = accumulated.full_state_dict()
+        weights = max(float((full[n] - other[n]).abs().max()) for n in full)
+        accumulated.close()
+    elif rank == 0:
         diff2 = sum(float(((full[n] - v).double() ** 2).sum())
                     for n, v in reference.state_dict().items())
         norm2 = sum(float((v.double() ** 2).sum()) for v in reference.state_dict().values())
@@ -128,10 +197,17 @@ def train_zero(args, t) -> int:
     stats, memory = model.stats(), model.memory()
     ok = True
     if rank == 0:
-        say(f"largest relative loss difference: {worst:.3g} (tolerance {args.tolerance:g})")
+        if args.reference == "accumulate":
+            say(f"largest difference between a rank's loss and the one-process micro-batch's: "
+                f"{worst:g}; between the final weights: {weights:g} (both must be 0)")
+        else:
+            say(f"largest relative loss difference: {worst:.3g} (tolerance {args.tolerance:g})")
         say(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-        say(f"largest difference between the ranks' parameters: {replica:g}; the weights' "
-            f"relative L2 difference to the reference: {weights:.3g} (must be below 1e-3)")
+        if args.reference == "torch":
+            say(f"largest difference between the ranks' parameters: {replica:g}; the weights' "
+                f"relative L2 difference to the reference: {weights:.3g} (must be below 1e-3)")
+        else:
+            say(f"largest difference between the ranks' parameters: {replica:g}")
         say(f"rank 0 model states: {memory['model_states']} bytes (params "
             f"{sum(memory['params'].values())}, grads {sum(memory['grads'].values())}, "
             f"optimizer {sum(memory['optimizer_states'].values())}); "
@@ -142,14 +218,17 @@ def train_zero(args, t) -> int:
                 f"late), {stats['reuses']} reuses, {stats['order_changes']} order changes; "
                 f"gathered peak {stats['gathered_peak_bytes']} bytes "
                 f"(max_live_bytes {args.max_live_bytes})")
-        say(f"gradient clipping (max norm {t.MAX_GRAD_NORM:g}) applied at {clipped} of "
+        say(f"gradient clipping (max norm {w.max_grad_norm:g}) applied at {clipped} of "
             f"{len(losses)} steps")
         say(f"{len(losses)} steps in {elapsed:.2f} s (rank 0 trains the reference too)")
-        if worst > args.tolerance:
+        if args.reference == "accumulate" and (worst != 0 or weights != 0):
+            say("the run is not bitwise equal to the one-process run")
+            ok = False
+        if args.reference == "torch" and worst > args.tolerance:
             say(f"the losses differ by {worst:.3g} relative, more than --tolerance "
                 f"{args.tolerance:g}")
             ok = False
-        if weights > 1e-3:
+        if args.reference == "torch" and weights > 1e-3:
             say(f"the weights differ from the reference's by {weights:.3g} (relative L2), more "
                 "than 1e-3")
             ok = False

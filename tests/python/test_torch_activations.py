@@ -221,8 +221,10 @@ def test_composes_with_zero_stage_3(tmp_path):
     def run(with_offload):
         rt = host_runtime(tmp_path / ("on" if with_offload else "off"))
         comm = solo_communicator(rt)
-        model = st.zero_shard(make_net(), comm, stage=3, bucket_bytes="16KiB",
-                              persist_below_bytes=0, lr=1e-3)
+        model = st.zero_shard(make_net(), comm, stage=3,
+                              reduce_policy=st.ReducePolicy(bucket_bytes="16KiB"),
+                              fetch_policy=st.FetchPolicy(persist_below_bytes=0),
+                              optimizer=st.ZeroAdamW(lr=1e-3))
         offload = (st.offload_activations(rt, window_bytes="256KiB", prefetch_bytes="64KiB",
                                           min_bytes=0) if with_offload else None)
         losses = []

@@ -51,9 +51,14 @@ def test_zero_shard_matches_torch_adamw(runtime, comm, stage, param_home):
     reference = make_mlp()
     ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **HYPER)
     # Stage 3: every parameter partitioned, one layer's groups gathered at a time at most.
-    model = st.zero_shard(copy.deepcopy(reference), comm, stage=stage, param_home=param_home,
-                          bucket_bytes="4KiB", persist_below_bytes=0, max_live_bytes="12KiB",
-                          prefetch_bytes="4KiB", reuse_window_bytes="4KiB", **HYPER)
+    model = st.zero_shard(copy.deepcopy(reference), comm, stage=stage,
+                          offload_policy=st.OffloadPolicy(param_home=param_home),
+                          reduce_policy=st.ReducePolicy(bucket_bytes="4KiB"),
+                          fetch_policy=st.FetchPolicy(persist_below_bytes=0,
+                                                      max_live_bytes="12KiB",
+                                                      prefetch_bytes="4KiB",
+                                                      reuse_window_bytes="4KiB"),
+                          optimizer=st.ZeroAdamW(**HYPER))
     assert model.engine.stage == stage and model.world_size == 1
     assert [name for name, _ in model.units] == ["0", "2", "4"]
     losses = train(model, model.step, 20, x, y)
@@ -85,7 +90,9 @@ def test_zero_shard_matches_torch_adamw(runtime, comm, stage, param_home):
 
 def test_gradients_reach_the_engine_during_backward(runtime, comm):
     x, y = data()
-    model = st.zero_shard(make_mlp(), comm, stage=2, bucket_bytes="4KiB", **HYPER)
+    model = st.zero_shard(make_mlp(), comm, stage=2,
+                          reduce_policy=st.ReducePolicy(bucket_bytes="4KiB"),
+                          optimizer=st.ZeroAdamW(**HYPER))
     groups = model.engine.layout()["groups"]
     before = model.stats()["reduce_scatters"]
     seen = []
@@ -150,8 +157,10 @@ def test_tied_frozen_and_unused_parameters(runtime, comm, units):
     reference = Tied()
     ref_opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad],
                                 foreach=False, **hyper)
-    model = st.zero_shard(Tied(), comm, stage=3, units=units, bucket_bytes="2KiB",
-                          persist_below_bytes=0, **hyper)
+    model = st.zero_shard(Tied(), comm, stage=3, units=units,
+                          reduce_policy=st.ReducePolicy(bucket_bytes="2KiB"),
+                          fetch_policy=st.FetchPolicy(persist_below_bytes=0),
+                          optimizer=st.ZeroAdamW(**hyper))
     names = [name for name, _ in model.units]
     if units is None:
         assert names == ["embed", "blocks.0.norm", "blocks.0.up", "blocks.0.down",
@@ -188,8 +197,10 @@ def test_gradient_accumulation(runtime, comm):
     x, y = data(64)
     reference = make_mlp()
     ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **HYPER)
-    model = st.zero_shard(make_mlp(), comm, stage=3, accumulation_steps=2, bucket_bytes="4KiB",
-                          persist_below_bytes=0, **HYPER)
+    model = st.zero_shard(make_mlp(), comm, stage=3,
+                          reduce_policy=st.ReducePolicy(accumulation_steps=2, bucket_bytes="4KiB"),
+                          fetch_policy=st.FetchPolicy(persist_below_bytes=0),
+                          optimizer=st.ZeroAdamW(**HYPER))
     for _ in range(5):
         for wrapped in (model, reference):  # two micro-batches a step; gradients summed
             for half in (slice(0, 32), slice(32, 64)):
@@ -204,7 +215,8 @@ def test_gradient_accumulation(runtime, comm):
 
 
 def test_evaluation_releases_unit_by_unit(runtime, comm):
-    model = st.zero_shard(make_mlp(), comm, stage=3, persist_below_bytes=0)
+    model = st.zero_shard(make_mlp(), comm, stage=3,
+                          fetch_policy=st.FetchPolicy(persist_below_bytes=0))
     x, _ = data()
     held = []
 
@@ -233,8 +245,10 @@ def test_evaluation_releases_unit_by_unit(runtime, comm):
 
 def test_sharded_checkpoint_resumes_bitwise(runtime, comm, tmp_path):
     x, y = data()
-    model = st.zero_shard(make_mlp(), comm, stage=3, bucket_bytes="4KiB",
-                          persist_below_bytes=256, **HYPER)
+    model = st.zero_shard(make_mlp(), comm, stage=3,
+                          reduce_policy=st.ReducePolicy(bucket_bytes="4KiB"),
+                          fetch_policy=st.FetchPolicy(persist_below_bytes=256),
+                          optimizer=st.ZeroAdamW(**HYPER))
     train(model, model.step, 3, x, y)
     model.save_sharded(tmp_path / "ckpt")
     after = train(model, model.step, 3, x, y)
@@ -244,7 +258,8 @@ def test_sharded_checkpoint_resumes_bitwise(runtime, comm, tmp_path):
     model.close()
     # Into another model (another runtime: one engine per runtime) at stage 2.
     other = strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="8MiB", nvme_paths=None)
-    again = st.zero_shard(make_mlp(), solo_communicator(other), stage=2, **HYPER)
+    again = st.zero_shard(make_mlp(), solo_communicator(other), stage=2,
+                          optimizer=st.ZeroAdamW(**HYPER))
     again.load_sharded(tmp_path / "ckpt")
     assert train(again, again.step, 3, x, y) == after
     again.close()
@@ -253,20 +268,22 @@ def test_sharded_checkpoint_resumes_bitwise(runtime, comm, tmp_path):
 def test_zero_shard_errors(runtime, comm):
     with pytest.raises(ValueError, match=r"has no Runtime"):
         st.zero_shard(make_mlp(), solo_communicator(None))
-    with pytest.raises(ValueError, match=r"param_dtype=torch.int8"):
-        st.zero_shard(make_mlp(), comm, param_dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"MixedPrecisionPolicy.param_dtype=torch.int8"):
+        st.zero_shard(make_mlp(), comm, mp_policy=st.MixedPrecisionPolicy(param_dtype=torch.int8))
     with pytest.raises(TypeError, match=r"units="):
         st.zero_shard(make_mlp(), comm, units="blocks")
-    with pytest.raises(ValueError, match=r"order='sideways'"):
-        st.zero_shard(make_mlp(), comm, order="sideways")
-    with pytest.raises(ValueError, match=r"stage 4 is not a ZeRO stage"):
+    with pytest.raises(ValueError, match=r"FetchPolicy.order='sideways'"):
+        st.zero_shard(make_mlp(), comm, fetch_policy=st.FetchPolicy(order="sideways"))
+    with pytest.raises(ValueError, match=r"stage=4: use 1, 2 or 3"):
         st.zero_shard(make_mlp(), comm, stage=4)
     # The module order, given up front: the first step prefetches along it (where the real
     # uses depart from it, a group shared by two layers, the engine realigns) and records the
     # real order for the next.
     x, y = data()
-    model = st.zero_shard(make_mlp(), comm, stage=3, order="module", persist_below_bytes=0,
-                          bucket_bytes="4KiB", **HYPER)
+    model = st.zero_shard(make_mlp(), comm, stage=3,
+                          fetch_policy=st.FetchPolicy(order="module", persist_below_bytes=0),
+                          reduce_policy=st.ReducePolicy(bucket_bytes="4KiB"),
+                          optimizer=st.ZeroAdamW(**HYPER))
     train(model, model.step, 1, x, y)
     first = model.stats()
     assert first["gathers_prefetched"] > 0
@@ -282,8 +299,11 @@ def test_backward_never_reads_released_parameters(runtime, comm):
     # produce NaN. The saved-tensor hooks make backward read the parameters it gathers again.
     x, y = data()
     reference = make_mlp()
-    model = st.zero_shard(copy.deepcopy(reference), comm, stage=3, persist_below_bytes=0,
-                          bucket_bytes="4KiB", reuse_window_bytes=0, prefetch_bytes=0, **HYPER)
+    model = st.zero_shard(copy.deepcopy(reference), comm, stage=3,
+                          fetch_policy=st.FetchPolicy(persist_below_bytes=0,
+                                                      reuse_window_bytes=0, prefetch_bytes=0),
+                          reduce_policy=st.ReducePolicy(bucket_bytes="4KiB"),
+                          optimizer=st.ZeroAdamW(**HYPER))
     used = []
 
     def probe(module, inputs):  # after the wrapper's pre-hook: the gathered weight

@@ -238,15 +238,16 @@ def test_zero_engine_errors(runtime, comm):
         with pytest.raises(ValueError, match=message):
             strata.ZeroEngine(runtime, comm, params)
     bad_options = [
-        (dict(param_dtype="int8"), r"param_dtype int8: the engine's parameters are float32"),
-        (dict(grad_dtype="float64"), r"grad_dtype float64"),
+        (dict(param_dtype="int8"), r"ZeroOptions.param_dtype='int8': use float32, float16 or"),
+        (dict(grad_dtype="float64"), r"ZeroOptions.grad_dtype='float64'"),
         (dict(bucket_bytes="12XB"), r"bucket_bytes='12XB' is not a size"),
         (dict(bucket_bytes=0), r"bucket_bytes=0: a positive byte count"),
-        (dict(state_home="tape"), r"'tape' is not a tier: use gpu, cpu or nvme"),
-        (dict(param_home="tape"), r"'tape' is not a tier: use gpu, cpu or nvme"),
+        (dict(state_home="tape"), r"OffloadOptimizerOptions.state_home='tape': use 'cpu' or"),
+        (dict(state_home="gpu"), r"state_home='gpu': use 'cpu' or 'nvme' \(the optimizer states"),
+        (dict(param_home="tape"), r"ZeroOptions.param_home='tape': use 'gpu', 'cpu' or 'nvme'"),
         (dict(param_home="nvme"), r"param_home is the NVMe tier; at stages 1 and 2"),
         (dict(groups=[{"lr": 0.1, "bogus": 1}]), r"'bogus' is not a group setting"),
-        (dict(stage=4), r"stage 4 is not a ZeRO stage"),
+        (dict(stage=4), r"ZeroOptions.stage=4: use 1 to 3"),
         (dict(prefetch_bytes=-1), r"prefetch_bytes=-1: a byte count >= 0"),
         (dict(max_live_bytes=0), r"max_live_bytes=0: a positive byte count"),
         (dict(reuse_window_bytes="lots"), r"reuse_window_bytes='lots' is not a size"),

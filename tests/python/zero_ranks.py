@@ -150,8 +150,11 @@ def test_zero_shard_matches_torch_on_the_whole_batch(job, solo, stage):
     hyper = dict(lr=0.01, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)
     reference = make_mlp()
     reference_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **hyper)
-    model = st.zero_shard(make_mlp(), job, stage=stage, bucket_bytes=1024, alignment=4,
-                          persist_below_bytes=0, max_live_bytes=8 << 10, **hyper)
+    model = st.zero_shard(make_mlp(), job, stage=stage,
+                          reduce_policy=st.ReducePolicy(bucket_bytes=1024, alignment=4),
+                          fetch_policy=st.FetchPolicy(persist_below_bytes=0,
+                                                      max_live_bytes=8 << 10),
+                          optimizer=st.ZeroAdamW(**hyper))
     for step in range(STEPS):
         loss = nn.functional.mse_loss(model(x[mine]), y[mine])
         loss.backward()
@@ -176,7 +179,8 @@ def test_zero_shard_matches_torch_on_the_whole_batch(job, solo, stage):
     directory = os.path.join(tempfile.gettempdir(),
                              f"strata-py-zero-shard-{os.environ['MASTER_PORT']}-{stage}")
     model.save_sharded(directory)
-    one = st.zero_shard(make_mlp(), solo, stage=3, persist_below_bytes=0)
+    one = st.zero_shard(make_mlp(), solo, stage=3,
+                        fetch_policy=st.FetchPolicy(persist_below_bytes=0))
     one.load_sharded(directory)
     for prm_name, _ in make_mlp().named_parameters():
         np.testing.assert_array_equal(one.read_parameter(prm_name).numpy(),

@@ -50,6 +50,8 @@ from ._strata import (  # noqa: F401
     ZeroEngine,
     parse_size,
 )
+from ._strata import AdamGroup, LossScaling, OffloadOptimizerOptions, ZeroOptions  # noqa: F401
+
 
 # KeyError quotes its message (repr) in str(); strata's NotFoundError reads like the others.
 NotFoundError.__str__ = Exception.__str__
@@ -69,6 +71,10 @@ __all__ = [
     "Tensor",
     "ZeroEngine",
     "parse_size",
+    "AdamGroup",
+    "LossScaling",
+    "OffloadOptimizerOptions",
+    "ZeroOptions",
     "torch",
 ]
 

@@ -49,7 +49,8 @@ from torch import nn
 import strata
 
 __all__ = ["Offloaded", "OffloadAdamW", "offload", "ZeroModule", "zero_shard", "ActivationOffload",
-           "OffloadActivations", "offload_activations"]
+           "OffloadActivations", "offload_activations", "MixedPrecisionPolicy", "OffloadPolicy",
+           "FetchPolicy", "ReducePolicy", "ZeroAdamW"]
 
 _DTYPES = {
     torch.float32: "float32",
@@ -410,6 +411,8 @@ class OffloadAdamW:
 
 
 # The data-parallel path (ZeRO-DP stages 1-3 over strata's Communicator): its own file.
+from .zero_policy import (FetchPolicy, MixedPrecisionPolicy, OffloadPolicy,  # noqa: E402
+                          ReducePolicy, ZeroAdamW)
 from .zero_torch import ZeroModule, zero_shard  # noqa: E402
 
 # Activation offload (ZeRO-R: saved tensors through the tiers): its own file.

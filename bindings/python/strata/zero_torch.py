@@ -5,7 +5,9 @@ strata's Communicator (imported by strata.torch; docs/python.md has the details)
     import strata, strata.torch as st
     rt = strata.Runtime()
     comm = strata.Communicator.from_environment(rt)
-    model = st.zero_shard(MyModel(), comm, stage=3, lr=1e-3, weight_decay=0.01)
+    model = st.zero_shard(MyModel(), comm, stage=3,
+                          offload_policy=st.OffloadPolicy(param_home="cpu", state_home="cpu"),
+                          optimizer=st.ZeroAdamW(lr=1e-3, weight_decay=0.01))
     for x, y in my_slice_of_each_global_batch:
         loss_fn(model(x), y).backward()   # gradients reduce-scatter as backward produces them
         result = model.step()             # strata's Adam on this rank's slice; the same on all
@@ -45,17 +47,14 @@ from torch import nn
 
 import strata
 
+from .zero_policy import (FetchPolicy, MixedPrecisionPolicy, OffloadPolicy, ReducePolicy,
+                          ZeroAdamW, _moved_message, to_options)
+from .zero_meta import _initial_values, _replace_meta_parameters
+
 __all__ = ["ZeroModule", "zero_shard"]
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _BUFFERS_FILE = "strata_torch_buffers.pt"
 _FORMAT = "strata.torch.ZeroModule/1"
-
-
-def _dtype_name(dtype, what: str) -> str:
-    if dtype not in _DTYPE_NAMES:
-        raise ValueError(f"{what}={dtype}: use torch.float32, torch.float16 or torch.bfloat16")
-    return _DTYPE_NAMES[dtype]
 
 
 def _stream_of(tensor):
@@ -145,28 +144,30 @@ def _unit_owners(module: nn.Module, units):
 
 class ZeroModule(nn.Module):
     """An nn.Module trained data-parallel with a strata.ZeroEngine (see the module docstring).
+    zero_shard() makes one; its keyword arguments are ZeroModule's."""
 
-    Engine keywords (`**options`, as strata.ZeroEngine's): bucket_bytes, gradient_buckets,
-    alignment, param_home (gpu or cpu; stage 3 also nvme), accumulation_steps,
-    persist_below_bytes, prefetch_bytes, max_live_bytes, reuse_window_bytes, state_home, lr,
-    betas, eps, weight_decay, decoupled, max_grad_norm, loss_scale, dynamic_loss_scale,
-    skip_on_overflow, chunk_elements.
-    """
-
-    def __init__(self, module: nn.Module, comm: "strata.Communicator", stage: int = 3,
-                 units=None, tier: str = "gpu", param_dtype=torch.float32,
-                 grad_dtype=torch.float32, sync_module_states: bool = True,
-                 order: str = "record", **options):
+    def __init__(self, module: nn.Module, comm: "strata.Communicator", *, stage: int = 3,
+                 units=None, mp_policy: MixedPrecisionPolicy | None = None,
+                 offload_policy: OffloadPolicy | None = None,
+                 fetch_policy: FetchPolicy | None = None,
+                 reduce_policy: ReducePolicy | None = None, optimizer: ZeroAdamW | None = None,
+                 tier: str = "gpu", sync_module_states: bool = True, param_init=None,
+                 device=None, **moved):
         super().__init__()
+        if moved:
+            raise TypeError(_moved_message(moved))
         if comm.runtime is None:
             raise ValueError("the Communicator has no Runtime: create it with "
                              "strata.Communicator.from_environment(runtime)")
-        if order not in ("record", "module"):
-            raise ValueError(f"order={order!r}: use 'record' (the first step records the "
-                             "order of use) or 'module' (units in module order, then reversed)")
-        if "groups" in options:
-            raise ValueError("groups: ZeroModule gives every trainable parameter the keyword "
-                             "hyper-parameters (frozen ones a group of lr 0)")
+        options = to_options(stage, mp_policy, offload_policy, fetch_policy, reduce_policy,
+                             optimizer)
+        self.mp_policy = mp_policy or MixedPrecisionPolicy()
+        self.offload_policy = offload_policy or OffloadPolicy()
+        self.fetch_policy = fetch_policy or FetchPolicy()
+        self.reduce_policy = reduce_policy or ReducePolicy()
+        self.optimizer = optimizer or ZeroAdamW()
+        param_dtype = self.mp_policy.param_dtype
+        order = self.fetch_policy.order
         self.module = module
         self.comm = comm
         self.runtime = comm.runtime
@@ -178,8 +179,10 @@ class ZeroModule(nn.Module):
         self._hooks = []
         self._forward_depth = 0
         self._in_backward = False
-        param_name = _dtype_name(param_dtype, "param_dtype")
-        grad_name = _dtype_name(grad_dtype, "grad_dtype")
+
+        # Parameters on the meta device (a model too large to build in host memory): empty ones
+        # on `device` instead, their values from param_init as the engine is created.
+        shapes, meta = _replace_meta_parameters(module, device, comm.runtime, param_init)
 
         # Units and their parameters, in module order. Each parameter is registered once (under
         # its first name) in module order, which should be the order forward uses them: stage
@@ -202,23 +205,26 @@ class ZeroModule(nn.Module):
         if not ordered:
             raise ValueError("the module has no parameters")
 
-        # Initial values: rank 0's (sync_module_states), so that every rank starts the same.
-        flat = np.concatenate([p.detach().to("cpu", torch.float32).reshape(-1).numpy()
-                               for p in ordered]).astype(np.float32, copy=False)
-        if sync_module_states and comm.size > 1:
-            flat = comm.broadcast(flat, 0)
+        # Initial values: rank 0's (sync_module_states), so that every rank starts the same; a
+        # meta parameter's from param_init, one parameter at a time (the same on every rank by
+        # its contract: no broadcast), so that the only whole copy is the one handed to the
+        # engine.
+        values = [_initial_values(p, first_names[id(p)], shapes[id(p)], param_init)
+                  if id(p) in meta else
+                  p.detach().to("cpu", torch.float32).reshape(-1).numpy() for p in ordered]
+        if sync_module_states and comm.size > 1 and not meta:
+            flat = comm.broadcast(np.concatenate(values).astype(np.float32, copy=False), 0)
+            at = 0
+            for i, v in enumerate(values):
+                values[i] = flat[at:at + v.size]
+                at += v.size
         frozen = any(not p.requires_grad for p in ordered)
-        specs = []
-        at = 0
-        for p in ordered:
-            n = p.numel()
-            specs.append((first_names[id(p)], tuple(p.shape), flat[at:at + n],
-                          0 if p.requires_grad else 1))
-            at += n
-        if frozen:
-            options["groups"] = [{}, {"lr": 0.0, "weight_decay": 0.0}]
-        self.engine = strata.ZeroEngine(self.runtime, comm, specs, stage=stage,
-                                        param_dtype=param_name, grad_dtype=grad_name, **options)
+        specs = [(first_names[id(p)], shapes[id(p)], v, 0 if p.requires_grad else 1)
+                 for p, v in zip(ordered, values)]
+        del values
+        if frozen:  # group 1: the frozen parameters, never changed
+            options.groups = [{}, {"lr": 0.0, "weight_decay": 0.0}]
+        self.engine = strata.ZeroEngine(self.runtime, comm, specs, options)
 
         with torch.enable_grad():
             for pid, p in enumerate(ordered):
@@ -227,7 +233,8 @@ class ZeroModule(nn.Module):
                 # The parameter's dtype, device and shape (one element, expanded) while its
                 # gradient accumulator is made: autograd checks gradients against them. Later
                 # data of the same dtype and device keeps the accumulator.
-                p.data = torch.zeros((), dtype=param_dtype, device=p.device).expand(p.shape)
+                p.data = torch.zeros((), dtype=param_dtype, device=p.device).expand(
+                    shapes[id(p)])
                 self._params.append(prm)
                 self._by_param[id(p)] = prm
                 if p.requires_grad:
@@ -532,8 +539,39 @@ class ZeroModule(nn.Module):
         self.engine = None
 
 
-def zero_shard(module: nn.Module, comm: "strata.Communicator", stage: int = 3, units=None,
-               **options) -> ZeroModule:
+def zero_shard(module: nn.Module, comm: "strata.Communicator", *, stage: int = 3, units=None,
+               mp_policy: MixedPrecisionPolicy | None = None,
+               offload_policy: OffloadPolicy | None = None,
+               fetch_policy: FetchPolicy | None = None, reduce_policy: ReducePolicy | None = None,
+               optimizer: ZeroAdamW | None = None, tier: str = "gpu",
+               sync_module_states: bool = True, param_init=None, device=None,
+               **moved) -> ZeroModule:
     """Wraps `module` for ZeRO-DP training over `comm`'s ranks (every rank calls it, with the
-    same module and options). See ZeroModule."""
-    return ZeroModule(module, comm, stage=stage, units=units, **options)
+    same module and arguments), FSDP2's fully_shard's shape: keyword-only, grouped in frozen
+    policy objects (zero_policy.py; None: that policy's defaults).
+
+    stage: 1 (Adam states partitioned), 2 (gradients too), 3 (parameters too).
+    units: None (every module with parameters of its own), module classes, or a predicate
+        (name, module) -> bool: each such subtree is one unit, gathered and released whole.
+    mp_policy: MixedPrecisionPolicy (param_dtype, reduce_dtype, loss scaling).
+    offload_policy: OffloadPolicy (param_home: gpu/cpu/nvme; state_home: cpu/nvme).
+    fetch_policy: FetchPolicy (stage 3: order, prefetch_bytes, max_live_bytes, ...).
+    reduce_policy: ReducePolicy (bucket_bytes, gradient_buckets, alignment,
+        accumulation_steps).
+    optimizer: ZeroAdamW (lr, betas, eps, weight_decay, decoupled, max_grad_norm).
+    tier: where the module computes: 'gpu' (the GPU tier: device memory on the cuda backend,
+        host memory on the host backend) or 'cpu'.
+    sync_module_states: every rank starts from rank 0's values (a broadcast).
+    param_init: for a module built on the meta device (no memory behind its parameters):
+        fn(name, shape) -> that parameter's initial values (a tensor or array of the shape's
+        element count), called once per parameter under its first name, and the same on every
+        rank (no broadcast). The meta parameters become empty ones on `device` (None: cuda on a
+        CUDA runtime, else cpu); the module's fp32 values exist only as the engine is fed.
+    The engine is created with to_options(...) of these: model.engine.options shows it."""
+    if moved:
+        raise TypeError(_moved_message(moved))
+    return ZeroModule(module, comm, stage=stage, units=units, mp_policy=mp_policy,
+                      offload_policy=offload_policy, fetch_policy=fetch_policy,
+                      reduce_policy=reduce_policy, optimizer=optimizer, tier=tier,
+                      sync_module_states=sync_module_states, param_init=param_init,
+                      device=device)
