@@ -4,6 +4,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -43,3 +44,22 @@ def test_a_missing_binary_is_a_clear_error(tmp_path, monkeypatch, capsys):
         tools.strata_run()
     assert exit_info.value.code == 1
     assert "Reinstall strata with pip" in capsys.readouterr().err
+
+
+
+def test_a_wrapper_script_is_not_taken_for_the_tool(tmp_path, monkeypatch):
+    # A venv's bin/strata-info is the console-script wrapper (4 levels above the package, where a
+    # `cmake --install` prefix has its bin/): exec'ing it would run this code again, forever.
+    real = tools.binary("strata-info")
+    package = tmp_path / "lib" / "python3.11" / "site-packages" / "strata"
+    package.mkdir(parents=True)
+    wrapper = tmp_path / "bin" / "strata-info"
+    wrapper.parent.mkdir()
+    wrapper.write_text("#!/bin/sh\nexit 0\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(tools, "_PACKAGE", str(package))
+    with pytest.raises(FileNotFoundError, match="strata-info is not where"):
+        tools.binary("strata-info")
+    # A `cmake --install` prefix's bin/ holds the binary itself: that one is taken.
+    shutil.copy(real, wrapper)
+    assert tools.binary("strata-info") == str(wrapper)

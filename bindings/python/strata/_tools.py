@@ -9,17 +9,29 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
 def binary(name):
-    """The path of the bundled tool `name`: strata/bin/<name> in an installed package, or
-    <build>/tools/<name> when this package is a CMake build folder's (<build>/python/strata)."""
+    """The path of the tool `name` for this package: strata/bin/<name> where pip installed it,
+    <build>/tools/<name> where the package is a CMake build folder's (<build>/python/strata), or
+    <prefix>/bin/<name> where `cmake --install` put it (<prefix>/lib/python3*/*-packages/strata).
+    Only an ELF executable is taken: never a console-script wrapper, which would exec itself."""
+    up = os.path.dirname
     candidates = [os.path.join(_PACKAGE, "bin", name),
-                  os.path.join(os.path.dirname(os.path.dirname(_PACKAGE)), "tools", name)]
+                  os.path.join(up(up(_PACKAGE)), "tools", name),
+                  os.path.join(up(up(up(up(_PACKAGE)))), "bin", name)]
     for path in candidates:
-        if os.access(path, os.X_OK):
+        if os.access(path, os.X_OK) and _is_elf(path):
             return path
     raise FileNotFoundError(
         f"strata: {name} is not where this package ({_PACKAGE}) carries it: "
         f"{candidates[0]} is missing. Reinstall strata with pip (pip install --no-build-isolation "
         f"<strata source>), or run {name} from a CMake build folder (<build>/tools/{name})")
+
+
+def _is_elf(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 def _exec(name, args):
