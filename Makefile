@@ -51,4 +51,4 @@ bench: build
 	$(BUILD)/tools/offload-bench
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan build-pip

@@ -5,9 +5,12 @@ set -euo pipefail
 
 # python3-dev, pybind11-dev: the Python module; python3-pytest, python3-numpy, python3-torch: its
 # tests and the PyTorch example trainer (CPU torch; the same scripts run on CUDA elsewhere).
+# python3-venv, python3-pip, python3-setuptools, python3-wheel: `pip install --no-build-isolation
+# .` in a venv (pyproject.toml) and its test, python.pip_install.
 packages=(g++ make cmake ninja-build pkg-config python3
           liburing-dev libtbb-dev libabsl-dev catch2 libxxhash-dev libgloo-dev
-          python3-dev pybind11-dev python3-pytest python3-numpy python3-torch)
+          python3-dev pybind11-dev python3-pytest python3-numpy python3-torch
+          python3-venv python3-pip python3-setuptools python3-wheel)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "strata: not a Debian-based system; make sure these (or your distribution's equivalents)" \
