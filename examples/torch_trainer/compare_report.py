@@ -1,0 +1,132 @@
+"""compare.py's outputs that need no torch: the log's table and the SVG plot of tokens/s against
+model size (hand-written SVG in the style of tools/bench/plot.cc: white background, axes, grey
+grid lines, Okabe-Ito colours, a legend on the right; no plotting library)."""
+
+from __future__ import annotations
+
+import math
+from xml.sax.saxutils import escape
+
+# Colour-blind-safe (Okabe-Ito), as tools/bench/plot.cc.
+COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
+
+
+def mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f}"
+
+
+def ms(s) -> str:
+    return "-" if s is None else f"{s * 1e3:.1f}"
+
+
+def count(n) -> str:
+    """12.3M, 1.50B, 110k."""
+    if n is None:
+        return "-"
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return str(n)
+
+
+COLUMNS = (
+    ("system", 11), ("status", 7), ("params", 7), ("tokens/s", 9), ("step ms", 8),
+    ("fwd ms", 7), ("bwd ms", 7), ("opt ms", 7), ("xfer ms", 7), ("GPU MiB", 8),
+    ("arena MiB", 9), ("RSS MiB", 8), ("pinned MiB", 10), ("largest", 8),
+)
+
+
+def table(systems: dict, search: dict) -> str:
+    """One row per system: the comparison's medians over the timed steps and the search's
+    largest model that trained."""
+    lines = ["  ".join(f"{name:>{w}}" for name, w in COLUMNS)]
+    for name, r in systems.items():
+        s = search.get(name, {})
+        largest = count(s.get("largest_parameters"))
+        if s.get("bound") in ("deadline", "max"):
+            largest = ">=" + largest
+        if r.get("status") != "ok":
+            cells = [name, r.get("status", "?")] + ["-"] * (len(COLUMNS) - 3) + [largest]
+        else:
+            cells = [name, "ok", count(r["parameters"]), f"{r['tokens_per_s']:.0f}",
+                     ms(r["step_s"]), ms(r["forward_s"]), ms(r["backward_s"]),
+                     ms(r["optimizer_s"]), ms(r.get("exposed_transfer_s")),
+                     mib(r.get("gpu_peak_bytes")), mib(r.get("arena_peak_bytes")),
+                     mib(r.get("rss_peak_bytes")), mib(r.get("pinned_bytes")), largest]
+        lines.append("  ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, COLUMNS)))
+    return "\n".join(lines)
+
+
+def _tick_step(top: float) -> float:
+    raw = top / 5
+    magnitude = 10 ** math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 5.0):
+        if m * magnitude >= raw:
+            return m * magnitude
+    return 10 * magnitude
+
+
+def svg(series: dict, title: str) -> str:
+    """series: {system: [(parameters, tokens/s), ...]}. x: parameters (log scale), y: tokens/s."""
+    width, height = 760.0, 460.0
+    left, right, top_m, bottom = 80.0, 170.0, 40.0, 60.0
+    plot_w, plot_h = width - left - right, height - top_m - bottom
+    points = [p for pts in series.values() for p in pts]
+    lo = min((p[0] for p in points), default=1)
+    hi = max((p[0] for p in points), default=1)
+    top = max((p[1] for p in points), default=0)
+    log_lo = math.log10(lo) - (0.25 if lo == hi else 0)
+    log_hi = math.log10(hi) + (0.25 if lo == hi else 0)
+    step = _tick_step(top * 1.1 if top > 0 else 1)
+    y_top = math.ceil((top * 1.05 if top > 0 else 1) / step) * step
+
+    def x_of(n):
+        return left + (math.log10(n) - log_lo) / (log_hi - log_lo) * plot_w
+
+    def y_of(v):
+        return top_m + plot_h - v / y_top * plot_h
+
+    out = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif" font-size="12">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{left:.0f}" y="22" font-size="14">{escape(title)}</text>',
+        f'<g stroke="black"><line x1="{left:.1f}" y1="{top_m:.1f}" x2="{left:.1f}" '
+        f'y2="{top_m + plot_h:.1f}"/><line x1="{left:.1f}" y1="{top_m + plot_h:.1f}" '
+        f'x2="{left + plot_w:.1f}" y2="{top_m + plot_h:.1f}"/></g>',
+    ]
+    v = 0.0
+    while v <= y_top + step / 2:
+        out.append(f'<line x1="{left:.1f}" y1="{y_of(v):.1f}" x2="{left + plot_w:.1f}" '
+                   f'y2="{y_of(v):.1f}" stroke="#ddd"/><text x="{left - 6:.1f}" '
+                   f'y="{y_of(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
+        v += step
+    for e in range(math.ceil(log_lo), math.floor(log_hi) + 1):
+        x = x_of(10 ** e)
+        out.append(f'<line x1="{x:.1f}" y1="{top_m + plot_h:.1f}" x2="{x:.1f}" '
+                   f'y2="{top_m + plot_h + 5:.1f}" stroke="black"/><text x="{x:.1f}" '
+                   f'y="{top_m + plot_h + 18:.1f}" text-anchor="middle">{count(10 ** e)}</text>')
+    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 15:.1f}" text-anchor="middle">'
+               'model parameters (log scale)</text>')
+    out.append(f'<text transform="translate(18 {top_m + plot_h / 2:.1f}) rotate(-90)" '
+               'text-anchor="middle">tokens/s</text>')
+    legend_y = top_m + 10
+    for index, (name, pts) in enumerate(series.items()):
+        colour = COLOURS[index % len(COLOURS)]
+        pts = sorted(pts)
+        if pts:
+            coords = " ".join(f"{x_of(n):.1f},{y_of(t):.1f}" for n, t in pts)
+            out.append(f'<polyline class="series" data-system="{escape(name)}" fill="none" '
+                       f'stroke="{colour}" stroke-width="2" points="{coords}"/>')
+            for n, t in pts:
+                out.append(f'<circle cx="{x_of(n):.1f}" cy="{y_of(t):.1f}" r="3" '
+                           f'fill="{colour}"/>')
+        lx = left + plot_w + 20
+        label = name if pts else f"{name} (no points)"
+        out.append(f'<line x1="{lx:.1f}" y1="{legend_y:.1f}" x2="{lx + 24:.1f}" '
+                   f'y2="{legend_y:.1f}" stroke="{colour}" stroke-width="2"/><text '
+                   f'x="{lx + 30:.1f}" y="{legend_y + 4:.1f}">{escape(label)}</text>')
+        legend_y += 20
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
