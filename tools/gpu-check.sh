@@ -32,6 +32,8 @@ NO_BUILD=0
 FOR_PYTHON=3.12
 ONLY=""
 STEPS=(info cuda pytest bench ctest examples)
+# Steps run only when --only names them: compare takes 300 s of its own (docs/bench.md).
+EXTRA_STEPS=(compare)
 # The device tool: at most 8 files come back from $OUT, a command is at most 2,000 characters and
 # what travels (the working tree and the carried paths) at most 64 MiB.
 MAX_OUT_FILES=8
@@ -43,7 +45,8 @@ RESERVE=8
 NO_GPU_EXIT=3
 BUNDLE_NAME=strata-gpu-bundle.tar.gz
 # What a run writes into the output folder, and nothing else.
-OUTPUT_FILES=(summary.txt gpu-check.json gpu-check.log ctest.log pytest.log bench.txt)
+OUTPUT_FILES=(summary.txt gpu-check.json gpu-check.log ctest.log pytest.log bench.txt compare.json
+              compare.svg)
 
 usage() {
   cat <<'EOF'
@@ -60,10 +63,13 @@ so that the whole run ends under 6 minutes), runs these steps, each bounded by `
             --workload=optimizer, each with --json
   ctest     the whole CTest suite of the build (-j cores, 60 s per test; STRATA_BACKEND unset)
   examples  examples/torch_trainer/train.py and activations_compare.py with --device=cuda
+  compare   (only when --only names it: --only info,compare) examples/torch_trainer/compare.py:
+            the GPT by strata ZeRO-3 (CPU tier, NVMe), FSDP2 + CPUOffloadPolicy and plain
+            torch, and each one's largest model, in 300 s; writes compare.json and compare.svg
 A step that fails is recorded and the next one runs; a step that would start past the deadline
 is recorded as skipped. It writes at most 8 files into the output folder: summary.txt (also
 printed at the end), gpu-check.json (every check, the figures), gpu-check.log, ctest.log,
-pytest.log and bench.txt.
+pytest.log and bench.txt; the compare step adds compare.json and compare.svg.
 
 modes:
   --bundle DIR    on the build machine: the whole recipe for a GPU machine without -dev
@@ -87,7 +93,8 @@ flags:
   --python PY     the interpreter with a CUDA torch (default: $PYTHON or python3); its torch's
                   NCCL (nvidia/nccl/lib in site-packages) goes on LD_LIBRARY_PATH
   --deadline S    the whole run's limit in seconds (default 330)
-  --only LIST     comma-separated steps to run (default: info,cuda,pytest,bench,ctest,examples)
+  --only LIST     comma-separated steps to run (default: info,cuda,pytest,bench,ctest,examples;
+                  also compare)
   --build-here    configure and build --build first (needs cmake, ninja, nvcc and the
                   libraries; CMAKE_ARGS is passed to cmake; not counted in the deadline)
   --for-python V  --bundle: the GPU machine's Python version (default 3.12; found here with
@@ -140,7 +147,8 @@ done
 if [[ -n "$ONLY" ]]; then
   IFS=, read -r -a only_steps <<<"$ONLY"
   for s in "${only_steps[@]}"; do
-    [[ " ${STEPS[*]} " == *" $s "* ]] || die "--only: '$s' is not a step; the steps: ${STEPS[*]// /,}"
+    [[ " ${STEPS[*]} ${EXTRA_STEPS[*]} " == *" $s "* ]] ||
+      die "--only: '$s' is not a step; the steps: $(IFS=,; echo "${STEPS[*]},${EXTRA_STEPS[*]}")"
   done
   STEPS=("${only_steps[@]}")
 fi

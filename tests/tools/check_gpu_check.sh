@@ -8,7 +8,8 @@
 #   bundle_real  --bundle of this build (not rebuilt): it fits the device tool's 64 MiB
 #   run          the GPU machine's side with a fake nvidia-smi, fake binaries and a fake python:
 #                --from unpacks the bundle at the path the build was made at, links cmake,
-#                every step runs and is recorded, failures do not stop it, at most 8 files
+#                every step runs and is recorded, failures do not stop it, at most 8 files;
+#                --only compare runs compare.py within its deadline and returns its JSON/SVG
 #   deadline     a step that hangs is killed at the deadline and the rest is skipped
 #   check_gpu_check.sh SCRIPT BUILD_DIR WORK_DIR MODE
 set -euo pipefail
@@ -101,6 +102,13 @@ case "\$*" in
                 echo "1 failed, 2 passed in 0.10s"; exit 1 ;;
   "-c ctest-ok") echo ok ;;
   *train.py*|*activations_compare.py*) echo "step 1 loss 1.0" ;;
+  *compare.py*) for a in "\$@"; do
+                  case "\$a" in
+                    --json=*) echo '{"tool": "strata-gpt-compare", "fake": true}' > "\${a#--json=}" ;;
+                    --svg=*) echo '<svg xmlns="http://www.w3.org/2000/svg"/>' > "\${a#--svg=}" ;;
+                  esac
+                done
+                echo "compare args: \$*"; echo PASS ;;
   *) echo "fake python: \$*" >&2; exit 9 ;;
 esac
 EOF
@@ -274,6 +282,20 @@ case "$mode" in
     if command -v python3 > /dev/null; then
       python3 -m json.tool "$work/out/gpu-check.json" > /dev/null || fail "gpu-check.json is not JSON"
     fi
+    grep -qE '^[a-z]+ +compare ' "$s" && fail "the default steps ran compare: $(cat "$s")"
+    # The compare step runs only when --only names it, with its own deadline inside the step's
+    # limit; its JSON and SVG come back with the rest (still at most 8 files).
+    (cd "$work/b/repo" && PATH="$work/bin:$PATH" OUT="$work/out2" \
+       bash tools/gpu-check.sh --build "$work/a/repo/build" --python "$work/bin/python3" \
+       --only compare) > "$work/run2.log" 2>&1 || fail "--only compare: $(cat "$work/run2.log")"
+    s="$work/out2/summary.txt"
+    grep -qE '^passed +compare .*GPT compare: PASS' "$s" || fail "compare: $(cat "$s")"
+    grep -qE 'compare args: .*compare.py --device=cuda --deadline-s=(2[0-9][0-9]) ' \
+      "$work/out2/gpu-check.log" || fail "compare's arguments: $(cat "$work/out2/gpu-check.log")"
+    [[ -s "$work/out2/compare.json" && -s "$work/out2/compare.svg" ]] || fail "no compare.json/svg"
+    expect "$work/out2/gpu-check.json" '"gpt_compare": {"tool": "strata-gpt-compare", "fake": true}'
+    n=$(find "$work/out2" -type f | wc -l)
+    [[ $n -le 8 ]] || fail "$n files under \$OUT with compare; the device tool returns at most 8"
     ;;
   deadline)
     make_checkout "$work/a/repo"

@@ -79,7 +79,8 @@ JSON="$OUT_DIR/gpu-check.json"
   printf '    "offload_bench_paths": %s,\n' "$(json_file "$WORK/bench-paths.json")"
   printf '    "offload_bench_train_step": %s,\n' "$(json_file "$WORK/bench-train-step.json")"
   printf '    "offload_bench_optimizer": %s,\n' "$(json_file "$WORK/bench-optimizer.json")"
-  printf '    "torch_activations": %s\n' "$(json_file "$WORK/torch-activations.json")"
+  printf '    "torch_activations": %s,\n' "$(json_file "$WORK/torch-activations.json")"
+  printf '    "gpt_compare": %s\n' "$(json_file "$OUT_DIR/compare.json")"
   printf '  }\n}\n'
 } > "$JSON"
 

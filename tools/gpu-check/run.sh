@@ -264,6 +264,32 @@ step_examples() {
     --json="$WORK/torch-activations.json"
 }
 
+# The GPT trained by strata ZeRO-3 (CPU tier and NVMe), FSDP2 + CPUOffloadPolicy and plain
+# torch, and each one's largest model (docs/bench.md): 300 s, so only with --only info,compare.
+# compare.py's own deadline ends it 15 s before the step's limit, so that its JSON and SVG are
+# written; NVMe under $WORK unless STRATA_NVME_PATHS names a drive.
+step_compare() {
+  local limit nvme="${STRATA_NVME_PATHS:-}"
+  nvme="${nvme%%,*}"
+  if [[ -z "$PYTHON_PATH" || ! -d "$BUILD_DIR/python/strata" ]]; then
+    skip compare "GPT compare" "no Python interpreter '$PYTHON' or no Python module in the build"
+    return
+  fi
+  limit=$(limit_for 300)
+  if [[ $limit -lt 40 ]]; then
+    skip compare "GPT compare" "${limit}s left before the ${DEADLINE}s deadline; it needs 300 (--only info,compare)"
+    return
+  fi
+  if [[ -z "$nvme" ]]; then
+    nvme="$WORK/nvme"
+    mkdir -p "$nvme"
+  fi
+  export PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
+  run_check compare "GPT compare" 300 "$LOG" "$PYTHON" \
+    "$SOURCE_DIR/examples/torch_trainer/compare.py" --device=cuda --deadline-s=$((limit - 15)) \
+    --nvme-path="$nvme" --json="$OUT_DIR/compare.json" --svg="$OUT_DIR/compare.svg"
+}
+
 for s in "${STEPS[@]}"; do
   "step_$s"
 done
