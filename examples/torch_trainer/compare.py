@@ -380,7 +380,9 @@ def main(argv=None) -> int:
             say(f"{system}: trained, {r['tokens_per_s']:.0f} tokens/s, losses "
                 + " ".join(f"{x:.6f}" for x in r["losses"]))
         elif r.get("status") == "skipped":
-            say(f"SKIPPED: {system}: {r['skipped']}")
+            # Lower case: gpu-check records a step whose output says "SKIPPED:" as skipped
+            # whole, and one skipped system does not make the comparison a skip.
+            say(f"skipped: {system}: {r['skipped']}")
             skipped.append({"system": system, "why": r["skipped"]})
         else:
             say(f"{system}: {r.get('status')}: {r.get('error')}")
@@ -420,7 +422,7 @@ def main(argv=None) -> int:
         budget = (runner.left() - 3) / (len(searchable) - i)
         if budget < MIN_TRY_S:
             why = f"{max(runner.left(), 0):.0f} s left before the deadline"
-            say(f"SKIPPED: search {system}: {why}")
+            say(f"skipped: search {system}: {why}")
             found[system] = {"bound": "deadline", "largest_parameters": None, "tries": [],
                              "bound_means": why}
             continue

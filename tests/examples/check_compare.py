@@ -41,9 +41,9 @@ def main() -> int:
 
     import torch  # compare.py ran, so torch imports
     major_minor = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
-    want_skip = (r"SKIPPED: fsdp2: FSDP2 \(fully_shard with CPUOffloadPolicy, and fused CPU AdamW\)"
+    want_skip = (r"skipped: fsdp2: FSDP2 \(fully_shard with CPUOffloadPolicy, and fused CPU AdamW\)"
                  r" needs torch >= 2\.4; this torch is " if major_minor < (2, 4) else
-                 r"SKIPPED: fsdp2: FSDP2 with CPUOffloadPolicy trains on a CUDA device")
+                 r"skipped: fsdp2: FSDP2 with CPUOffloadPolicy trains on a CUDA device")
     if not re.search(want_skip, proc.stdout):
         fail(f"no line matching {want_skip!r}")
 
