@@ -99,6 +99,9 @@ def parse_args(argv):
                    help="the whole run's limit (default 300 on a GPU, 120 on the CPU)")
     p.add_argument("--no-search", action="store_true", help="skip the largest-model search")
     p.add_argument("--search-steps", type=int, default=2)
+    p.add_argument("--search-batch", type=int, default=1,
+                   help="sequences a step in the search (default 1: the model's states, not "
+                        "its activations, should decide what fits)")
     p.add_argument("--search-max-layers", type=int)
     p.add_argument("--search-try-s", type=float, default=90.0,
                    help="one search try's limit in seconds (default 90)")
@@ -124,8 +127,9 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and not value > 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
-    if args.search_steps < 1:
-        p.error("--search-steps must be at least 1")
+    for name in ("search_steps", "search_batch"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
 
 
@@ -220,7 +224,7 @@ class Runner:
                                           + max(64 << 20, 4 * n))
         return env, None
 
-    def run(self, system: str, layers: int, steps: int, limit: float) -> dict:
+    def run(self, system: str, layers: int, steps: int, limit: float, batch: int) -> dict:
         """One worker process; its JSON, with "status" ok / oom / failed / skipped / timeout."""
         limit = min(limit, self.left() - 2)
         if limit < MIN_TRY_S:
@@ -236,10 +240,12 @@ class Runner:
         cmd = [sys.executable, os.path.join(HERE, "compare_worker.py"), f"--system={system}",
                f"--device={a.device}", f"--vocab={a.vocab}", f"--seq-len={a.seq_len}",
                f"--d-model={a.d_model}", f"--heads={a.heads}", f"--layers={layers}",
-               f"--batch={a.batch}", f"--steps={steps}", f"--json={out}",
+               f"--batch={batch}", f"--steps={steps}", f"--json={out}",
                f"--max-live-bytes={a.max_live_bytes}", f"--prefetch-bytes={a.prefetch_bytes}"]
         if a.perturb == system:
             cmd.append("--perturb")
+        if a.device == "cuda":  # SDPA where torch has it: no t x t scores kept for backward
+            cmd.append("--fused-attention")
         started = time.monotonic()
         try:
             proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -289,7 +295,7 @@ def search(runner: Runner, system: str, start_layers: int, budget: float, say) -
     def attempt(layers):
         nonlocal bound
         limit = min(a.search_try_s, until - time.monotonic())
-        r = runner.run(system, layers, a.search_steps, limit)
+        r = runner.run(system, layers, a.search_steps, limit, a.search_batch)
         status = r.get("status")
         point = {"layers": layers, "parameters": parameters(a, layers), "status": status,
                  "seconds": round(r.get("seconds", 0.0), 2)}
@@ -373,7 +379,8 @@ def main(argv=None) -> int:
                                                  "STRATA_NVME_PATHS"}
         else:
             share = (compare_until - (time.monotonic() - runner.start)) / (len(args.systems) - i)
-            r = runner.run(system, args.layers, args.steps, max(share, MIN_TRY_S + 2))
+            r = runner.run(system, args.layers, args.steps, max(share, MIN_TRY_S + 2),
+                           args.batch)
         r["system"] = system
         if r.get("status") == "ok":
             summarize(r, args.warmup)
@@ -441,20 +448,21 @@ def main(argv=None) -> int:
             f"{d['reference']}'s {d['reference_loss']:.7g} (relative {d['relative']:.3g} > "
             f"tolerance {args.tolerance:g})")
 
-    series = {}
+    # The plot: each system's search tries (lines, at --search-batch) and its comparison run
+    # (a square, at --batch).
+    series, marks = {}, {}
     for system in args.systems:
-        pts = []
         if systems[system].get("status") == "ok":
-            pts.append((systems[system]["parameters"], systems[system]["tokens_per_s"]))
-        for t in found.get(system, {}).get("tries", []):
-            if t["status"] == "ok":
-                pts.append((t["parameters"], t["tokens_per_s"]))
-        series[system] = pts
-    title = (f"GPT tokens/s against size, {args.device}, batch {args.batch} x {args.seq_len} "
-             f"tokens, d_model {args.d_model}")
+            marks[system] = (systems[system]["parameters"], systems[system]["tokens_per_s"])
+        series[system] = sorted((t["parameters"], t["tokens_per_s"])
+                                for t in found.get(system, {}).get("tries", [])
+                                if t["status"] == "ok")
+    title = f"GPT tokens/s against size, {args.device}, d_model {args.d_model}, seq {args.seq_len}"
+    subtitle = (f"lines: the largest-model search (batch {args.search_batch}); squares: the "
+                f"comparison (batch {args.batch})")
     if args.svg:
         with open(args.svg, "w") as f:
-            f.write(compare_report.svg(series, title))
+            f.write(compare_report.svg(series, title, marks, subtitle))
     failed = [s for s in args.systems if systems[s].get("status") == "failed"]
     ok = bool(ran) and not disagreements and not failed
     report = {
@@ -469,8 +477,11 @@ def main(argv=None) -> int:
         "systems": systems, "search": found, "skipped": skipped,
         "agreement": {"reference": reference, "compared": ran[1:], "worst_relative": worst,
                       "disagreements": disagreements, "ok": not disagreements},
-        "plot": {s: [{"parameters": n, "tokens_per_s": t} for n, t in sorted(p)]
-                 for s, p in series.items()},
+        "search_batch": args.search_batch,
+        "plot": {s: {"comparison": ({"parameters": marks[s][0], "tokens_per_s": marks[s][1]}
+                                    if s in marks else None),
+                     "search": [{"parameters": n, "tokens_per_s": t} for n, t in series[s]]}
+                 for s in args.systems},
         "passed": ok,
     }
     if args.json:

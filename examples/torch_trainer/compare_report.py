@@ -66,12 +66,15 @@ def _tick_step(top: float) -> float:
     return 10 * magnitude
 
 
-def svg(series: dict, title: str) -> str:
-    """series: {system: [(parameters, tokens/s), ...]}. x: parameters (log scale), y: tokens/s."""
+def svg(series: dict, title: str, marks: dict | None = None, subtitle: str = "") -> str:
+    """series: {system: [(parameters, tokens/s), ...]}, drawn as lines with dots (the search's
+    tries); marks: {system: (parameters, tokens/s)}, drawn as squares (the comparison's run, at
+    another batch). x: parameters (log scale), y: tokens/s."""
+    marks = marks or {}
     width, height = 760.0, 460.0
-    left, right, top_m, bottom = 80.0, 170.0, 40.0, 60.0
+    left, right, top_m, bottom = 80.0, 170.0, 56.0, 60.0
     plot_w, plot_h = width - left - right, height - top_m - bottom
-    points = [p for pts in series.values() for p in pts]
+    points = [p for pts in series.values() for p in pts] + list(marks.values())
     lo = min((p[0] for p in points), default=1)
     hi = max((p[0] for p in points), default=1)
     top = max((p[1] for p in points), default=0)
@@ -92,6 +95,7 @@ def svg(series: dict, title: str) -> str:
         f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif" font-size="12">',
         '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{left:.0f}" y="22" font-size="14">{escape(title)}</text>',
+        f'<text x="{left:.0f}" y="40">{escape(subtitle)}</text>',
         f'<g stroke="black"><line x1="{left:.1f}" y1="{top_m:.1f}" x2="{left:.1f}" '
         f'y2="{top_m + plot_h:.1f}"/><line x1="{left:.1f}" y1="{top_m + plot_h:.1f}" '
         f'x2="{left + plot_w:.1f}" y2="{top_m + plot_h:.1f}"/></g>',
@@ -102,19 +106,29 @@ def svg(series: dict, title: str) -> str:
                    f'y2="{y_of(v):.1f}" stroke="#ddd"/><text x="{left - 6:.1f}" '
                    f'y="{y_of(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
         v += step
-    for e in range(math.ceil(log_lo), math.floor(log_hi) + 1):
-        x = x_of(10 ** e)
+    # x ticks at 1, 2 and 5 x 10^e in range; at powers of ten alone when those are too many.
+    ticks = [m * 10 ** e for e in range(math.floor(log_lo), math.ceil(log_hi) + 1)
+             for m in (1, 2, 5) if log_lo <= math.log10(m * 10 ** e) <= log_hi]
+    if len(ticks) > 9:
+        ticks = [10 ** e for e in range(math.ceil(log_lo), math.floor(log_hi) + 1)]
+    for n in ticks:
+        x = x_of(n)
         out.append(f'<line x1="{x:.1f}" y1="{top_m + plot_h:.1f}" x2="{x:.1f}" '
                    f'y2="{top_m + plot_h + 5:.1f}" stroke="black"/><text x="{x:.1f}" '
-                   f'y="{top_m + plot_h + 18:.1f}" text-anchor="middle">{count(10 ** e)}</text>')
+                   f'y="{top_m + plot_h + 18:.1f}" text-anchor="middle">{count(n)}</text>')
     out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 15:.1f}" text-anchor="middle">'
                'model parameters (log scale)</text>')
     out.append(f'<text transform="translate(18 {top_m + plot_h / 2:.1f}) rotate(-90)" '
                'text-anchor="middle">tokens/s</text>')
     legend_y = top_m + 10
-    for index, (name, pts) in enumerate(series.items()):
+    for index, name in enumerate(dict.fromkeys([*series, *marks])):
         colour = COLOURS[index % len(COLOURS)]
-        pts = sorted(pts)
+        pts = sorted(series.get(name, []))
+        if name in marks:
+            n, t = marks[name]
+            out.append(f'<rect class="comparison" data-system="{escape(name)}" '
+                       f'x="{x_of(n) - 4:.1f}" y="{y_of(t) - 4:.1f}" width="8" height="8" '
+                       f'fill="{colour}"/>')
         if pts:
             coords = " ".join(f"{x_of(n):.1f},{y_of(t):.1f}" for n, t in pts)
             out.append(f'<polyline class="series" data-system="{escape(name)}" fill="none" '
@@ -123,7 +137,7 @@ def svg(series: dict, title: str) -> str:
                 out.append(f'<circle cx="{x_of(n):.1f}" cy="{y_of(t):.1f}" r="3" '
                            f'fill="{colour}"/>')
         lx = left + plot_w + 20
-        label = name if pts else f"{name} (no points)"
+        label = name if pts or name in marks else f"{name} (no points)"
         out.append(f'<line x1="{lx:.1f}" y1="{legend_y:.1f}" x2="{lx + 24:.1f}" '
                    f'y2="{legend_y:.1f}" stroke="{colour}" stroke-width="2"/><text '
                    f'x="{lx + 30:.1f}" y="{legend_y + 4:.1f}">{escape(label)}</text>')

@@ -122,7 +122,8 @@ def build_strata(args, torch, gpt, c, cuda):
     home = "nvme" if nvme else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
     model = st.zero_shard(
-        gpt.GPT(c, device="meta"), comm, stage=3, units=(gpt.Block,),
+        gpt.GPT(c, device="meta", fused_attention=args.fused_attention), comm, stage=3,
+        units=(gpt.Block,),
         param_init=lambda name, shape: gpt.init_parameter(name, shape, c),
         mp_policy=st.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype),
         offload_policy=st.OffloadPolicy(param_home=home, state_home=home),
@@ -165,7 +166,7 @@ def build_fsdp2(args, torch, gpt, c, cuda):
     torch.cuda.set_device(0)
     dist.init_process_group("cpu:gloo,cuda:nccl", store=dist.FileStore(store, 1), rank=0,
                             world_size=1)
-    model = gpt.GPT(c, device="meta")
+    model = gpt.GPT(c, device="meta", fused_attention=args.fused_attention)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     offload = CPUOffloadPolicy()
     for block in model.blocks:
@@ -217,7 +218,8 @@ def torch_pinned(torch) -> dict:
 
 def build_torch(args, torch, gpt, c, cuda):
     device = "cuda" if cuda else "cpu"
-    model = gpt.materialize_in_pieces(gpt.GPT(c, device="meta"), device)
+    model = gpt.materialize_in_pieces(
+        gpt.GPT(c, device="meta", fused_attention=args.fused_attention), device)
     kw = {"fused": True} if cuda else {"foreach": False}
     opt = torch.optim.AdamW(model.parameters(), **kw, **HYPER)
 
@@ -281,7 +283,9 @@ def run(args) -> dict:
         print(f"{args.system}: step {i} of {args.steps} loss {steps[-1]['loss']:.6f} "
               f"{steps[-1]['seconds']:.3f} s", flush=True)
     info = extra()
+    fused = model_fused(model)
     out = {"system": args.system, "status": "ok", "fits": True, "steps": steps,
+           "fused_attention": fused, "batch": args.batch,
            "parameters": gpt.parameter_count(c), "setup_s": setup_s,
            "tokens_per_step": args.batch * args.seq_len,
            "torch_max_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
@@ -296,6 +300,11 @@ def run(args) -> dict:
     return out
 
 
+def model_fused(model) -> bool:
+    """Whether the GPT's attention runs fused (SDPA): asked for and there in this torch."""
+    return any(getattr(m, "fused", False) for m in model.modules())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--system", choices=tuple(BUILDERS), required=True)
@@ -304,6 +313,8 @@ def main(argv=None) -> int:
         p.add_argument(f"--{name}", type=int, required=True)
     p.add_argument("--max-live-bytes", default="1GiB")
     p.add_argument("--prefetch-bytes", default="64MiB")
+    p.add_argument("--fused-attention", action="store_true",
+                   help="F.scaled_dot_product_attention where torch has it (no t x t scores)")
     p.add_argument("--perturb", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)

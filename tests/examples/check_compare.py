@@ -4,7 +4,8 @@ GPT, strata-cpu, strata-nvme in a directory, FSDP2, plain torch; a small search)
 the outside: exit 0 and PASS; the JSON's fields; every trained system's losses within the stated
 tolerance of the reference's, step by step; strata-cpu's search bounded by its small CPU tier
 (a try that did not fit: ResourceExhaustedError), the others' by --search-max-layers; the SVG is
-well-formed XML with one series per trained system; FSDP2's skip line names the torch it needs.
+well-formed XML with one line (the search) and one square (the comparison) per trained system;
+FSDP2's skip line names the torch it needs.
 
     check_compare.py COMPARE_PY WORK_DIR
 """
@@ -105,11 +106,15 @@ def main() -> int:
     if root.tag != ns + "svg":
         fail(f"the SVG's root is {root.tag}")
     series = {p.get("data-system"): p.get("points") for p in root.iter(ns + "polyline")}
-    if set(series) != set(trained):
-        fail(f"the SVG's series: {sorted(series)}")
+    squares = {p.get("data-system") for p in root.iter(ns + "rect") if p.get("data-system")}
+    if set(series) != set(trained) or squares != set(trained):
+        fail(f"the SVG's series: {sorted(series)}, comparison squares: {sorted(squares)}")
     for name in trained:
-        if len(series[name].split()) != len(r["plot"][name]) or not r["plot"][name]:
-            fail(f"the SVG's {name} points: {series[name]} against {r['plot'][name]}")
+        plot = r["plot"][name]
+        if not plot["search"] or len(series[name].split()) != len(plot["search"]):
+            fail(f"the SVG's {name} points: {series[name]} against {plot}")
+        if plot["comparison"]["parameters"] != systems[name]["parameters"]:
+            fail(f"the plot's {name} comparison point: {plot['comparison']}")
     if "tokens/s" not in "".join(t.text or "" for t in root.iter(ns + "text")):
         fail("the SVG names no axis 'tokens/s'")
     print("check_compare: ok", flush=True)
