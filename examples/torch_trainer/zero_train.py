@@ -79,7 +79,11 @@ def train_zero(args, w) -> int:
     rank, ranks = comm.rank, comm.size
     say = print if rank == 0 else (lambda *a, **k: None)
     home = "nvme" if rt.has_nvme else "cpu"
-    param_home = home if args.zero_stage == 3 else "cpu"
+    # Stage 3: the shards in the CPU tier or on NVMe (ZeRO-Offload/Infinity), gathered into the
+    # GPU arena for use. Stages 1-2 keep the whole model on every rank: in the GPU tier on a GPU
+    # (acquired in place; the CPU tier would move every group and gradient buffer each
+    # micro-step), in the CPU tier on the host backend (there the same memory).
+    param_home = home if args.zero_stage == 3 else ("gpu" if device.type == "cuda" else "cpu")
     per_rank = args.batch // ranks
 
     # The reference (rank 0's, and every rank's copy of the small transformer): the same values
