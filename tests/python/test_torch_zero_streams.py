@@ -162,25 +162,31 @@ def test_slow_streams_give_the_same_bits(stage):
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, inner=None):
         super().__init__()
         self.up = nn.Linear(16, 48)
         self.down = nn.Linear(48, 16)
+        self.inner = inner  # checkpoint `up` inside the unit ('reentrant' or 'non-reentrant')
 
     def forward(self, x):
-        return x + self.down(torch.tanh(self.up(x)))
+        if self.inner is None:
+            h = self.up(x)
+        else:
+            h = checkpoint(self.up, x, use_reentrant=self.inner == "reentrant")
+        return x + self.down(torch.tanh(h))
 
 
 class Stack(nn.Module):
-    """Blocks, each activation-checkpointed when `checkpointed` ('reentrant', torch 1.13's
-    default, or 'non-reentrant')."""
+    """Blocks, each activation-checkpointed whole when `checkpointed` is 'reentrant' (torch
+    1.13's default) or 'non-reentrant'; 'inside-...': a layer inside each block (unit)."""
 
     def __init__(self, checkpointed=None):
         super().__init__()
         torch.manual_seed(99)
-        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        inner = checkpointed[len("inside-"):] if checkpointed and "inside" in checkpointed else None
+        self.blocks = nn.ModuleList(Block(inner) for _ in range(3))
         self.head = nn.Linear(16, 4)
-        self.checkpointed = checkpointed
+        self.checkpointed = None if inner else checkpointed
 
     def forward(self, x):
         for b in self.blocks:
@@ -191,8 +197,9 @@ class Stack(nn.Module):
         return self.head(x)
 
 
-@pytest.mark.parametrize("checkpointed,offload", [("reentrant", False), ("non-reentrant", False),
-                                                  ("reentrant", True)])
+@pytest.mark.parametrize("checkpointed,offload", [
+    ("reentrant", False), ("non-reentrant", False), ("reentrant", True),
+    ("inside-reentrant", False), ("inside-non-reentrant", False)])
 def test_activation_checkpointing_at_stage_3(checkpointed, offload):
     """Checkpointed blocks re-run their forward in backward; their parameters are gathered
     again there and held until their gradients are in. Bitwise equal to the run without
