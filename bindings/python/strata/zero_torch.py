@@ -324,16 +324,18 @@ class ZeroModule(nn.Module):
         return None
 
     def _view(self, acquisition, stream):
-        """The acquired memory as a torch tensor, zero copy. `stream` waits for strata's work
-        that makes it ready (a gather, a copy, the previous reduce-scatter of a gradient
-        bucket) on the device, behind an event: the host does not wait. stream=None (the CPU):
-        the host waits for that event, as the host is then torch's stream."""
+        """The acquired memory as a torch tensor, zero copy. Acquired for `stream`, the engine
+        has ordered it after its work on the memory (a gather, a copy, the previous
+        reduce-scatter of a gradient bucket) on the device: the host does not wait.
+        stream=None (the CPU): the host waits for strata's ready event, as the host is then
+        torch's stream."""
         return torch.utils.dlpack.from_dlpack(acquisition.__dlpack__(stream=stream))
 
     def _acquire(self, prm: _Param) -> None:
-        acquisition = self.engine.acquire_param(prm.pid, self.tier, "r")
+        stream = self._torch_stream()
+        acquisition = self.engine.acquire_param(prm.pid, self.tier, "r", stream=stream)
         if not prm.acquisitions:
-            prm.param.data = self._view(acquisition, self._torch_stream())
+            prm.param.data = self._view(acquisition, stream)
         prm.acquisitions.append(acquisition)
 
     def _release(self, prm: _Param) -> None:
@@ -456,8 +458,8 @@ class ZeroModule(nn.Module):
     def _push_grad(self, prm: _Param, grad) -> None:
         """Adds `grad` (None: nothing, a zero gradient) into the engine's buffer of this
         micro-step and marks it ready."""
-        acquisition = self.engine.acquire_grad(prm.pid, self.tier)
         stream = self._torch_stream()
+        acquisition = self.engine.acquire_grad(prm.pid, self.tier, stream=stream)
         try:
             if grad is not None:
                 # torch's stream waits for the bucket (its previous reduce-scatter's reads);
