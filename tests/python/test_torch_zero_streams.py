@@ -80,6 +80,7 @@ def test_forward_and_backward_do_not_wait_on_the_host(stage):
         # dropped below. What counts is that every call returned.
         nn.functional.mse_loss(model(x), y).backward()
         returned_while_held = not gate.is_open
+        gate.wait_until_held(1)  # a stream's worker has reached the gate (a count, no timing)
         held = gate.held
     finally:
         gate.open()
