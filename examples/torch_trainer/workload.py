@@ -13,8 +13,11 @@ def choose_device(requested: str, backend: str):
     runtime's (STRATA_DEVICE, else LOCAL_RANK, else 0: strata.Runtime().config["device"]),
     passed in as `backend` == "cuda:<ordinal>"."""
     kind, _, ordinal = backend.partition(":")
+    if requested == "auto" and kind == "cuda" and not torch.cuda.is_available():
+        return None, ("--device=auto: strata's runtime is on the cuda backend but torch has no "
+                      "CUDA device; set STRATA_BACKEND=host to train on the CPU")
     if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() and kind == "cuda" else "cpu"
+        requested = "cuda" if kind == "cuda" else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
         return None, "--device=cuda: torch has no CUDA device"
     if requested == "cuda" and kind != "cuda":
