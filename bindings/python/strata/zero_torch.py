@@ -278,6 +278,7 @@ class ZeroModule(nn.Module):
             return output
         except BaseException:
             self.release_all()
+            self._recomputing.clear()  # units whose forward raised never reached their post-hook
             raise
         finally:
             self._forward_depth -= 1
