@@ -31,6 +31,12 @@ How it works:
     the rest of backward), clears `param.grad` and releases the parameter. When backward ends,
     parameters backward did not reach get a zero gradient (the engine takes every parameter's
     gradient every micro-step) and whatever is still acquired is released.
+  - On a CUDA runtime the module computes on the runtime's GPU (model.device). Every
+    acquisition is made for torch's current stream (the engine orders it after its gather,
+    copy or reduce-scatter on the device) and every release records an event there (memory is
+    reused after it): forward and backward never wait on the host. Activation checkpointing:
+    a unit re-run in backward holds its parameters until their gradients are in.
+    docs/zero.md, "On a GPU", has the order of a step on the streams.
   - Every rank makes the same engine calls in the same order (the model and its graph are the
     same), which is what the engine's collectives need. Collectives go through strata's
     Communicator only (torch.distributed is not used).
