@@ -15,6 +15,7 @@
 #include "names.h"
 #include "optimizer.h"
 #include "strata/base/size.h"
+#include "stream.h"
 #include "tensor.h"
 #include "zero_options.h"
 
@@ -166,23 +167,44 @@ std::shared_ptr<PyTensor> engine_tensor(PyZeroEngine& e, ZeroParamId id, const D
   return tensor;
 }
 
+// The stream an engine acquisition is made for: the consumer's (`stream` as __dlpack__ takes
+// it: a strata.Stream, a torch.cuda.Stream, a handle), which the engine then orders after its
+// own work directly; or, for None, strata's stream with a ready event for the consumers.
+// Returns null for None.
+Stream* consumer_stream(PyRuntime& rt, const py::handle& stream, TierKind tier, const char* what) {
+  const StreamChoice choice = parse_stream(rt, stream, what);
+  if (choice.kind == StreamChoice::kNoSync) {
+    raise(absl::StatusCode::kInvalidArgument,
+          std::string(what) +
+              ": stream=-1 cannot be ordered after the engine's work; pass the "
+              "stream that will use the memory, or None");
+  }
+  if (choice.kind != StreamChoice::kHandle || tier != TierKind::kGpu) return nullptr;
+  return check(rt.external_stream(choice.handle));
+}
+
 // A DLPack-able Acquisition of the parameter (its own shape and dtype, zero copy); released
 // through the engine (stage 3: the gathered group may then be dropped).
 std::shared_ptr<Acquisition> acquire_param(const std::shared_ptr<PyZeroEngine>& engine,
                                            const py::handle& p, const std::string& tier_text,
-                                           const std::string& mode_text) {
+                                           const std::string& mode_text,
+                                           const py::handle& stream_arg) {
   PyZeroEngine& e = *engine;
   const ZeroParamId id = param_id(e, p);
   const TierKind tier = parse_tier(tier_text, /*allow_nvme=*/false);
   const AccessMode mode = parse_mode(mode_text);
   auto tensor = engine_tensor(e, id, dtype_of(e.engine->options().param_type), "");
   PyRuntime& rt = *e.rt;
+  Stream* consumer = consumer_stream(rt, stream_arg, tier, "acquire_param");
+  Stream& on = consumer != nullptr ? *consumer : rt.stream();
   absl::StatusOr<void*> data;
   std::unique_ptr<Event> ready;
   {
     py::gil_scoped_release unlocked;
-    data = e.engine->acquire_param(id, tier, rt.stream(), mode);
-    if (data.ok() && tier == TierKind::kGpu) {
+    data = e.engine->acquire_param(id, tier, on, mode);
+    // The consumer's stream is ordered by the engine itself; strata's stream gets an event
+    // that consumers wait on at __dlpack__.
+    if (data.ok() && tier == TierKind::kGpu && consumer == nullptr) {
       absl::StatusOr<std::unique_ptr<Event>> event = ready_event(rt);
       if (event.ok()) {
         ready = *std::move(event);
@@ -195,6 +217,9 @@ std::shared_ptr<Acquisition> acquire_param(const std::shared_ptr<PyZeroEngine>& 
   void* address = check(std::move(data));
   tensor->acquired++;
   auto acquisition = std::make_shared<Acquisition>(tensor, address, tier, mode, std::move(ready));
+  if (consumer != nullptr) {
+    acquisition->consumers.push_back(parse_stream(rt, stream_arg, "acquire_param").handle);
+  }
   acquisition->release_with = [engine, id](Stream& stream) {
     return engine->engine->release_param(id, stream);
   };
@@ -211,25 +236,29 @@ const DType& dtype_of(GradType type) {
 // shape, grad dtype): add the gradient into it; its release marks the gradient ready
 // (grad_ready, ordered after the work on the releasing stream).
 std::shared_ptr<Acquisition> acquire_grad(const std::shared_ptr<PyZeroEngine>& engine,
-                                          const py::handle& p, const std::string& tier_text) {
+                                          const py::handle& p, const std::string& tier_text,
+                                          const py::handle& stream_arg) {
   PyZeroEngine& e = *engine;
   const ZeroParamId id = param_id(e, p);
   const TierKind tier = parse_tier(tier_text, /*allow_nvme=*/false);
   auto tensor = engine_tensor(e, id, dtype_of(e.engine->options().grad_type), ".grad");
   PyRuntime& rt = *e.rt;
+  Stream* consumer = consumer_stream(rt, stream_arg, tier, "acquire_grad");
+  Stream& on = consumer != nullptr ? *consumer : rt.stream();
   absl::StatusOr<void*> data;
   std::unique_ptr<Event> ready;
   {
     py::gil_scoped_release unlocked;
-    data = e.engine->acquire_grad(id, tier, rt.stream());
+    data = e.engine->acquire_grad(id, tier, on);
     // The buffer may still be read by the previous reduce-scatter's copies on the stream: the
-    // GPU tier's consumers wait on an event; the CPU tier's (the host) wait here.
+    // consumer's stream is ordered by the engine; other GPU-tier consumers wait on an event;
+    // the CPU tier's (the host) wait here.
     absl::Status status = data.status();
-    if (status.ok() && tier == TierKind::kGpu) {
+    if (status.ok() && tier == TierKind::kGpu && consumer == nullptr) {
       absl::StatusOr<std::unique_ptr<Event>> event = ready_event(rt);
       status = event.status();
       if (event.ok()) ready = *std::move(event);
-    } else if (status.ok()) {
+    } else if (status.ok() && tier != TierKind::kGpu) {
       status = rt.device().synchronize(rt.stream());
     }
     if (data.ok() && !status.ok()) {
@@ -241,6 +270,9 @@ std::shared_ptr<Acquisition> acquire_grad(const std::shared_ptr<PyZeroEngine>& e
   tensor->acquired++;
   auto acquisition =
       std::make_shared<Acquisition>(tensor, address, tier, AccessMode::kWrite, std::move(ready));
+  if (consumer != nullptr) {
+    acquisition->consumers.push_back(parse_stream(rt, stream_arg, "acquire_grad").handle);
+  }
   acquisition->release_with = [engine, id](Stream& stream) {
     return engine->engine->grad_ready(id, stream);
   };
@@ -401,15 +433,21 @@ dicts over the defaults). The engine's options are engine.options (a copy).)doc"
            "A copy of the parameter's value as a float32 numpy array of its shape (a memoryview "
            "without numpy).")
       .def("acquire_param", &acquire_param, py::arg("param"), py::arg("tier") = "cpu",
-           py::arg("mode") = "r",
+           py::arg("mode") = "r", py::arg("stream") = py::none(),
            "The parameter's memory (its shape and param dtype) as an Acquisition, as "
            "Tensor.acquire() gives: a DLPack view until release() or the end of the `with`. "
+           "`stream` (GPU tier; as __dlpack__ takes it, e.g. torch.cuda.current_stream()): the "
+           "stream that will use the memory, which the engine orders after its gather or copy "
+           "directly (no event, no host wait; release() then defaults to it); None: strata's "
+           "stream, and consumers wait on an event at __dlpack__. "
            "Stage 3 gathers the parameter's group (a collective) and the view is read-only: "
            "mode 'w' is refused, and writes through it are lost when the group is dropped "
            "(and may differ between ranks). Release every parameter before step().")
       .def("acquire_grad", &acquire_grad, py::arg("param"), py::arg("tier") = "cpu",
+           py::arg("stream") = py::none(),
            "This micro-step's gradient buffer of the parameter (its shape, grad dtype) as a "
-           "writable Acquisition: add (+=) the gradient into it through DLPack; its release "
+           "writable Acquisition (`stream`: as acquire_param's): add (+=) the gradient into it "
+           "through DLPack; its release "
            "(or the end of the `with`) marks the gradient ready, ordered after the work on the "
            "stream given to release() (or seen at __dlpack__). A group whose every gradient is "
            "ready is reduce-scattered at once.")

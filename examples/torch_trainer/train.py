@@ -196,21 +196,14 @@ def main(argv=None) -> int:
     rt = strata.Runtime(**overrides)
 
     backend = rt.backend
-    if args.device == "auto":
-        device = "cuda" if torch.cuda.is_available() and backend == "cuda" else "cpu"
-    else:
-        device = args.device
-    if device == "cuda" and not torch.cuda.is_available():
-        print("--device=cuda: torch has no CUDA device", file=sys.stderr)
+    chosen, error = workloads.choose_device(
+        args.device, backend + (f":{rt.config['device']}" if backend == "cuda" else ""))
+    if error:
+        print(error, file=sys.stderr)
         return 2
-    if device == "cuda" and backend != "cuda":
-        print(f"--device=cuda: strata's runtime is on the {backend} backend (its 'gpu' tier is "
-              "host memory); set STRATA_BACKEND=cuda", file=sys.stderr)
-        return 2
-    if device == "cpu" and backend == "cuda":
-        print("--device=cpu: strata's runtime is on the cuda backend; set STRATA_BACKEND=host "
-              "to train on the CPU", file=sys.stderr)
-        return 2
+    device = str(chosen)
+    if chosen.type == "cuda":
+        torch.cuda.set_device(chosen)  # the runtime's GPU (LOCAL_RANK): torch's current one
 
     home = "nvme" if rt.has_nvme else "cpu"
     gpu_bytes = rt.config["gpu_bytes"]

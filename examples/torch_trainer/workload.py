@@ -7,6 +7,30 @@ from __future__ import annotations
 import torch
 
 
+def choose_device(requested: str, backend: str):
+    """(torch.device, None) where the model computes for --device=`requested` (auto, cpu,
+    cuda) and strata's runtime `backend`, or (None, the usage error). On CUDA the GPU is the
+    runtime's (STRATA_DEVICE, else LOCAL_RANK, else 0: strata.Runtime().config["device"]),
+    passed in as `backend` == "cuda:<ordinal>"."""
+    kind, _, ordinal = backend.partition(":")
+    if requested == "auto" and kind == "cuda" and not torch.cuda.is_available():
+        return None, ("--device=auto: strata's runtime is on the cuda backend but torch has no "
+                      "CUDA device; set STRATA_BACKEND=host to train on the CPU")
+    if requested == "auto":
+        requested = "cuda" if kind == "cuda" else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        return None, "--device=cuda: torch has no CUDA device"
+    if requested == "cuda" and kind != "cuda":
+        return None, (f"--device=cuda: strata's runtime is on the {kind} backend (its 'gpu' tier "
+                      "is host memory); set STRATA_BACKEND=cuda")
+    if requested == "cpu" and kind == "cuda":
+        return None, ("--device=cpu: strata's runtime is on the cuda backend; set "
+                      "STRATA_BACKEND=host to train on the CPU")
+    if requested == "cuda":
+        return torch.device("cuda", int(ordinal or 0)), None
+    return torch.device("cpu"), None
+
+
 class Workload:
     """build(): the model (the same values on every call, rank and process); batch(step):
     step's global batch (inputs, targets), 1-based steps; loss(model, x, y); block: the

@@ -8,6 +8,7 @@ import copy
 import gc
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -16,6 +17,7 @@ from torch import nn
 
 import strata
 import strata.torch as st
+import workload as workloads  # beside this file
 
 
 def _relative(a: float, b: float) -> float:
@@ -59,21 +61,37 @@ def _accumulate_step(model, w, x, y, ranks: int, per_rank: int):
 def train_zero(args, w) -> int:
     """`w`: the workload (workload.py: the model, the data, the hyper-parameters)."""
     rt = strata.Runtime()
-    if rt.backend == "cuda" or args.device == "cuda":
-        print("--zero-stage: this example trains on the CPU (STRATA_BACKEND=host, --device=cpu); "
-              "the CUDA path of strata.torch.zero_shard has not run on a GPU", flush=True)
+    # The GPU is the runtime's (STRATA_DEVICE, else LOCAL_RANK: one per rank under strata-run
+    # or torchrun); zero_shard computes there (the GPU tier is device memory), torch too.
+    backend = rt.backend + (f":{rt.config['device']}" if rt.backend == "cuda" else "")
+    device, error = workloads.choose_device(args.device, backend)
+    if error:
+        print(error, file=sys.stderr, flush=True)
         return 2
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        if args.reference == "accumulate":
+            print("--reference=accumulate: a second strata Runtime in this process would split "
+                  "the GPU with the job's; use --reference=torch on CUDA", file=sys.stderr,
+                  flush=True)
+            return 2
     comm = strata.Communicator.from_environment(rt)
     rank, ranks = comm.rank, comm.size
     say = print if rank == 0 else (lambda *a, **k: None)
     home = "nvme" if rt.has_nvme else "cpu"
-    param_home = home if args.zero_stage == 3 else "cpu"
+    # Stage 3: the shards in the CPU tier or on NVMe (ZeRO-Offload/Infinity), gathered into the
+    # GPU arena for use. Stages 1-2 keep the whole model on every rank: in the GPU tier on a GPU
+    # (acquired in place; the CPU tier would move every group and gradient buffer each
+    # micro-step), in the CPU tier on the host backend (there the same memory).
+    param_home = home if args.zero_stage == 3 else ("gpu" if device.type == "cuda" else "cpu")
     per_rank = args.batch // ranks
 
     # The reference (rank 0's, and every rank's copy of the small transformer): the same values
     # on every rank (tiny: one seed; GPT: per-parameter seeds).
     meta = w.build_meta is not None
     reference = w.build() if rank == 0 or not meta else None
+    if reference is not None:
+        reference.to(device)  # torch's AdamW on the same device as the ranks
     n_params = w.parameters if meta else sum(p.numel() for p in reference.parameters())
     units = None if args.units == "layer" else (w.block,)
     fetch = st.FetchPolicy(max_live_bytes=args.max_live_bytes, prefetch_bytes="64KiB",
@@ -96,11 +114,12 @@ def train_zero(args, w) -> int:
         f"global batch {args.batch} ({per_rank} per rank)")
     say(f"strata: ZeRO stage {args.zero_stage} on {ranks} rank(s) over "
         f"{comm.backend}, {len(model.units)} units ({args.units}), {layout['groups']} groups, "
-        f"parameters homed in {param_home}, AdamW states in {home}"
+        f"computing on {device}, parameters homed in {param_home}, AdamW states in {home}"
         + ("; built on the meta device, each parameter's values drawn by name (param_init)"
            if meta else ""))
 
-    batches = [w.batch(step) for step in range(1, args.steps + 1)]
+    batches = [(x.to(device), y.to(device))
+               for x, y in (w.batch(step) for step in range(1, args.steps + 1))]
     first = 0
     if args.load_sharded:
         model.load_sharded(args.load_sharded)
@@ -185,9 +204,10 @@ def train_zero(args, w) -> int:
         weights = max(float((full[n] - other[n]).abs().max()) for n in full)
         accumulated.close()
     elif rank == 0:
-        diff2 = sum(float(((full[n] - v).double() ** 2).sum())
-                    for n, v in reference.state_dict().items())
-        norm2 = sum(float((v.double() ** 2).sum()) for v in reference.state_dict().values())
+        ref_state = {n: v.detach().cpu() for n, v in reference.state_dict().items()}
+        diff2 = sum(float(((full[n].cpu() - v).double() ** 2).sum())
+                    for n, v in ref_state.items())
+        norm2 = sum(float((v.double() ** 2).sum()) for v in ref_state.values())
         weights = math.sqrt(diff2 / max(norm2, 1e-30))
     if args.save_sharded:
         model.save_sharded(args.save_sharded)

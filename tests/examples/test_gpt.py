@@ -119,3 +119,19 @@ def test_trainer_knows_the_presets():
     listed = text.split("GPT_PRESETS = (", 1)[1].split(")", 1)[0]
     assert [s.strip().strip('"') for s in listed.replace("\n", "").split(",") if s.strip()] == \
         list(gpt.PRESETS)
+
+
+def test_trainer_device_is_the_runtimes_gpu(monkeypatch):
+    # workload.choose_device: the trainer computes on the runtime's GPU (its config["device"],
+    # from STRATA_DEVICE or LOCAL_RANK), passed as "cuda:<ordinal>"; mismatches are usage errors.
+    import workload
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert workload.choose_device("auto", "cuda:3") == (torch.device("cuda", 3), None)
+    assert workload.choose_device("cuda", "cuda:1") == (torch.device("cuda", 1), None)
+    assert workload.choose_device("auto", "host") == (torch.device("cpu"), None)
+    assert "set STRATA_BACKEND=cuda" in workload.choose_device("cuda", "host")[1]
+    assert "set STRATA_BACKEND=host" in workload.choose_device("cpu", "cuda:0")[1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "torch has no CUDA device" in workload.choose_device("auto", "cuda:0")[1]
+    assert workload.choose_device("cuda", "host")[1] == "--device=cuda: torch has no CUDA device"
+    assert workload.choose_device("auto", "host") == (torch.device("cpu"), None)

@@ -364,3 +364,31 @@ def test_zero_stage3_errors(runtime, comm):
     grad.release()
     with pytest.raises(strata.FailedPreconditionError, match=r"already released"):
         grad.release()
+
+
+def test_acquire_for_a_consumer_stream_is_ordered_by_the_engine(runtime, comm):
+    # acquire_param/acquire_grad(stream=s): the engine orders s after its gather (or the
+    # bucket's previous reduce-scatter) itself, no event, no host wait. Every other stream is
+    # held: a read on s that were not ordered would run at once and see no gathered values.
+    from strata._strata import testing
+    engine = tiny_engine(runtime, comm, stage=3, param_home="gpu", reuse_window_bytes=0,
+                         prefetch_bytes=0)
+    want = np.asarray(model_params()[0][2], np.float32).reshape(-1)
+    s = runtime.create_stream()
+    out = np.zeros(want.size, np.float32)
+    with testing.hold(runtime, exempt=[s]) as gate:
+        a = engine.acquire_param("layer.weight", "gpu", stream=s)  # returns: the gather is held
+        gate.wait_until_held(1)
+        assert a.__dlpack__(stream=s) is not None  # no event to wait on: s is ordered already
+        testing.copy_async(s, out.ctypes.data, a.address, out.nbytes, "d2h")
+        g = engine.acquire_grad("layer.weight", "gpu", stream=s)
+        assert not out.any()  # s waits for the held gather
+    s.synchronize()
+    np.testing.assert_array_equal(out, want)
+    g.release()  # grad_ready after s's work (the stream given at acquire)
+    a.release()
+    for name in ("layer.bias", "scale"):
+        engine.add_grad(name, np.zeros(engine.param_info(name)["count"], np.float32))
+    engine.step()
+    with pytest.raises(strata.InvalidArgumentError, match=r"acquire_param: stream=-1 cannot"):
+        engine.acquire_param("layer.weight", "gpu", stream=-1)

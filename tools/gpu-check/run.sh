@@ -257,6 +257,13 @@ step_examples() {
   fi
   export PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
   run_check example torch_trainer 60 "$LOG" "$PYTHON" "$SOURCE_DIR/examples/torch_trainer/train.py" --device=cuda
+  # strata.torch.zero_shard on the GPU (issue 25, never run on one when written): the GPT at
+  # stage 3, its shards and AdamW states in the CPU tier, gathered into the GPU arena on torch's
+  # stream; every step's loss against torch's AdamW on the same GPU (--tolerance's default).
+  # pytest (step_pytest) runs tests/python/test_torch_zero_streams.py's test_zero_shard_on_cuda.
+  run_check example "torch_trainer gpt-tiny --zero-stage=3" 90 "$LOG" env STRATA_NVME_PATHS= \
+    "$PYTHON" "$SOURCE_DIR/examples/torch_trainer/train.py" --model=gpt-tiny --zero-stage=3 \
+    --device=cuda --steps=10
   # Activation offload against plain torch and save_on_cpu(pin_memory=True): step time and peak
   # torch.cuda.max_memory_allocated (docs/activations.md).
   run_check example activations_compare 60 "$LOG" "$PYTHON" \

@@ -13,7 +13,7 @@ from torch import nn
 def _replace_meta_parameters(module: nn.Module, device, runtime, param_init):
     """({id(parameter): shape} of every parameter, {ids of those that were on the meta device}):
     each meta parameter replaced, in every module that holds it (tied ones stay tied), by an
-    empty one on `device` (None: cuda on a CUDA runtime, else cpu)."""
+    empty one on `device` (zero_shard's compute device)."""
     shapes, meta, fresh = {}, set(), {}
     for m in module.modules():
         for key, p in list(m._parameters.items()):

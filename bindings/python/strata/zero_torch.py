@@ -31,6 +31,12 @@ How it works:
     the rest of backward), clears `param.grad` and releases the parameter. When backward ends,
     parameters backward did not reach get a zero gradient (the engine takes every parameter's
     gradient every micro-step) and whatever is still acquired is released.
+  - On a CUDA runtime the module computes on the runtime's GPU (model.device). Every
+    acquisition is made for torch's current stream (the engine orders it after its gather,
+    copy or reduce-scatter on the device) and every release records an event there (memory is
+    reused after it): forward and backward never wait on the host. Activation checkpointing:
+    a unit re-run in backward holds its parameters until their gradients are in.
+    docs/zero.md, "On a GPU", has the order of a step on the streams.
   - Every rank makes the same engine calls in the same order (the model and its graph are the
     same), which is what the engine's collectives need. Collectives go through strata's
     Communicator only (torch.distributed is not used).
@@ -55,14 +61,6 @@ __all__ = ["ZeroModule", "zero_shard"]
 
 _BUFFERS_FILE = "strata_torch_buffers.pt"
 _FORMAT = "strata.torch.ZeroModule/1"
-
-
-def _stream_of(tensor):
-    """torch's current stream for a CUDA tensor (strata orders its next use of the memory
-    after the work there); None for CPU tensors, whose work is done when the call returns."""
-    if tensor.is_cuda:
-        return torch.cuda.current_stream(tensor.device)
-    return None
 
 
 def _tensors_in(value):
@@ -179,10 +177,28 @@ class ZeroModule(nn.Module):
         self._hooks = []
         self._forward_depth = 0
         self._in_backward = False
+        self._recomputing: list[bool] = []  # per unit forward running: re-run in backward?
+        # Where forward and backward compute: the acquired memory's device. The GPU tier of a
+        # CUDA runtime is device memory on the runtime's GPU (STRATA_DEVICE, else LOCAL_RANK):
+        # the placeholders, the gradient accumulators' metadata and the buffers go there.
+        if tier not in ("gpu", "cpu"):
+            raise ValueError(f"tier={tier!r}: use 'gpu' (the GPU tier: device memory on a CUDA "
+                             "runtime) or 'cpu'")
+        self._cuda = tier == "gpu" and self.runtime.backend == "cuda"
+        self.device = (torch.device("cuda", int(self.runtime.config["device"])) if self._cuda
+                       else torch.device("cpu"))
+        if device is not None and torch.device(device).type != self.device.type:
+            raise ValueError(f"device={device!r}: the module computes on {self.device} (tier "
+                             f"{tier!r} of a {self.runtime.backend} runtime); pass device=None or "
+                             f"'{self.device}'")
 
         # Parameters on the meta device (a model too large to build in host memory): empty ones
-        # on `device` instead, their values from param_init as the engine is created.
-        shapes, meta = _replace_meta_parameters(module, device, comm.runtime, param_init)
+        # on the compute device instead, their values from param_init as the engine is created.
+        shapes, meta = _replace_meta_parameters(module, self.device, comm.runtime, param_init)
+        for sub in module.modules():  # the buffers where forward computes (a CPU-built module)
+            for key, b in sub._buffers.items():
+                if b is not None and b.device != self.device:
+                    sub._buffers[key] = b.to(self.device)
 
         # Units and their parameters, in module order. Each parameter is registered once (under
         # its first name) in module order, which should be the order forward uses them: stage
@@ -228,12 +244,12 @@ class ZeroModule(nn.Module):
 
         with torch.enable_grad():
             for pid, p in enumerate(ordered):
-                placeholder = torch.empty(0, dtype=param_dtype, device=p.device)
+                placeholder = torch.empty(0, dtype=param_dtype, device=self.device)
                 prm = _Param(first_names[id(p)], p, pid, p.dtype, placeholder)
                 # The parameter's dtype, device and shape (one element, expanded) while its
                 # gradient accumulator is made: autograd checks gradients against them. Later
                 # data of the same dtype and device keeps the accumulator.
-                p.data = torch.zeros((), dtype=param_dtype, device=p.device).expand(
+                p.data = torch.zeros((), dtype=param_dtype, device=self.device).expand(
                     shapes[id(p)])
                 self._params.append(prm)
                 self._by_param[id(p)] = prm
@@ -259,9 +275,16 @@ class ZeroModule(nn.Module):
         self._forward_depth += 1
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-                return self.module(*args, **kwargs)
+                output = self.module(*args, **kwargs)
+            # Backward begins at these outputs' gradients, before any node of the module runs:
+            # an activation-checkpointed unit's forward re-run there is then known as one.
+            for t in _tensors_in(output):
+                if t.requires_grad and t.grad_fn is not None:
+                    t.register_hook(lambda grad: self._begin_backward())
+            return output
         except BaseException:
             self.release_all()
+            self._recomputing.clear()  # units whose forward raised never reached their post-hook
             raise
         finally:
             self._forward_depth -= 1
@@ -298,18 +321,37 @@ class ZeroModule(nn.Module):
 
     # ---- acquisitions ----------------------------------------------------------------------
 
+    def _torch_stream(self):
+        """The stream torch issues its work on the acquired memory on: its current CUDA stream
+        on the compute device (in backward, the autograd node's). None on the CPU, where
+        torch's work is done when its call returns. (Tests on the host backend put a
+        strata.Stream here, to run this module's CUDA ordering without a GPU.)"""
+        if self._cuda:
+            return torch.cuda.current_stream(self.device)
+        return None
+
+    def _view(self, acquisition, stream):
+        """The acquired memory as a torch tensor, zero copy. Acquired for `stream`, the engine
+        has ordered it after its work on the memory (a gather, a copy, the previous
+        reduce-scatter of a gradient bucket) on the device: the host does not wait.
+        stream=None (the CPU): the host waits for strata's ready event, as the host is then
+        torch's stream."""
+        return torch.utils.dlpack.from_dlpack(acquisition.__dlpack__(stream=stream))
+
     def _acquire(self, prm: _Param) -> None:
-        acquisition = self.engine.acquire_param(prm.pid, self.tier, "r")
+        stream = self._torch_stream()
+        acquisition = self.engine.acquire_param(prm.pid, self.tier, "r", stream=stream)
         if not prm.acquisitions:
-            prm.param.data = torch.from_dlpack(acquisition)
+            prm.param.data = self._view(acquisition, stream)
         prm.acquisitions.append(acquisition)
 
     def _release(self, prm: _Param) -> None:
         acquisition = prm.acquisitions.pop()
-        stream = _stream_of(prm.param.data)
         if not prm.acquisitions:
             prm.param.data = prm.placeholder  # drops the DLPack view before the release
-        acquisition.release(stream=stream)
+        # An event on torch's stream: strata reuses the memory (a dropped group's, a kept
+        # group's next gather) only after the work torch issued on it so far. No host wait.
+        acquisition.release(stream=self._torch_stream())
 
     def _acquire_for_backward(self, prm: _Param) -> None:
         if not prm.acquisitions:
@@ -326,18 +368,30 @@ class ZeroModule(nn.Module):
     # ---- hooks -----------------------------------------------------------------------------
 
     def _pre_forward(self, unit: _Unit):
-        if torch.is_grad_enabled() and self._forward_depth == 0 and not self._in_backward:
+        recompute = torch.is_grad_enabled() and self._forward_depth == 0
+        if recompute and not self._in_backward:
             raise RuntimeError(
                 f"unit '{unit.name or '(root)'}' of a ZeroModule ran outside the ZeroModule's "
                 "forward with autograd on: call the ZeroModule itself (its forward keeps "
                 "autograd from holding released parameters), or run under torch.no_grad()")
+        self._recomputing.append(recompute)
+        if recompute:
+            # Activation checkpointing re-runs the unit's forward in backward (reentrant: a
+            # graph of its own; non-reentrant: its saved tensors kept by the checkpoint), and
+            # the backward that follows reads the parameters as saved then, outside the
+            # saved-tensor hooks: they stay acquired until their gradients are in.
+            for prm in unit.params:
+                self._acquire_for_backward(prm)
+            return None
         for prm in unit.params:
             self._acquire(prm)
         return None
 
     def _post_forward(self, unit: _Unit, output):
-        for prm in reversed(unit.params):
-            self._release(prm)
+        recompute = self._recomputing.pop() if self._recomputing else False
+        if not recompute:
+            for prm in reversed(unit.params):
+                self._release(prm)
         if torch.is_grad_enabled():
             for t in _tensors_in(output):
                 if t.requires_grad and t.grad_fn is not None:
@@ -411,20 +465,24 @@ class ZeroModule(nn.Module):
     def _push_grad(self, prm: _Param, grad) -> None:
         """Adds `grad` (None: nothing, a zero gradient) into the engine's buffer of this
         micro-step and marks it ready."""
-        acquisition = self.engine.acquire_grad(prm.pid, self.tier)
-        stream = None
+        stream = self._torch_stream()
+        acquisition = self.engine.acquire_grad(prm.pid, self.tier, stream=stream)
         try:
             if grad is not None:
-                dst = torch.from_dlpack(acquisition)  # torch's stream waits for the buffer
-                stream = _stream_of(dst)
+                # torch's stream waits for the bucket (its previous reduce-scatter's reads);
+                # the add runs there, on the device, while backward goes on.
+                dst = self._view(acquisition, stream)
                 dst.add_(grad.detach().reshape(dst.shape))
                 del dst
         finally:
-            acquisition.release(stream=stream)  # grad_ready: ordered after the add
+            # grad_ready after the add on torch's stream: the engine's comm stream waits for
+            # an event there before its reduce-scatter reads the bucket.
+            acquisition.release(stream=stream)
         prm.grad_seen = True
 
     def _backward_done(self) -> None:
         self._in_backward = False
+        self._recomputing.clear()
         # The engine takes every parameter's gradient every micro-step: zeros for those this
         # backward did not reach (unused in this forward, frozen), in the same order on every
         # rank.
