@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "store_exchange.h"
 #include "strata/base/text.h"
 #include "strata/comm/nccl_library.h"
 
@@ -11,7 +12,7 @@ namespace {
 using text::cat;
 using text::to_absl;
 
-std::string capability_key(int rank) { return cat("strata/capability/", rank); }
+constexpr std::string_view kCapabilityPrefix = "strata/capability/";
 
 // "rank 3" or "ranks 1, 2 and 5".
 std::string name_ranks(const std::vector<int>& ranks) {
@@ -87,27 +88,11 @@ absl::StatusOr<CommBackendKind> choose_backend(const std::vector<CommCapability>
 absl::StatusOr<CommBackendKind> agree_on_backend(TcpStore& store, int rank, int world_size,
                                                  const CommCapability& mine) {
   const std::string who = cat("rank ", rank, " of ", world_size);
-  if (absl::Status s = store.set(capability_key(rank), mine.encode()); !s.ok()) return s;
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(capability_key(r));
-  if (absl::Status s = store.wait(keys, store.options().timeout); !s.ok()) {
-    return absl::Status(s.code(), to_absl(cat(who,
-                                              ": the ranks did not all tell what they can use "
-                                              "(STRATA_COMM_BACKEND=auto): ",
-                                              s.message())));
-  }
-  std::vector<CommCapability> all;
-  for (int r = 0; r < world_size; ++r) {
-    absl::StatusOr<std::string> value = store.get(keys[r]);
-    if (!value.ok()) return value.status();
-    absl::StatusOr<CommCapability> capability = CommCapability::decode(*value);
-    if (!capability.ok()) {
-      return absl::InvalidArgumentError(
-          to_absl(cat(who, ": rank ", r, " posted ", capability.status().message())));
-    }
-    all.push_back(*capability);
-  }
-  absl::StatusOr<CommBackendKind> verdict = choose_backend(all);
+  absl::StatusOr<std::vector<CommCapability>> all =
+      exchange_records(store, kCapabilityPrefix, rank, world_size, mine,
+                       "the ranks did not all tell what they can use (STRATA_COMM_BACKEND=auto)");
+  if (!all.ok()) return all.status();
+  absl::StatusOr<CommBackendKind> verdict = choose_backend(*all);
   if (!verdict.ok()) {
     return absl::Status(verdict.status().code(),
                         to_absl(cat(who, ": ", verdict.status().message())));

@@ -9,6 +9,7 @@
 #include <map>
 #include <utility>
 
+#include "store_exchange.h"
 #include "strata/base/text.h"
 
 namespace strata::comm_internal {
@@ -17,7 +18,7 @@ namespace {
 using text::cat;
 using text::to_absl;
 
-std::string gpu_key(int rank) { return cat("strata/gpu/", rank); }
+constexpr std::string_view kGpuPrefix = "strata/gpu/";
 
 std::string host_name() {
   char name[HOST_NAME_MAX + 1] = {};
@@ -104,28 +105,8 @@ absl::Status check_one_gpu_per_rank(const std::vector<GpuIdentity>& by_rank) {
 absl::StatusOr<std::vector<GpuIdentity>> exchange_gpu_identities(TcpStore& store, int rank,
                                                                  int world_size,
                                                                  const GpuIdentity& mine) {
-  const std::string who = cat("rank ", rank, " of ", world_size);
-  if (absl::Status s = store.set(gpu_key(rank), mine.encode()); !s.ok()) return s;
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(gpu_key(r));
-  if (absl::Status s = store.wait(keys, store.options().timeout); !s.ok()) {
-    return absl::Status(s.code(), to_absl(cat(who,
-                                              ": the ranks' GPUs were not all known before "
-                                              "NCCL's set-up: ",
-                                              s.message())));
-  }
-  std::vector<GpuIdentity> all;
-  for (int r = 0; r < world_size; ++r) {
-    absl::StatusOr<std::string> value = store.get(keys[r]);
-    if (!value.ok()) return value.status();
-    absl::StatusOr<GpuIdentity> identity = GpuIdentity::decode(*value);
-    if (!identity.ok()) {
-      return absl::InvalidArgumentError(
-          to_absl(cat(who, ": rank ", r, " posted ", identity.status().message())));
-    }
-    all.push_back(*std::move(identity));
-  }
-  return all;
+  return exchange_records(store, kGpuPrefix, rank, world_size, mine,
+                          "the ranks' GPUs were not all known before NCCL's set-up");
 }
 
 }  // namespace strata::comm_internal
