@@ -14,17 +14,6 @@ using text::to_absl;
 
 constexpr std::string_view kCapabilityPrefix = "strata/capability/";
 
-// "rank 3" or "ranks 1, 2 and 5".
-std::string name_ranks(const std::vector<int>& ranks) {
-  if (ranks.size() == 1) return cat("rank ", ranks[0]);
-  std::string out = "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
-    out += cat(ranks[i]);
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string CommCapability::encode() const {

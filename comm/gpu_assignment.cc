@@ -33,16 +33,6 @@ std::string boot_id() {
   return std::string(text::trim(id));
 }
 
-// "ranks 0 and 1", "ranks 0, 1 and 2".
-std::string ranks_phrase(const std::vector<int>& ranks) {
-  std::string out = "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
-    out += cat(ranks[i]);
-  }
-  return out;
-}
-
 }  // namespace
 
 GpuIdentity GpuIdentity::on_this_machine(std::string bus_id, int ordinal) {
@@ -93,7 +83,7 @@ absl::Status check_one_gpu_per_rank(const std::vector<GpuIdentity>& by_rank) {
   std::string message;
   for (const std::vector<int>& ranks : shared) {
     const GpuIdentity& first = by_rank[ranks.front()];
-    message += cat(message.empty() ? "" : "; ", ranks_phrase(ranks), " share GPU ", first.ordinal,
+    message += cat(message.empty() ? "" : "; ", name_ranks(ranks), " share GPU ", first.ordinal,
                    " (PCI ", first.bus_id, ") on host ", first.host);
   }
   return absl::FailedPreconditionError(

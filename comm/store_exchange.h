@@ -1,6 +1,7 @@
 // Every rank posts a small record under `<prefix><rank>` in the rendezvous store and reads every
 // rank's: an all-gather through the store, for what all ranks must decide alike before any
-// collective engine exists (the `auto` backend, the ranks sharing a GPU).
+// collective engine exists (the `auto` backend, the ranks sharing a GPU), and the wording of
+// the ranks it finds at fault.
 #pragma once
 
 #include <absl/status/status.h>
@@ -15,6 +16,17 @@
 #include "strata/comm/tcp_store.h"
 
 namespace strata::comm_internal {
+
+// "rank 3", "ranks 0 and 1", "ranks 1, 2 and 5": the ranks an exchange found at fault.
+inline std::string name_ranks(const std::vector<int>& ranks) {
+  if (ranks.size() == 1) return text::cat("rank ", ranks[0]);
+  std::string out = "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
+    out += text::cat(ranks[i]);
+  }
+  return out;
+}
 
 // Record has `std::string encode() const` and `static absl::StatusOr<Record> decode(string)`.
 // `what` says what the exchange was for, in the error when a rank does not post in time
