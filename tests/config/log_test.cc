@@ -140,9 +140,20 @@ TEST_CASE("Runtime::create prints each warning once, however many runtimes", "[l
   REQUIRE(first.ok());
   auto second = runtime_with(dir.path(), "24MiB", "warn");
   REQUIRE(second.ok());
+  // Runtime::warnings() is what create() found. The io_uring registration warning comes from
+  // the tier's background registration thread, so a runtime lists it only when its thread failed
+  // before create() returned: a race between the two runtimes, left out of the comparison.
+  const auto found_by_create = [](const std::vector<std::string>& all) {
+    std::vector<std::string> out;
+    for (const std::string& w : all) {
+      if (w.find("buffer registration stopped") == std::string::npos) out.push_back(w);
+    }
+    return out;
+  };
   const std::vector<std::string>& warnings = (*first)->warnings();
   REQUIRE_FALSE(warnings.empty());
-  CHECK((*second)->warnings() == warnings);  // the runtime still lists them all
+  // The second runtime still lists them all, though each is printed once.
+  CHECK(found_by_create((*second)->warnings()) == found_by_create(warnings));
   for (const std::string& warning : warnings) {
     INFO(warning);
     const auto lines = log.matching(warning);
