@@ -6,10 +6,10 @@
 // memory of the module's own exporting the buffer protocol, handed to Python as a numpy array
 // (numpy.asarray, zero copy) when numpy imports, else as a memoryview.
 //
-// Why not pybind11/numpy.h: it reads numpy's C structures with the layout of the numpy that
+// Why not pybind11's numpy header: it reads numpy's C structures with the layout of the numpy that
 // pybind11 was written for, and Debian's pybind11 2.10 reads numpy 2's wrong (arrays came in as
 // their first element repeated, dtypes misread). The buffer protocol and DLPack are stable
-// across numpy 1.x and 2.x and torch; the CTest python.no_numpy_api keeps numpy.h out.
+// across numpy 1.x and 2.x and torch; the CTest python.no_numpy_api keeps that header out.
 //
 // Nothing is converted behind the caller's back: a wrong element type, a strided layout or a
 // wrong element count is an InvalidArgumentError that names the argument, what was given and
