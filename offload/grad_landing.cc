@@ -17,7 +17,8 @@
 
 namespace strata {
 
-absl::Status OffloadOptimizer::grad_ready(ParamId param, Stream& stream) {
+absl::Status OffloadOptimizer::grad_ready(ParamId param, Stream& stream,
+                                          GradCompletion completion) {
   Impl& s = *impl_;
   auto p = s.param_copy(param);
   if (!p.ok()) return p.status();
@@ -28,7 +29,7 @@ absl::Status OffloadOptimizer::grad_ready(ParamId param, Stream& stream) {
                      " (ParamSpec.grad_source), not grad_ready()"));
   }
   MutexLock issue(&s.issue_mu);
-  if (absl::Status st = s.issue_landing(param.index, *p, stream); !st.ok()) {
+  if (absl::Status st = s.issue_landing(param.index, *p, stream, completion); !st.ok()) {
     MutexLock lock(&s.landing_mu);
     Impl::Landing& l = s.landings[param.index];
     if (l.failed.ok()) l.failed = st;
@@ -37,7 +38,8 @@ absl::Status OffloadOptimizer::grad_ready(ParamId param, Stream& stream) {
   return absl::OkStatus();
 }
 
-absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& p, Stream& stream) {
+absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& p, Stream& stream,
+                                                   GradCompletion completion) {
   Device& device = runtime.device();
   TensorStore& store = runtime.store();
   auto ready = device.create_event();
@@ -46,10 +48,12 @@ absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& 
   if (auto st = device.wait(*d2h_stream, **ready); !st.ok()) return st;
 
   bool direct;
+  bool final;
   {
     MutexLock lock(&landing_mu);
     const Landing& l = landings[index];
     direct = l.landed + l.pending == 0;
+    final = final_of(completion);
   }
   auto grad = store.acquire(p.grad, TierKind::kGpu, *d2h_stream, AccessMode::kRead);
   if (!grad.ok()) return grad.status();
@@ -67,6 +71,7 @@ absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& 
       job.direct = true;
       job.count = p.count;
       job.first_piece = job.last_piece = true;
+      job.final = final;
       job.host = *host;
       status = device.copy_async(*host, src, p.count * esize, CopyKind::kDeviceToHost, *d2h_stream);
       if (status.ok()) {
@@ -93,6 +98,7 @@ absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& 
       job.count = std::min(per_piece, p.count - offset);
       job.first_piece = offset == 0;
       job.last_piece = offset + job.count == p.count;
+      job.final = final;
       job.lease = pool->acquire();
       status = device.copy_async(job.lease.data(), src + offset * esize, job.count * esize,
                                  CopyKind::kDeviceToHost, *d2h_stream);
@@ -138,7 +144,8 @@ absl::Status OffloadOptimizer::Impl::issue_landing(uint32_t index, const Param& 
   return absl::OkStatus();
 }
 
-absl::Status OffloadOptimizer::land_grad(ParamId param, const void* src) {
+absl::Status OffloadOptimizer::land_grad(ParamId param, const void* src,
+                                         GradCompletion completion) {
   Impl& s = *impl_;
   auto p = s.param_copy(param);
   if (!p.ok()) return p.status();
@@ -152,9 +159,12 @@ absl::Status OffloadOptimizer::land_grad(ParamId param, const void* src) {
   }
   MutexLock issue(&s.issue_mu);
   bool first;
+  bool final;
   {
     MutexLock lock(&s.landing_mu);
+    s.before_grad_write(param.index);
     first = s.landings[param.index].landed == 0;
+    final = s.final_of(completion);
   }
   TensorStore& store = s.runtime.store();
   const uint64_t bytes = p->count * element_bytes(p->grad_type);
@@ -191,10 +201,11 @@ absl::Status OffloadOptimizer::land_grad(ParamId param, const void* src) {
   ++l.landed;
   l.sq_sum = stats->grad_sq_sum;
   l.non_finite = stats->non_finite;
+  s.note_landing(param.index, final);
   return absl::OkStatus();
 }
 
-absl::Status OffloadOptimizer::grad_written(ParamId param) {
+absl::Status OffloadOptimizer::grad_written(ParamId param, GradCompletion completion) {
   Impl& s = *impl_;
   auto p = s.param_copy(param);
   if (!p.ok()) return p.status();
@@ -204,6 +215,12 @@ absl::Status OffloadOptimizer::grad_written(ParamId param) {
         "grad_written() takes GradSource::kView parameters"));
   }
   TensorStore& store = s.runtime.store();
+  bool final;
+  {
+    MutexLock lock(&s.landing_mu);
+    s.before_grad_write(param.index);
+    final = s.final_of(completion);
+  }
   absl::StatusOr<AdamResult> stats = AdamResult{};
   auto grad = store.acquire(p->grad_host, p->grad_tier, *s.d2h_stream, AccessMode::kRead);
   if (!grad.ok()) {
@@ -228,6 +245,7 @@ absl::Status OffloadOptimizer::grad_written(ParamId param) {
   l.landed = 1;
   l.sq_sum = stats->grad_sq_sum;
   l.non_finite = stats->non_finite;
+  s.note_landing(param.index, final);
   return absl::OkStatus();
 }
 
@@ -250,6 +268,7 @@ void OffloadOptimizer::Impl::run_lander() {
       ++l.landed;
       l.sq_sum = l.partial_sq;
       l.non_finite = l.partial_non_finite;
+      if (status.ok()) note_landing(job.param, job.final);
     }
     landing_changed.SignalAll();
   }
@@ -268,6 +287,10 @@ absl::Status OffloadOptimizer::Impl::process(LandingJob& job) {
     if (status.ok()) stats = grad_stats_with(options.isa, job.host, p->grad_type, p->count, 1.0F);
     if (auto st = store.release(p->grad_host, *d2h_stream); !st.ok() && status.ok()) status = st;
   } else if (status.ok()) {
+    if (job.first_piece) {
+      MutexLock lock(&landing_mu);
+      before_grad_write(job.param);
+    }
     auto host = store.acquire(p->grad_host, TierKind::kCpu, *d2h_stream, AccessMode::kWrite);
     if (!host.ok()) {
       status = host.status();
@@ -314,11 +337,29 @@ void OffloadOptimizer::Impl::wait_for_landings() {
 
 absl::Status OffloadOptimizer::zero_grad() {
   Impl& s = *impl_;
+  MutexLock step_lock(&s.step_mu);
   MutexLock issue(&s.issue_mu);
   s.wait_for_landings();
-  MutexLock lock(&s.landing_mu);
-  for (Impl::Landing& l : s.landings) l = Impl::Landing();
+  // Steps taken early on the gradients being dropped are undone.
+  if (auto st = s.roll_back_early(/*rearm=*/false); !st.ok()) return st;
+  {
+    MutexLock lock(&s.landing_mu);
+    for (Impl::Landing& l : s.landings) l = Impl::Landing();
+  }
+  s.arm();
   return absl::OkStatus();
+}
+
+void OffloadOptimizer::wait_for_early_steps() {
+  Impl& s = *impl_;
+  s.wait_for_landings();
+  MutexLock lock(&s.landing_mu);
+  while (!s.early_queue.empty() || s.early_running) wait(&s.landing_changed, &s.landing_mu);
+}
+
+void OffloadOptimizer::set_final_micro_step(bool final) {
+  MutexLock lock(&impl_->landing_mu);
+  impl_->final_default = final;
 }
 
 }  // namespace strata

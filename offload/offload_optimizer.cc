@@ -124,7 +124,7 @@ absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::create(
     }
   }
   impl->chunk_elements = elements;
-  for (auto* stream : {&impl->d2h_stream, &impl->h2d_stream}) {
+  for (auto* stream : {&impl->d2h_stream, &impl->h2d_stream, &impl->early_stream}) {
     auto created = runtime.device().create_stream();
     if (!created.ok()) return created.status();
     *stream = *std::move(created);
@@ -137,6 +137,10 @@ absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::create(
   }
   Impl* raw = impl.get();
   impl->lander = std::thread([raw] { raw->run_lander(); });
+  if (options.overlap.enabled) {
+    impl->stepper = std::thread([raw] { raw->run_stepper(); });
+    impl->arm();
+  }
   return std::make_unique<OffloadOptimizer>(std::move(impl));
 }
 
@@ -151,12 +155,14 @@ OffloadOptimizer::~OffloadOptimizer() {
     s.landing_changed.SignalAll();
   }
   s.lander.join();
+  if (s.stepper.joinable()) s.stepper.join();
+  (void)s.runtime.device().synchronize(*s.early_stream);
   (void)s.runtime.device().synchronize(*s.h2d_stream);
   (void)s.runtime.device().synchronize(*s.d2h_stream);
   TensorStore& store = s.runtime.store();
   MutexLock lock(&s.state_mu);
   for (const Impl::Param& p : s.params) {
-    for (TensorHandle t : {p.grad_host, p.master, p.exp_avg, p.exp_avg_sq}) {
+    for (TensorHandle t : {p.grad_host, p.master, p.exp_avg, p.exp_avg_sq, p.backup, p.held_copy}) {
       if (t.valid() && (t != p.grad_host || p.owns_grad_host)) (void)store.destroy(t);
     }
   }
@@ -239,6 +245,8 @@ absl::StatusOr<ParamId> OffloadOptimizer::add_param(const ParamSpec& spec) {
   Impl& s = *impl_;
   TensorStore& store = s.runtime.store();
   MutexLock step_lock(&s.step_mu);
+  if (auto st = s.roll_back_early(/*rearm=*/false); !st.ok()) return st;
+  const Impl::Rearm rearm{s};  // with the new parameter among the units
   const std::string& name = spec.name;
   if (name.empty()) return invalid("ParamSpec.name", "is empty");
   if (spec.count == 0) return invalid(absl::StrCat("parameter '", name, "'"), "has count 0");
@@ -413,6 +421,7 @@ absl::Status OffloadOptimizer::read_state(ParamId param, std::span<float> master
                                           std::span<float> exp_avg, std::span<float> exp_avg_sq) {
   Impl& s = *impl_;
   MutexLock step_lock(&s.step_mu);
+  if (auto st = s.roll_back_early(/*rearm=*/true); !st.ok()) return st;
   auto p = s.param_copy(param);
   if (!p.ok()) return p.status();
   for (auto [span, what] : {std::pair{master, "master"}, std::pair{exp_avg, "exp_avg"},

@@ -134,6 +134,8 @@ absl::StatusOr<Manifest> parse(const std::string& text, const std::string& path)
 absl::Status OffloadOptimizer::save(const std::string& directory) {
   Impl& s = *impl_;
   MutexLock step_lock(&s.step_mu);
+  // The checkpoint holds the last step's states, not a step in progress.
+  if (auto st = s.roll_back_early(/*rearm=*/true); !st.ok()) return st;
   std::error_code ec;
   std::filesystem::create_directories(directory, ec);
   if (ec) {
@@ -194,6 +196,8 @@ absl::Status OffloadOptimizer::save(const std::string& directory) {
 absl::Status OffloadOptimizer::load(const std::string& directory) {
   Impl& s = *impl_;
   MutexLock step_lock(&s.step_mu);
+  if (auto st = s.roll_back_early(/*rearm=*/false); !st.ok()) return st;
+  const Impl::Rearm rearm{s};  // with the loaded step counts
   const std::string manifest_path = (std::filesystem::path(directory) / kManifest).string();
   std::ifstream in(manifest_path);
   if (!in) {
@@ -321,6 +325,8 @@ absl::Status OffloadOptimizer::write_state(ParamId param, std::span<const float>
                                            uint64_t param_steps) {
   Impl& s = *impl_;
   MutexLock step_lock(&s.step_mu);
+  if (auto st = s.roll_back_early(/*rearm=*/false); !st.ok()) return st;
+  const Impl::Rearm rearm{s};  // with the written step count
   auto p = s.param_copy(param);
   if (!p.ok()) return p.status();
   for (auto [span, what] : {std::pair{master, "master"}, std::pair{exp_avg, "exp_avg"},

@@ -78,6 +78,35 @@ struct OffloadOptimizer::Impl {
     TensorHandle exp_avg;
     TensorHandle exp_avg_sq;
     uint64_t steps = 0;  // steps this parameter took: its Adam bias correction
+    // Overlap (early_step.cc), created on the first early step: with states in the CPU tier,
+    // [master | exp_avg | exp_avg_sq] as they were before it; the updated parameter copy
+    // (param_type; fp32 with states on NVMe) until step() validates it.
+    TensorHandle backup;
+    TensorHandle held_copy;
+  };
+
+  // What early steps assume of step(): compared there, any difference rolls them back.
+  struct EarlyPlan {
+    std::vector<AdamGroup> groups;
+    float loss_scale = 1.0F;
+    std::vector<uint64_t> param_steps;  // each parameter's step count
+    // Each parameter's units: [first, last] chunks on NVMe, itself with states in the CPU tier;
+    // each unit's parameters [first, last] and how many.
+    std::vector<std::pair<uint32_t, uint32_t>> units_of_param;
+    std::vector<std::pair<uint32_t, uint32_t>> params_of_unit;
+  };
+
+  // One early unit's progress: a parameter (states in the CPU tier) or a chunk (on NVMe).
+  enum class Early : uint8_t {
+    kNone,     // not stepped early (step() steps it, as without overlap)
+    kQueued,   // its gradient is final: waiting for the stepper
+    kStepped,  // stepped early, pending validation
+    kStale,    // stepped early, then its gradient changed or the step failed: step() redoes it
+  };
+  struct EarlyUnit {
+    Early state = Early::kNone;
+    bool backed_up = false;  // CPU states: the backup holds the pre-step states
+    uint64_t order = 0;      // when it was queued: uploads go in reverse (forward order)
   };
 
   // The landing state of one parameter's gradient, guarded by landing_mu.
@@ -88,7 +117,8 @@ struct OffloadOptimizer::Impl {
     bool non_finite = false;
     double partial_sq = 0.0;  // of the landing whose pieces are being processed
     bool partial_non_finite = false;
-    absl::Status failed;  // a landing that did not complete: the gradient is incomplete
+    absl::Status failed;      // a landing that did not complete: the gradient is incomplete
+    bool final_seen = false;  // overlap: a final landing since arming (NVMe chunk counting)
   };
 
   // One D2H copy to process once it has completed.
@@ -103,6 +133,7 @@ struct OffloadOptimizer::Impl {
     uint64_t count = 0;
     bool first_piece = false;
     bool last_piece = false;
+    bool final = false;  // overlap: the landing completes the gradient for this step
   };
 
   // With states on NVMe: one chunk of chunk_elements elements, [master | exp_avg | exp_avg_sq]
@@ -149,6 +180,21 @@ struct OffloadOptimizer::Impl {
   bool stopping ABSL_GUARDED_BY(landing_mu) = false;
   std::thread lander;
 
+  // Overlap (early_step.cc), guarded by landing_mu: the stepper thread steps queued units.
+  bool final_default ABSL_GUARDED_BY(landing_mu) = true;  // set_final_micro_step()
+  bool armed ABSL_GUARDED_BY(landing_mu) = false;         // final landings queue early steps
+  std::shared_ptr<const EarlyPlan> early_plan ABSL_GUARDED_BY(landing_mu);
+  std::vector<EarlyUnit> early_units ABSL_GUARDED_BY(landing_mu);
+  std::vector<uint32_t> unit_finals ABSL_GUARDED_BY(landing_mu);  // its parameters now final
+  std::deque<uint32_t> early_queue ABSL_GUARDED_BY(landing_mu);
+  uint64_t early_order ABSL_GUARDED_BY(landing_mu) = 0;
+  // The parameters the stepper reads right now: a landing into one of them waits.
+  std::pair<uint32_t, uint32_t> early_busy ABSL_GUARDED_BY(landing_mu) = {1, 0};  // [first, last]
+  bool early_running ABSL_GUARDED_BY(landing_mu) = false;
+  uint64_t early_ns ABSL_GUARDED_BY(landing_mu) = 0;  // stepper time since arming
+  std::unique_ptr<Stream> early_stream;               // the stepper's acquires
+  std::thread stepper;
+
   // Registry access.
   absl::StatusOr<Param> param_copy(ParamId id) const;
   std::vector<Param> params_snapshot() const;
@@ -156,8 +202,56 @@ struct OffloadOptimizer::Impl {
   // grad_landing.cc
   void run_lander();
   absl::Status process(LandingJob& job);
-  absl::Status issue_landing(uint32_t index, const Param& p, Stream& stream);
+  absl::Status issue_landing(uint32_t index, const Param& p, Stream& stream,
+                             GradCompletion completion);
   void wait_for_landings();  // every issued landing processed
+
+  // early_step.cc
+  void run_stepper();
+  absl::Status step_unit(uint32_t unit, const EarlyPlan& plan);
+  absl::Status step_param_early(uint32_t index, const EarlyPlan& plan, bool& missed);
+  absl::Status step_chunk_early(uint32_t chunk, const EarlyPlan& plan, StagingPool::Lease lease,
+                                bool& missed);
+  // Creates a parameter's overlap buffers within the budget; false: they do not fit.
+  absl::StatusOr<bool> overlap_buffers(uint32_t index, bool backup);
+  // Arms early steps for the landings to come (options.overlap): snapshots the plan. Takes
+  // state_mu, then landing_mu.
+  void arm();
+  // A landing is about to write parameter `index`'s gradient: waits while the stepper reads it,
+  // and unqueues its units (queued) or marks them stale (stepped early).
+  void before_grad_write(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(landing_mu);
+  // A landing of parameter `index` was processed: queues its units once their gradients are final.
+  void note_landing(uint32_t index, bool final) ABSL_EXCLUSIVE_LOCKS_REQUIRED(landing_mu);
+  bool final_of(GradCompletion completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(landing_mu) {
+    return completion == GradCompletion::kFinal ||
+           (completion == GradCompletion::kOptimizerDefault && final_default);
+  }
+  // Blocks while the stepper reads parameter `index`'s gradient (a landing is about to write it).
+  void wait_until_unread(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(landing_mu);
+  // Stops queueing and waits for the stepper; queued units are dropped (step() steps them).
+  void quiesce_stepper() ABSL_EXCLUSIVE_LOCKS_REQUIRED(landing_mu);
+  // Restores every unit stepped early and forgets early work; with `rearm`, arms again.
+  // Callers hold step_mu.
+  absl::Status roll_back_early(bool rearm);
+  // Arms again when it goes out of scope (after the caller's locks are released).
+  struct Rearm {
+    Impl& impl;
+    ~Rearm() { impl.arm(); }
+  };
+  // step(): the units whose early work holds (kStepped, when `valid`) are returned and left
+  // alone; the others are restored. Leaves nothing armed.
+  struct EarlyOutcome {
+    std::vector<uint32_t> kept;  // units, in upload order (forward order)
+    uint64_t kept_elements = 0;
+    uint64_t redone_elements = 0;
+    bool rolled_back = false;
+    uint64_t rollback_ns = 0;
+    uint64_t early_ns = 0;
+  };
+  absl::StatusOr<EarlyOutcome> settle_early(bool valid);
+  // Issues the H2D copies of the kept units' updated parameters, and with states on NVMe
+  // returns their chunks for commit.
+  absl::Status upload_kept(const EarlyOutcome& kept, std::vector<uint64_t>& written);
 
   // nvme_states.cc
   // Elements of each state array in chunk `chunk`'s slots, and the bytes of one slot.
@@ -176,6 +270,13 @@ struct OffloadOptimizer::Impl {
   absl::Status write_extent(ExtentHandle extent, const void* src, uint64_t bytes, Completion& done);
   uint32_t current_slot(uint64_t chunk) const;
   void commit_slots(const std::vector<uint64_t>& written);
+
+  // Adam over one piece (states already offset to it); writes the parameter copy to `copy`.
+  absl::Status adam_piece(const Param& p, const AdamGroup& group, uint64_t step, float grad_scale,
+                          const Piece& piece, const std::byte* grad, float* master, float* exp_avg,
+                          float* exp_avg_sq, void* copy) const;
+  // The gradient scale of a step without clipping: what early steps use.
+  float unclipped_grad_scale(float scale) const;
 
   // Sets a parameter's tensor to its rounded master, through its CPU copy.
   absl::Status write_param_tensor(const Param& p, uint64_t offset, const float* master,

@@ -115,17 +115,26 @@ class OpenParam {
 struct StepPlan {
   std::vector<Param> params;
   std::vector<AdamGroup> groups;
-  std::vector<bool> landed;
+  std::vector<bool> landed;       // stepped here (overlap: less the parameters stepped early)
+  std::vector<bool> skip_chunks;  // states on NVMe: chunks stepped early (empty: none)
   float grad_scale = 1.0F;
-  CpuIsa isa = CpuIsa::kAuto;
 };
 
-// Runs Adam over one piece whose states start at master/exp_avg/exp_avg_sq (already offset to
-// the piece) and writes the parameter copy to `copy` (unused for fp32 parameters).
-absl::Status adam_piece(const StepPlan& plan, const Piece& piece, const std::byte* grad,
-                        float* master, float* exp_avg, float* exp_avg_sq, void* copy) {
+absl::Status adam_piece(const OffloadOptimizer::Impl& s, const StepPlan& plan, const Piece& piece,
+                        const std::byte* grad, float* master, float* exp_avg, float* exp_avg_sq,
+                        void* copy) {
   const Param& p = plan.params[piece.param];
-  const AdamGroup& g = plan.groups[p.group];
+  return s.adam_piece(p, plan.groups[p.group], p.steps + 1, plan.grad_scale, piece, grad, master,
+                      exp_avg, exp_avg_sq, copy);
+}
+
+}  // namespace
+
+absl::Status OffloadOptimizer::Impl::adam_piece(const Param& p, const AdamGroup& group,
+                                                uint64_t step, float grad_scale, const Piece& piece,
+                                                const std::byte* grad, float* master,
+                                                float* exp_avg, float* exp_avg_sq,
+                                                void* copy) const {
   AdamTensors t;
   t.master = master;
   t.exp_avg = exp_avg;
@@ -136,14 +145,12 @@ absl::Status adam_piece(const StepPlan& plan, const Piece& piece, const std::byt
   t.copy_type = copy_type(p.param_type);
   t.count = piece.count;
   AdamParams a;
-  static_cast<AdamHyper&>(a) = g;
-  a.step = p.steps + 1;
-  a.grad_scale = plan.grad_scale;
-  auto result = adam_step_with(plan.isa, t, a);
+  static_cast<AdamHyper&>(a) = group;
+  a.step = step;
+  a.grad_scale = grad_scale;
+  auto result = adam_step_with(options.isa, t, a);
   return result.ok() ? absl::OkStatus() : result.status();
 }
-
-}  // namespace
 
 // States in the CPU tier: chunks of landed parameters' elements; two staging chunks alternate
 // as the destination of the parameter copies, so the H2D copies of one chunk overlap the step
@@ -192,7 +199,7 @@ static absl::Status step_cpu_states(OffloadOptimizer::Impl& s, const StepPlan& p
       const uint64_t esize = element_bytes(p.param_type);
       void* copy = buffer + piece.chunk_offset * 2;
       const absl::Time start = absl::Now();
-      status = adam_piece(plan, piece, open.grad(), open.master() + piece.offset,
+      status = adam_piece(s, plan, piece, open.grad(), open.master() + piece.offset,
                           open.exp_avg() + piece.offset, open.exp_avg_sq() + piece.offset, copy);
       adam_ns += since_ns(start);
       if (!status.ok()) break;
@@ -242,6 +249,7 @@ static absl::Status step_nvme_states(OffloadOptimizer::Impl& s, const StepPlan& 
   }
   std::vector<std::unique_ptr<Flight>> flights;
   for (uint64_t c = 0; c < total_chunks; ++c) {
+    if (c < plan.skip_chunks.size() && plan.skip_chunks[c]) continue;
     auto pieces = s.chunk_pieces(c, plan.params, &plan.landed);
     if (pieces.empty()) continue;
     auto f = std::make_unique<Flight>();
@@ -311,7 +319,7 @@ static absl::Status step_nvme_states(OffloadOptimizer::Impl& s, const StepPlan& 
       float* master = base + piece.chunk_offset;
       void* copy = copies + piece.chunk_offset * 2;
       const absl::Time start = absl::Now();
-      status = adam_piece(plan, piece, open.grad(), master, master + e, master + 2 * e, copy);
+      status = adam_piece(s, plan, piece, open.grad(), master, master + e, master + 2 * e, copy);
       adam_ns += since_ns(start);
       if (!status.ok()) break;
       const uint64_t esize = element_bytes(p.param_type);
@@ -382,8 +390,17 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   const absl::Time start = absl::Now();
   wait_for_landings();
   const uint64_t wait_ns = since_ns(start);
+  // Overlap: no early step starts from here on; the one running finishes.
+  uint64_t early_wait_ns = 0;
+  std::shared_ptr<const EarlyPlan> early;
+  if (options.overlap.enabled) {
+    const absl::Time quiet = absl::Now();
+    MutexLock lock(&landing_mu);
+    early = early_plan;
+    quiesce_stepper();
+    early_wait_ns = since_ns(quiet);
+  }
   StepPlan plan;
-  plan.isa = options.isa;
   plan.params = params_snapshot();
   float scale;
   {
@@ -410,14 +427,24 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
       non_finite = non_finite || l.non_finite;
     }
   }
+  // Early work that step() does not keep is rolled back before any return, so that the states
+  // are the previous step's whenever step() does not complete.
+  auto roll_back = [&]() -> absl::Status {
+    auto outcome = settle_early(/*valid=*/false);
+    return outcome.ok() ? absl::OkStatus() : outcome.status();
+  };
   if (options.combine_grad_stats) {
     // Collective under data parallelism: every rank gets here every step, also with nothing
     // landed, so that the ranks' calls match.
     auto combined = options.combine_grad_stats(GradStatistics{sq_sum, non_finite});
     if (!combined.ok()) {
-      return absl::Status(combined.status().code(),
-                          absl::StrCat("step: combining the gradient statistics of the ranks: ",
-                                       combined.status().message()));
+      absl::Status rolled = roll_back();
+      return absl::Status(
+          combined.status().code(),
+          absl::StrCat(
+              "step: combining the gradient statistics of the ranks: ", combined.status().message(),
+              rolled.ok() ? ""
+                          : absl::StrCat("; rolling back the early steps: ", rolled.message())));
     }
     sq_sum = combined->sq_sum;
     non_finite = combined->non_finite;
@@ -433,9 +460,13 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   };
   const LossScaling& ls = options.loss_scaling;
   if (non_finite && options.skip_on_overflow) {
+    absl::Status rolled = roll_back();
+    if (!rolled.ok()) return rolled;
     clear_landings();
+    arm();
     MutexLock lock(&state_mu);
     ++counters.skipped_steps;
+    if (early != nullptr) ++counters.overlap_rollbacks;
     if (ls.dynamic) loss_scale = std::max(ls.min_scale, loss_scale * ls.backoff_factor);
     good_steps = 0;
     result.skipped = true;
@@ -447,6 +478,8 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
     return result;
   }
   if (updated == 0) {
+    if (auto st = roll_back(); !st.ok()) return st;
+    arm();
     MutexLock lock(&state_mu);
     result.step = step_count;
     return result;
@@ -456,6 +489,25 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   }
   plan.grad_scale = static_cast<float>(result.clip_coef / divisor);
 
+  // Early work holds when it stepped with exactly what this step uses.
+  const bool early_valid = early != nullptr && result.clip_coef == 1.0 &&
+                           early->loss_scale == scale && early->groups == plan.groups;
+  EarlyOutcome outcome;
+  if (options.overlap.enabled) {
+    auto settled = settle_early(early_valid);
+    if (!settled.ok()) return settled.status();
+    outcome = *std::move(settled);
+  }
+  const std::vector<bool> landed = plan.landed;
+  for (uint32_t u : outcome.kept) {
+    if (options.state_home == TierKind::kCpu) {
+      plan.landed[u] = false;
+    } else {
+      plan.skip_chunks.resize(std::max<size_t>(plan.skip_chunks.size(), u + 1), false);
+      plan.skip_chunks[u] = true;
+    }
+  }
+
   uint64_t adam_ns = 0;
   uint64_t io_wait_ns = 0;
   std::vector<uint64_t> written;
@@ -463,38 +515,55 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   absl::Status status = options.state_home == TierKind::kCpu
                             ? step_cpu_states(*this, plan, adam_ns)
                             : step_nvme_states(*this, plan, written, adam_ns, io_wait_ns, restored);
+  // The parameters stepped early go up after the rest: they are the last layers, which the
+  // next forward needs last.
+  if (status.ok()) status = upload_kept(outcome, written);
   // step_mu is held: nothing observes the slots between this commit and the counts below.
   if (status.ok()) commit_slots(written);
-  MutexLock lock(&state_mu);
-  counters.last_step_ns = since_ns(start);
-  counters.last_step_wait_ns = wait_ns;
-  counters.last_adam_ns = adam_ns;
-  counters.last_nvme_wait_ns = io_wait_ns;
-  if (!status.ok()) {
-    ++counters.failed_steps;
-    return absl::Status(
-        status.code(),
-        absl::StrCat("optimizer step ", step_count + 1, " failed: ", status.message(),
-                     restored ? "; the states and parameters are those of the previous step and "
-                                "the gradients are kept: fix the cause and call step() again"
-                              : "; states in the CPU tier were updated in place up to the "
-                                "failure: load() the last checkpoint"));
-  }
-  for (size_t i = 0; i < params.size() && i < plan.landed.size(); ++i) {
-    if (plan.landed[i]) ++params[i].steps;
-  }
-  ++step_count;
-  ++counters.steps;
-  if (ls.dynamic && ++good_steps >= ls.growth_interval) {
-    loss_scale *= ls.growth_factor;
-    good_steps = 0;
-  }
-  result.step = step_count;
-  result.loss_scale = loss_scale;
   {
-    MutexLock landing(&landing_mu);
-    for (Landing& l : landings) l = Landing();
+    MutexLock lock(&state_mu);
+    counters.last_step_ns = since_ns(start);
+    counters.last_step_wait_ns = wait_ns;
+    counters.last_adam_ns = adam_ns;
+    counters.last_nvme_wait_ns = io_wait_ns;
+    counters.last_early_elements = outcome.kept_elements;
+    counters.last_redone_elements = outcome.redone_elements;
+    counters.last_early_adam_ns = outcome.early_ns;
+    counters.last_rollback_ns = outcome.rollback_ns;
+    counters.last_early_wait_ns = early_wait_ns;
+    if (!status.ok()) {
+      ++counters.failed_steps;
+      return absl::Status(
+          status.code(),
+          absl::StrCat("optimizer step ", step_count + 1, " failed: ", status.message(),
+                       restored ? "; the states and parameters are those of the previous step "
+                                  "and the gradients are kept: fix the cause and call step() "
+                                  "again"
+                                : "; states in the CPU tier were updated in place up to the "
+                                  "failure: load() the last checkpoint"));
+    }
+    for (size_t i = 0; i < params.size() && i < landed.size(); ++i) {
+      if (landed[i]) ++params[i].steps;
+    }
+    ++step_count;
+    ++counters.steps;
+    if (!outcome.kept.empty()) ++counters.overlap_early_steps;
+    if (outcome.rolled_back) ++counters.overlap_rollbacks;
+    if (ls.dynamic && ++good_steps >= ls.growth_interval) {
+      loss_scale *= ls.growth_factor;
+      good_steps = 0;
+    }
+    result.step = step_count;
+    result.loss_scale = loss_scale;
+    result.early_elements = outcome.kept_elements;
+    result.rolled_back = outcome.rolled_back;
   }
+  clear_landings();
+  {
+    MutexLock lock(&landing_mu);
+    final_default = true;
+  }
+  arm();
   return result;
 }
 

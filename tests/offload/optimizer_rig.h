@@ -137,6 +137,8 @@ struct RigOptions {
   uint64_t chunk_elements = 2048;  // several chunks, and chunks shared by parameters
   std::shared_ptr<FaultInjector> faults;
   std::string nvme_dir;  // required with state_home == kNvme
+  OverlapOptions overlap;
+  std::vector<Shape> shapes = model_shapes();  // the parameters (overlap tests vary them)
 };
 
 // A Runtime, the model's parameter and gradient tensors, and an OffloadOptimizer over them.
@@ -167,11 +169,12 @@ class Rig {
     opt.max_grad_norm = o.max_grad_norm;
     opt.loss_scaling = o.loss_scaling;
     opt.chunk_elements = o.chunk_elements;
+    opt.overlap = o.overlap;
     auto optimizer = OffloadOptimizer::create(*runtime_, opt);
     REQUIRE(optimizer.ok());
     optimizer_ = *std::move(optimizer);
     TensorStore& store = runtime_->store();
-    const auto shapes = model_shapes();
+    const auto& shapes = o.shapes;
     const uint64_t pbytes = o.param_type == ParamType::kF32 ? 4 : 2;
     const uint64_t gbytes = o.grad_type == GradType::kF32 ? 4 : 2;
     for (size_t i = 0; i < shapes.size(); ++i) {
@@ -208,7 +211,7 @@ class Rig {
   // The parameters as the model sees them, widened.
   std::vector<std::vector<float>> model() {
     std::vector<std::vector<float>> out;
-    const auto shapes = model_shapes();
+    const auto& shapes = options_.shapes;
     for (size_t i = 0; i < params_.size(); ++i) {
       auto data =
           runtime_->store().acquire(params_[i], TierKind::kCpu, *stream_, AccessMode::kRead);
@@ -242,7 +245,9 @@ class Rig {
 
   // Writes gradients (rounded to the gradient dtype) into the GPU gradient tensors and hands
   // them to the optimizer; returns what was written, widened.
-  std::vector<std::vector<float>> backward(const std::vector<std::vector<float>>& g) {
+  std::vector<std::vector<float>> backward(
+      const std::vector<std::vector<float>>& g,
+      GradCompletion completion = GradCompletion::kOptimizerDefault) {
     std::vector<std::vector<float>> landed;
     Device& device = runtime_->device();
     for (size_t i = 0; i < grads_.size(); ++i) {
@@ -265,7 +270,7 @@ class Rig {
         }
       }
       REQUIRE(runtime_->store().release(grads_[i], *stream_).ok());
-      REQUIRE(optimizer_->grad_ready(ids_[i], *stream_).ok());
+      REQUIRE(optimizer_->grad_ready(ids_[i], *stream_, completion).ok());
       landed.push_back(std::move(rounded));
     }
     return landed;
@@ -274,7 +279,7 @@ class Rig {
   std::vector<std::vector<float>> masters() {
     std::vector<std::vector<float>> out;
     for (ParamId id : ids_) {
-      std::vector<float> m(model_shapes()[id.index].count);
+      std::vector<float> m(options_.shapes[id.index].count);
       REQUIRE(optimizer_->read_state(id, m, {}, {}).ok());
       out.push_back(std::move(m));
     }

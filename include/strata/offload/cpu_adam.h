@@ -46,6 +46,7 @@ struct AdamHyper {
   float eps = 1e-8F;
   float weight_decay = 0.0F;
   bool decoupled = true;  // AdamW (p *= 1 - lr*wd); false: Adam with L2 decay added to the grad
+  friend bool operator==(const AdamHyper&, const AdamHyper&) = default;
 };
 
 // OK, or InvalidArgument naming the first bad field and its value ("beta1 1.5 must be in

@@ -23,6 +23,17 @@
 // previous parameters back on the GPU. The gradients stay landed: step() can be retried.
 // With states in the CPU tier they are updated in place (no I/O can fail there).
 //
+// Overlapped step (options.overlap, docs/optimizer.md): each parameter's Adam (with states on
+// NVMe: each chunk's, once all its parameters' gradients are in) runs on a background thread as
+// soon as its gradient for this step is final, while backward goes on. Early results stay on
+// the host: the GPU copy is written only when step() has validated them — the global norm
+// did not clip, nothing overflowed, hyper-parameters and loss scale are those the early step
+// used, the gradient did not land again. Otherwise the early work is rolled back (states in the
+// CPU tier: from a backup taken before the early step; on NVMe: the new states went to the
+// uncommitted slot and are dropped) and stepped again in step(). Either way the result is
+// bitwise that of the plain step. save(), load(), read_state(), write_state(), add_param() and
+// zero_grad() between landings and step() roll early work back first.
+//
 // Thread-safe: grad_ready() may be called from several threads; step(), save() and load() wait
 // for gradients still landing.
 #pragma once
@@ -69,6 +80,24 @@ struct GradStatistics {
   bool non_finite = false;
 };
 
+// The overlapped step (see the header comment). Host memory it takes, allocated from the CPU
+// tier on a parameter's first early step and kept: with states in the CPU tier a backup of the
+// states (12 bytes an element) and, for fp16/bf16 parameters, the updated copy held until
+// validation (2 bytes); with states on NVMe only the updated copy (2 bytes; 4 for fp32).
+struct OverlapOptions {
+  bool enabled = false;
+  // Cap on those bytes; 0: only the CPU tier's capacity. A parameter that does not fit is
+  // stepped in step(), as without overlap.
+  uint64_t max_host_bytes = 0;
+};
+
+// Whether a landing completes its parameter's gradient for this step (options.overlap).
+enum class GradCompletion {
+  kOptimizerDefault,  // set_final_micro_step()'s setting (final unless told otherwise)
+  kFinal,             // the last landing of this step: its Adam may start
+  kMore,              // a micro-step that later landings add to
+};
+
 struct OffloadOptimizerOptions {
   // Where master weights and moments live: kCpu (pinned CPU tier) or kNvme (swap space,
   // streamed through staging chunks during the step).
@@ -81,6 +110,7 @@ struct OffloadOptimizerOptions {
   // fixed by the chunk size at create(): load() accepts checkpoints of any chunking.
   uint64_t chunk_elements = 0;
   CpuIsa isa = CpuIsa::kAuto;  // tests force a kernel variant
+  OverlapOptions overlap;
   // Data parallelism (ZeroEngine): each rank's optimizer holds part of the parameters, and its
   // gradients are sums over `grad_divisor` ranks. step() hands its local statistics to
   // `combine_grad_stats` (every rank, every step, also when nothing landed) and decides on
@@ -130,6 +160,10 @@ struct StepResult {
   uint64_t params_updated = 0;
   uint64_t step = 0;        // optimizer steps taken so far (skipped ones excluded)
   float loss_scale = 1.0F;  // the scale to use for the next backward
+  // Overlap: elements whose Adam ran early and held, and whether early work was rolled back
+  // (clipping, overflow, a changed hyper-parameter or loss scale, a second landing).
+  uint64_t early_elements = 0;
+  bool rolled_back = false;
 };
 
 struct OffloadOptimizerStats {
@@ -152,6 +186,16 @@ struct OffloadOptimizerStats {
   // chunk's master and moments (12 bytes an element), each array rounded up to 1024 elements.
   uint64_t nvme_state_bytes = 0;
   uint64_t peak_staging_chunks = 0;  // pinned staging chunks held at once by one step
+  // Overlapped step. last_step_ns is then what step() adds after backward: the time exposed.
+  uint64_t overlap_early_steps = 0;    // steps in which early work was kept
+  uint64_t overlap_rollbacks = 0;      // steps in which early work was rolled back
+  uint64_t last_early_elements = 0;    // elements stepped early and kept, last step
+  uint64_t last_redone_elements = 0;   // elements stepped early, rolled back, stepped again
+  uint64_t last_early_adam_ns = 0;     // background time of the last step's early work
+  uint64_t last_rollback_ns = 0;       // of last_step_ns: restoring backups
+  uint64_t last_early_wait_ns = 0;     // of last_step_ns: waiting for the early stepper
+  uint64_t overlap_host_bytes = 0;     // backups and held copies allocated
+  uint64_t overlap_budget_misses = 0;  // parameters (chunks) stepped late: over max_host_bytes
 };
 
 class OffloadOptimizer {
@@ -176,13 +220,25 @@ class OffloadOptimizer {
 
   // The parameter's gradient is complete once the work issued so far on `stream` is done.
   // Returns after issuing its D2H copy; the rest happens in the background.
-  absl::Status grad_ready(ParamId param, Stream& stream);
+  absl::Status grad_ready(ParamId param, Stream& stream,
+                          GradCompletion completion = GradCompletion::kOptimizerDefault);
   // GradSource::kHost: `src` holds the parameter's gradient (count elements of grad_type) in
   // host memory. The first landing since the last step copies it, later ones add it; returns
   // once it has landed (its statistics computed).
-  absl::Status land_grad(ParamId param, const void* src);
+  absl::Status land_grad(ParamId param, const void* src,
+                         GradCompletion completion = GradCompletion::kOptimizerDefault);
   // GradSource::kView: the gradient in the `grad` tensor is final; computes its statistics.
-  absl::Status grad_written(ParamId param);
+  // With overlap, the tensor must not change again before step() unless announced again.
+  absl::Status grad_written(ParamId param,
+                            GradCompletion completion = GradCompletion::kOptimizerDefault);
+  // With options.overlap: whether landings complete this step's gradients (true: the default,
+  // set again by every step()) or belong to a micro-step that later ones add to (false).
+  // Getting it wrong never changes a result: a parameter stepped early that lands again is
+  // rolled back and stepped in step(); only the early work is lost.
+  void set_final_micro_step(bool final);
+  // Blocks until every early step queued so far has run (tests and benches that separate the
+  // early work from step()'s; training never needs it).
+  void wait_for_early_steps();
   // Drops every gradient landed since the last step.
   absl::Status zero_grad();
 
