@@ -429,9 +429,12 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   }
   // Early work that step() does not keep is rolled back before any return, so that the states
   // are the previous step's whenever step() does not complete.
+  bool discarded = false;  // early work was rolled back
   auto roll_back = [&]() -> absl::Status {
     auto outcome = settle_early(/*valid=*/false);
-    return outcome.ok() ? absl::OkStatus() : outcome.status();
+    if (!outcome.ok()) return outcome.status();
+    discarded = outcome->rolled_back;
+    return absl::OkStatus();
   };
   if (options.combine_grad_stats) {
     // Collective under data parallelism: every rank gets here every step, also with nothing
@@ -466,7 +469,8 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
     arm();
     MutexLock lock(&state_mu);
     ++counters.skipped_steps;
-    if (early != nullptr) ++counters.overlap_rollbacks;
+    if (discarded) ++counters.overlap_rollbacks;
+    result.rolled_back = discarded;
     if (ls.dynamic) loss_scale = std::max(ls.min_scale, loss_scale * ls.backoff_factor);
     good_steps = 0;
     result.skipped = true;

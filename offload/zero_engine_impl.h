@@ -49,6 +49,9 @@ struct ZeroEngine::Impl {
     // (its D2H copy into the bounce is queued) and acquired again to zero it (a bucket).
     TensorHandle tensor;
     int bucket = -1;
+    // The group's last micro-step of the step: the optimizer may step its slice at once
+    // (OffloadOptimizerOptions.overlap).
+    bool final = true;
     std::unique_ptr<CollectiveWork> work;
     // Bounce: raised once the reducer has read the bounce buffer (the next reduce-scatter's
     // copy into it waits for this on comm_stream).
@@ -240,7 +243,7 @@ struct ZeroEngine::Impl {
   // zero_gradients.cc
   void run_reducer();
   absl::Status land(Reduction& r);
-  absl::Status issue_reduction(uint32_t group, int bucket);
+  absl::Status issue_reduction(uint32_t group, int bucket, bool final);
   absl::StatusOr<int> take_bucket(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void wait_for_reductions() ABSL_LOCKS_EXCLUDED(mu);
   // Drops every gradient since the last step (no reduction may be in flight).

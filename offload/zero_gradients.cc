@@ -109,6 +109,7 @@ absl::Status ZeroEngine::grad_ready(ZeroParamId id, Stream& stream) {
   }
   absl::Status released = s.runtime.store().release(tensor, stream);
   bool complete = false;
+  bool final = false;
   int bucket = -1;
   {
     MutexLock lock(&s.mu);
@@ -124,7 +125,8 @@ absl::Status ZeroEngine::grad_ready(ZeroParamId id, Stream& stream) {
         s.param_states[member.param].ready = false;
       }
       ++g.completed;
-      complete = s.options.stage >= 2 || g.completed == s.options.accumulation_steps;
+      final = g.completed == s.options.accumulation_steps;
+      complete = s.options.stage >= 2 || final;
       bucket = g.bucket;
       g.bucket = -1;
       uint64_t done = UINT64_MAX;
@@ -135,15 +137,16 @@ absl::Status ZeroEngine::grad_ready(ZeroParamId id, Stream& stream) {
   if (!complete) return absl::OkStatus();
   // The store orders the reduce-scatter's acquire (on comm_stream) after the work that used
   // the buffer on `stream`.
-  return s.issue_reduction(seg.group, bucket);
+  return s.issue_reduction(seg.group, bucket, final);
 }
 
-absl::Status ZeroEngine::Impl::issue_reduction(uint32_t group, int bucket) {
+absl::Status ZeroEngine::Impl::issue_reduction(uint32_t group, int bucket, bool final) {
   const ZeroFlatGroup& fg = layout.groups()[group];
   Device& device = runtime.device();
   Reduction r;
   r.group = group;
   r.bucket = bucket;
+  r.final = final;
   r.tensor = bucket >= 0 ? buckets[static_cast<size_t>(bucket)] : groups[group].grads;
   TensorStore& store = runtime.store();
   // The store orders this acquire (on comm_stream) after the work that wrote the gradients on
@@ -247,7 +250,8 @@ absl::Status ZeroEngine::Impl::land(Reduction& r) {
     status = st;
   }
   if (!status.ok()) return status;
-  if (r.bucket < 0 && !bounce) return optimizer->grad_written(shard);  // stage 1: in place
+  const GradCompletion completion = r.final ? GradCompletion::kFinal : GradCompletion::kMore;
+  if (r.bucket < 0 && !bounce) return optimizer->grad_written(shard, completion);  // stage 1
   // The tensor in host memory: stage 1's gradients, where the optimizer reads its slice in
   // place (through the bounce, the slice is copied there); stage 2's bucket, whose slice is
   // added into the optimizer's shard and which is zeroed for the next group (the rest of it
@@ -267,9 +271,9 @@ absl::Status ZeroEngine::Impl::land(Reduction& r) {
   if (r.bucket < 0) {  // stage 1, through the bounce
     std::memcpy(base + own, reduced.data(), slice);
     if (auto st = store.release(r.tensor, *land_stream); !st.ok()) return st;
-    return optimizer->grad_written(shard);
+    return optimizer->grad_written(shard, completion);
   }
-  status = optimizer->land_grad(shard, bounce ? reduced.data() : base + own);
+  status = optimizer->land_grad(shard, bounce ? reduced.data() : base + own, completion);
   const uint64_t bytes = fg.padded * grad_bytes;
   if (!bounce) {
     std::memset(base, 0, bytes);
@@ -281,6 +285,8 @@ absl::Status ZeroEngine::Impl::land(Reduction& r) {
   if (auto st = store.release(r.tensor, *land_stream); !st.ok() && status.ok()) status = st;
   return status;
 }
+
+void ZeroEngine::wait_for_gradients() { impl_->wait_for_reductions(); }
 
 void ZeroEngine::Impl::wait_for_reductions() {
   MutexLock lock(&mu);

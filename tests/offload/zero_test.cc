@@ -184,6 +184,64 @@ TEST_CASE("One rank at stage 1, 2 or 3 is the plain offload optimizer, bit for b
   CHECK((*engine)->stats().reduce_scatters == 6 * (*engine)->layout().groups().size());
 }
 
+TEST_CASE("The overlapped step at stage 1, 2 or 3 is bitwise the plain one, over micro-steps, "
+          "clipping and an overflow",
+          "[zero][overlap]") {
+  const uint32_t stage = GENERATE(1U, 2U, 3U);
+  INFO("stage " << stage);
+  const auto model = testing::zero_model();
+  ZeroOptions plain_options = small_options(stage);
+  plain_options.accumulation_steps = 2;
+  // The norms of this model's steps are 71.3-72.1: clipping bites in steps 0 and 1 only.
+  plain_options.optimizer.max_grad_norm = 71.9F;
+  ZeroOptions overlap_options = plain_options;
+  overlap_options.optimizer.overlap.enabled = true;
+  auto plain_runtime = testing::zero_runtime("");
+  auto overlap_runtime = testing::zero_runtime("");
+  REQUIRE(plain_runtime.ok());
+  REQUIRE(overlap_runtime.ok());
+  auto plain = ZeroEngine::create(**plain_runtime, lone(), model.params, plain_options);
+  auto overlap = ZeroEngine::create(**overlap_runtime, lone(), model.params, overlap_options);
+  REQUIRE(plain.ok());
+  REQUIRE(overlap.ok());
+  auto plain_stream = (*plain_runtime)->device().create_stream();
+  auto overlap_stream = (*overlap_runtime)->device().create_stream();
+  REQUIRE(plain_stream.ok());
+  REQUIRE(overlap_stream.ok());
+  uint64_t early = 0;
+  for (int step = 0; step < 6; ++step) {
+    const bool inf = step == 3;
+    for (uint32_t micro = 0; micro < 2; ++micro) {
+      REQUIRE(testing::zero_micro_step(**plain, **plain_stream, model, plain_options.grad_type,
+                                       step, micro, 0, inf && micro == 1)
+                  .ok());
+      REQUIRE(testing::zero_micro_step(**overlap, **overlap_stream, model,
+                                       overlap_options.grad_type, step, micro, 0,
+                                       inf && micro == 1)
+                  .ok());
+    }
+    (*overlap)->wait_for_gradients();
+    (*overlap)->optimizer().wait_for_early_steps();
+    auto want = (*plain)->step();
+    auto got = (*overlap)->step();
+    REQUIRE(want.ok());
+    REQUIRE(got.ok());
+    CHECK(got->skipped == want->skipped);
+    CHECK(got->grad_norm == want->grad_norm);
+    CHECK(got->clip_coef == want->clip_coef);
+    early += got->early_elements;
+    for (uint32_t p = 0; p < model.params.size(); ++p) {
+      auto a = testing::zero_param(**overlap, **overlap_stream, p);
+      auto b = testing::zero_param(**plain, **plain_stream, p);
+      REQUIRE(a.ok());
+      REQUIRE(b.ok());
+      CHECK(*a == *b);
+    }
+  }
+  CHECK(early > 0);  // the early steps happened and were kept in the steps that allowed it
+  CHECK((*overlap)->optimizer().stats().overlap_rollbacks > 0);  // the overflow, the clipping
+}
+
 TEST_CASE("ZeroEngine refuses bad options and misuse with a precise error, never a hang",
           "[zero]") {
   const auto model = testing::zero_model();

@@ -262,6 +262,10 @@ class ZeroEngine {
   ZeroMemory memory() const;
   ZeroStats stats() const;
   OffloadOptimizer& optimizer();
+  // Blocks until every reduce-scatter issued so far has landed in the optimizer (tests and
+  // benches that separate the overlapped step's early work from step(); training never needs
+  // it).
+  void wait_for_gradients();
   Communicator& communicator();
   Runtime& runtime();
 
