@@ -118,6 +118,7 @@ struct StepPlan {
   std::vector<bool> landed;
   float grad_scale = 1.0F;
   CpuIsa isa = CpuIsa::kAuto;
+  CpuPool* pool = nullptr;  // the optimizer's Adam pool
 };
 
 // Runs Adam over one piece whose states start at master/exp_avg/exp_avg_sq (already offset to
@@ -139,7 +140,7 @@ absl::Status adam_piece(const StepPlan& plan, const Piece& piece, const std::byt
   static_cast<AdamHyper&>(a) = g;
   a.step = p.steps + 1;
   a.grad_scale = plan.grad_scale;
-  auto result = adam_step_with(plan.isa, t, a);
+  auto result = adam_step_with(plan.isa, t, a, plan.pool);
   return result.ok() ? absl::OkStatus() : result.status();
 }
 
@@ -384,6 +385,7 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   const uint64_t wait_ns = since_ns(start);
   StepPlan plan;
   plan.isa = options.isa;
+  plan.pool = adam_pool.get();
   plan.params = params_snapshot();
   float scale;
   {
