@@ -152,7 +152,8 @@ absl::StatusOr<CpuPlacement> decide_cpu_placement(const CpuTopology& topology,
   CpuPlacement out;
   out.node = topology.nodes[chosen].id;
   out.pinned = settings.pin && cpus != allowed;
-  out.reason = cat(why, "; CPUs ", format_cpu_list(cpus), " (", cpus.size(), " threads)", notes,
+  out.reason = cat(why, "; CPUs ", format_cpu_list(cpus), " (", cpus.size(),
+                   cpus.size() == 1 ? " thread)" : " threads)", notes,
                    out.pinned     ? "; pinned"
                    : settings.pin ? "; not pinned: every allowed CPU"
                                   : "; not pinned (pin off)");
