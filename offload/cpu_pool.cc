@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "strata/base/log.h"
+#include "strata/base/mutex.h"
 #include "strata/base/text.h"
 
 namespace strata {
@@ -201,7 +202,7 @@ struct CpuPool::Impl {
 
   // Decides the placement and builds the arena on the first run; later runs only read them.
   const CpuPlacement& place(const void* near) ABSL_LOCKS_EXCLUDED(mu) {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     if (!placement) {
       // Cannot fail: create() checked the settings, and no node choice changes the verdict.
       absl::StatusOr<CpuPlacement> decided =
@@ -276,7 +277,7 @@ void CpuPool::parallel_for(uint64_t n, const std::function<void(uint64_t)>& body
 }
 
 std::optional<CpuPlacement> CpuPool::placement() const {
-  absl::MutexLock lock(&impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->placement;
 }
 

@@ -286,6 +286,45 @@ TEST_CASE("Adam, statistics and accumulation are bit-identical on any pool",
   }
 }
 
+TEST_CASE("Threads sharing a pool and pools running side by side", "[offload][cpu_pool][adam]") {
+  const uint64_t n = 16 * 1024 * 4 + 5;
+  AdamParams p;
+  p.lr = 1e-2F;
+  const State unpooled = [&] {
+    State s(n);
+    s.sums.push_back(adam_step_with(CpuIsa::kAuto, s.tensors(), p, nullptr)->grad_sq_sum);
+    return s;
+  }();
+  const auto cpus = static_cast<uint32_t>(allowed_cpus()->size());
+  // One fresh pool whose first runs come from four threads at once (its placement is decided
+  // once), and a second pool, pinned elsewhere where the machine allows, running alongside.
+  auto shared = CpuPool::create({0, 0, true});
+  auto other = CpuPool::create({0, cpus > 1 ? cpus - 1 : 0, true});
+  REQUIRE(shared.ok());
+  REQUIRE(other.ok());
+  std::vector<State> states(6, State(n));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < states.size(); ++i) {
+    threads.emplace_back([&, i] {
+      CpuPool* pool = i < 4 ? shared->get() : other->get();
+      for (int round = 0; round < 2; ++round) {
+        State& s = states[i];
+        if (round == 1) s = State(n);  // the same step again, from the same start
+        absl::StatusOr<AdamResult> r = adam_step_with(CpuIsa::kAuto, s.tensors(), p, pool);
+        s.sums.assign(1, r.ok() ? r->grad_sq_sum : -1.0);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const State& s : states) CHECK(s == unpooled);
+  const std::optional<CpuPlacement> a = (*shared)->placement();
+  const std::optional<CpuPlacement> b = (*other)->placement();
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  CHECK(a->cpus.size() == cpus);
+  CHECK(b->cpus.size() == (cpus > 1 ? 1U : cpus));
+}
+
 TEST_CASE("The offload optimizer takes its pool from its options or STRATA_ADAM_*",
           "[offload][cpu_pool][optimizer]") {
   const auto runtime_with = [](std::map<std::string, std::string> vars) {
