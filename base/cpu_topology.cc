@@ -153,6 +153,17 @@ absl::StatusOr<CpuTopology> read_cpu_topology(const std::vector<int>& all_cpus,
   return topology;
 }
 
+CpuTopology read_cpu_topology_or_one_node(const std::vector<int>& all_cpus,
+                                          const std::string& node_dir) {
+  absl::StatusOr<CpuTopology> topology = read_cpu_topology(all_cpus, node_dir);
+  if (topology.ok()) return *std::move(topology);
+  CpuTopology one;
+  one.nodes.push_back(NumaNode{0, all_cpus});
+  one.read_error = std::string(topology.status().message());
+  one.source = cat(one.read_error, ": one node assumed");
+  return one;
+}
+
 absl::StatusOr<std::vector<int>> allowed_cpus() {
   return read_mask("sched_getaffinity", [](CpuMask& m) {
     return sched_getaffinity(0, m.bytes, m.set.get()) == 0 ? 0 : errno;

@@ -172,12 +172,14 @@ StatesNode states_node(const CpuTopology& topology, const void* near) {
   return {*node, ""};
 }
 
+// A sysfs that cannot be read costs the placement, never the optimizer: one node is assumed,
+// and said (strata-info's source, one warning).
 absl::StatusOr<std::pair<CpuTopology, std::vector<int>>> read_machine() {
   absl::StatusOr<std::vector<int>> allowed = allowed_cpus();
   if (!allowed.ok()) return allowed.status();
-  absl::StatusOr<CpuTopology> topology = read_cpu_topology(*allowed);
-  if (!topology.ok()) return topology.status();
-  return std::make_pair(*std::move(topology), *std::move(allowed));
+  CpuTopology topology = read_cpu_topology_or_one_node(*allowed);
+  if (!topology.read_error.empty()) log::warn_once(cat("Adam pool: ", topology.source));
+  return std::make_pair(std::move(topology), *std::move(allowed));
 }
 
 }  // namespace

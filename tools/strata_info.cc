@@ -127,8 +127,9 @@ struct CpuLines {
 CpuLines cpu_lines(const CpuPoolSettings& settings) {
   CpuLines out;
   absl::StatusOr<std::vector<int>> allowed = allowed_cpus();
-  absl::StatusOr<CpuTopology> topology =
-      allowed.ok() ? read_cpu_topology(*allowed) : absl::StatusOr<CpuTopology>(allowed.status());
+  absl::StatusOr<CpuTopology> topology = allowed.ok()
+                                             ? read_cpu_topology_or_one_node(*allowed)
+                                             : absl::StatusOr<CpuTopology>(allowed.status());
   if (!topology.ok()) {
     out.nodes_text = absl::StrFormat("unknown: %s", topology.status().message());
   } else {

@@ -96,6 +96,14 @@ TEST_CASE("read_cpu_topology names a malformed cpulist", "[base][cpu]") {
   absl::StatusOr<CpuTopology> t = read_cpu_topology({0}, dir.path());
   REQUIRE_FALSE(t.ok());
   CHECK(std::string(t.status().message()).find("node1/cpulist: '7-4'") != std::string::npos);
+
+  // Where a placement only needs a best effort: one node, and why.
+  const CpuTopology one = read_cpu_topology_or_one_node({0, 1}, dir.path());
+  REQUIRE(one.nodes.size() == 1);
+  CHECK(one.nodes[0].cpus == V{0, 1});
+  CHECK(one.read_error.find("node1/cpulist: '7-4'") != std::string::npos);
+  CHECK(one.source.find("one node assumed") != std::string::npos);
+  CHECK(read_cpu_topology_or_one_node({0}, dir.path() + "/absent").read_error.empty());
 }
 
 TEST_CASE("This machine: allowed CPUs, thread affinity and the node of a page", "[base][cpu]") {

@@ -23,6 +23,7 @@ struct CpuTopology {
   // ("/sys/devices/system/node has no nodeN entries: one node assumed").
   std::string source;
   bool from_sysfs = false;
+  std::string read_error;  // read_cpu_topology_or_one_node: why sysfs could not be used
   // The node holding `cpu`, or -1.
   int node_of_cpu(int cpu) const;
 };
@@ -38,6 +39,11 @@ std::string format_cpu_list(const std::vector<int>& cpus);
 // unreadable or malformed cpulist is an error naming the file.
 absl::StatusOr<CpuTopology> read_cpu_topology(
     const std::vector<int>& all_cpus, const std::string& node_dir = "/sys/devices/system/node");
+
+// read_cpu_topology, or where that fails (an unreadable or malformed cpulist) one node 0
+// holding `all_cpus`, with the error in `read_error` and `source` ("...: one node assumed").
+CpuTopology read_cpu_topology_or_one_node(const std::vector<int>& all_cpus,
+                                          const std::string& node_dir = "/sys/devices/system/node");
 
 // The CPUs this process may run on (sched_getaffinity of the calling thread), ascending.
 absl::StatusOr<std::vector<int>> allowed_cpus();
