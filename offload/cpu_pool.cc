@@ -87,23 +87,37 @@ absl::StatusOr<CpuPlacement> decide_cpu_placement(const CpuTopology& topology,
             ": use at most ", usable, ", or 0 for every CPU of the states' node"));
   }
 
-  // The allowed CPUs of each node; the most populated node is the fallback.
+  // The allowed CPUs of each node; the most populated node is the fallback. Allowed CPUs that
+  // no node lists (a topology that disagrees with the affinity mask) are used last, when
+  // threads spill; with no node listing any, they are one node.
   std::vector<std::vector<int>> local(topology.nodes.size());
+  std::vector<int> listed;
   size_t most = 0;
   for (size_t i = 0; i < topology.nodes.size(); ++i) {
     local[i] = intersect(topology.nodes[i].cpus, allowed);
+    listed.insert(listed.end(), local[i].begin(), local[i].end());
     if (local[i].size() > local[most].size()) most = i;
   }
+  std::sort(listed.begin(), listed.end());
+  std::vector<int> unlisted;
+  std::set_difference(allowed.begin(), allowed.end(), listed.begin(), listed.end(),
+                      std::back_inserter(unlisted));
+  if (listed.empty()) {
+    if (local.empty()) local.emplace_back();
+    local[0] = allowed;
+    unlisted.clear();
+    most = 0;
+  }
+  const int most_id = topology.nodes.empty() ? 0 : topology.nodes[most].id;
   size_t with_cpus = 0;
   for (const auto& cpus : local) with_cpus += cpus.empty() ? 0 : 1;
   size_t chosen = most;
   std::string why;
   const auto most_text = [&] {
-    return cat("node ", topology.nodes[most].id, " has the most allowed CPUs (", local[most].size(),
-               ")");
+    return cat("node ", most_id, " has the most allowed CPUs (", local[most].size(), ")");
   };
   if (with_cpus <= 1) {
-    why = cat("one NUMA node with allowed CPUs (node ", topology.nodes[most].id, ")");
+    why = cat("one NUMA node with allowed CPUs (node ", most_id, ")");
   } else if (!states.node) {
     why = cat("the states' node is unknown (", states.unknown_why, "); ", most_text());
   } else {
@@ -135,8 +149,9 @@ absl::StatusOr<CpuPlacement> decide_cpu_placement(const CpuTopology& topology,
   if (settings.threads > 0 && settings.threads < cpus.size()) {
     cpus.resize(settings.threads);
   } else if (settings.threads > cpus.size()) {
-    // Spill onto the other nodes, in node order.
+    // Spill onto the other nodes, in node order, then onto CPUs no node lists.
     std::vector<int> spill;
+    local.push_back(unlisted);
     for (size_t i = 0; i < local.size() && cpus.size() + spill.size() < settings.threads; ++i) {
       if (i == chosen) continue;
       for (int cpu : local[i]) {
@@ -151,7 +166,7 @@ absl::StatusOr<CpuPlacement> decide_cpu_placement(const CpuTopology& topology,
   }
 
   CpuPlacement out;
-  out.node = topology.nodes[chosen].id;
+  out.node = chosen < topology.nodes.size() ? topology.nodes[chosen].id : 0;
   out.pinned = settings.pin && cpus != allowed;
   out.reason = cat(why, "; CPUs ", format_cpu_list(cpus), " (", cpus.size(),
                    cpus.size() == 1 ? " thread)" : " threads)", notes,

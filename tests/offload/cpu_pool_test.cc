@@ -144,6 +144,20 @@ TEST_CASE("threads takes that many CPUs, spilling onto other nodes", "[offload][
   CHECK(has(unpinned.reason, "not pinned (pin off)"));
 }
 
+TEST_CASE("A topology that disagrees with the affinity mask still gives CPUs",
+          "[offload][cpu_pool]") {
+  CpuTopology stale;  // lists CPUs this process may not use; not 8-9
+  stale.nodes = {{0, range(0, 3)}, {1, range(4, 7)}};
+  const CpuPlacement none_listed = decide(stale, V{8, 9}, {}, {1, ""});
+  CHECK(none_listed.cpus == V{8, 9});
+  CHECK_FALSE(none_listed.pinned);
+  const CpuPlacement spill = decide(stale, V{0, 1, 4, 8}, {4, 0, true}, {0, ""});
+  CHECK(spill.cpus == V{0, 1, 4, 8});  // node 0, then node 1, then the unlisted CPU
+  CHECK(decide(CpuTopology{}, V{0, 1}, {1, 0, true}, {std::nullopt, "x"}).cpus == V{0});
+  CHECK(decide_cpu_placement(stale, V{}, {}, {0, ""}).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_CASE("CpuPool::create checks its settings against this machine", "[offload][cpu_pool]") {
   const V allowed = *allowed_cpus();
   const auto n = static_cast<uint32_t>(allowed.size());
