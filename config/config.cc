@@ -173,6 +173,14 @@ void config_internal::validate_values(const Config& c, Errors& errors) {
         invalid(cat(kCommTimeout, "=", format_duration(c.comm.timeout), " is out of range: use ",
                     format_duration(kMinCommTimeout), " to ", format_duration(kMaxCommTimeout))));
   }
+  if (c.adam_pool.threads > kMaxPoolCpus) {
+    errors.add(invalid(cat(kAdamThreads, "=", c.adam_pool.threads,
+                           " is out of range: use an integer from 0 to ", kMaxPoolCpus)));
+  }
+  if (c.adam_pool.reserve_cores >= kMaxPoolCpus) {
+    errors.add(invalid(cat(kAdamReserveCores, "=", c.adam_pool.reserve_cores,
+                           " is out of range: use an integer from 0 to ", kMaxPoolCpus - 1)));
+  }
   const LocalRanks& local = c.local;
   if (local.rank && (*local.rank < 0 || *local.rank >= kMaxLocalRanks)) {
     errors.add(invalid(cat(kLocalRank, "=", *local.rank, " is out of range: ", kLocalRankForm)));
@@ -279,6 +287,16 @@ const std::vector<Variable>& variables() {
        field(parse_comm_timeout,
              [](Config& c, std::chrono::milliseconds v) { c.comm.timeout = v; })},
       {kCommDebug, "off", field(parse_switch, [](Config& c, bool v) { c.comm.debug = v; })},
+      {kAdamThreads, "0: every CPU of the states' NUMA node",
+       field([](std::string_view t) { return parse_integer(t, 0, kMaxPoolCpus, "a thread count"); },
+             [](Config& c, int64_t v) { c.adam_pool.threads = static_cast<uint32_t>(v); })},
+      {kAdamReserveCores, "0",
+       field(
+           [](std::string_view t) {
+             return parse_integer(t, 0, kMaxPoolCpus - 1, "a number of cores");
+           },
+           [](Config& c, int64_t v) { c.adam_pool.reserve_cores = static_cast<uint32_t>(v); })},
+      {kAdamPin, "on", field(parse_switch, [](Config& c, bool v) { c.adam_pool.pin = v; })},
   };
   return table;
 }

@@ -32,6 +32,9 @@ inline constexpr std::string_view kLog = "STRATA_LOG";
 inline constexpr std::string_view kCommBackend = "STRATA_COMM_BACKEND";
 inline constexpr std::string_view kCommTimeout = "STRATA_COMM_TIMEOUT";
 inline constexpr std::string_view kCommDebug = "STRATA_COMM_DEBUG";
+inline constexpr std::string_view kAdamThreads = "STRATA_ADAM_THREADS";
+inline constexpr std::string_view kAdamReserveCores = "STRATA_ADAM_RESERVE";
+inline constexpr std::string_view kAdamPin = "STRATA_ADAM_PIN";
 inline constexpr std::string_view kPrefix = "STRATA_";
 // Read where they are used, not by Config: the NCCL loader's (comm/nccl_library.cc) and the
 // auto agreement's test hook (comm/backend_agreement.cc). Known, so never "not a strata variable".

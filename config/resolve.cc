@@ -92,6 +92,23 @@ absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& 
   r.verify = config.verify;
   r.log = config.log;
   r.comm = config.comm;
+  r.adam_pool = config.adam_pool;
+  // The pool's CPUs are chosen later (next to the states), but whether the settings can be met
+  // at all depends only on how many CPUs this process may run on.
+  const CpuPoolSettings& pool = config.adam_pool;
+  if (machine.cpu_count > 0 && pool.reserve_cores >= machine.cpu_count) {
+    errors.add(
+        invalid(cat(kAdamReserveCores, "=", pool.reserve_cores,
+                    " reserves every CPU this process may run on (", machine.cpu_count,
+                    "), leaving none to the Adam pool: use at most ", machine.cpu_count - 1)));
+  } else if (machine.cpu_count > 0 && pool.threads > machine.cpu_count - pool.reserve_cores) {
+    errors.add(invalid(cat(kAdamThreads, "=", pool.threads, " is more than the ",
+                           machine.cpu_count - pool.reserve_cores, " CPUs this process may run on",
+                           pool.reserve_cores > 0
+                               ? cat(" less ", kAdamReserveCores, "=", pool.reserve_cores)
+                               : std::string(),
+                           ": use at most that many, or 0 for the states' NUMA node")));
+  }
   r.nvme_paths = config.nvme_paths;
 
   // The device: on cuda its facts must be the chosen device's before its memory is judged.
@@ -387,6 +404,11 @@ std::string render(const ResolvedConfig& c) {
       {kCommBackend, std::string(to_string(c.comm.backend))},
       {kCommTimeout, format_duration(c.comm.timeout)},
       {kCommDebug, c.comm.debug ? "on" : "off"},
+      {kAdamThreads, c.adam_pool.threads == 0
+                         ? std::string("0 (every CPU of the states' NUMA node)")
+                         : cat(c.adam_pool.threads)},
+      {kAdamReserveCores, cat(c.adam_pool.reserve_cores)},
+      {kAdamPin, c.adam_pool.pin ? "on" : "off"},
       {kLocalRank, c.local_rank ? cat(*c.local_rank) : std::string("unset")},
       {kLocalWorldSize,
        c.local_ranks > 1

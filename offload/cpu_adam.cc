@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu_adam_kernels.h"
+#include "strata/offload/cpu_pool.h"
 
 namespace strata {
 namespace {
@@ -83,8 +84,9 @@ uint64_t simd_width(CpuIsa isa) {
 
 // Runs chunk(begin, end) over [0, count) split into kChunk pieces and sums the results in chunk
 // order. A single chunk runs on the calling thread: small tensors are not worth a hand-off.
+// With a pool the chunks run on its threads (`near` places it on its first run).
 template <typename ChunkFn>
-AdamResult run_chunks(uint64_t count, const ChunkFn& chunk) {
+AdamResult run_chunks(uint64_t count, CpuPool* pool, const void* near, const ChunkFn& chunk) {
   const uint64_t n_chunks = (count + kChunk - 1) / kChunk;
   std::vector<double> partial(n_chunks, 0.0);
   auto body = [&](uint64_t c) {
@@ -94,6 +96,8 @@ AdamResult run_chunks(uint64_t count, const ChunkFn& chunk) {
   };
   if (n_chunks <= 1) {
     for (uint64_t c = 0; c < n_chunks; ++c) body(c);
+  } else if (pool != nullptr) {
+    pool->parallel_for(n_chunks, body, near);
   } else {
 #if defined(STRATA_TSAN)
     // Debian's oneTBB is not built with ThreadSanitizer: TSan sees its inlined headers race with
@@ -242,14 +246,15 @@ absl::Status validate_adam(const AdamHyper& h) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, const AdamParams& p) {
+absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, const AdamParams& p,
+                                          CpuPool* pool) {
   absl::StatusOr<CpuIsa> resolved = resolve(isa);
   if (!resolved.ok()) return resolved.status();
   if (absl::Status st = validate(t, p); !st.ok()) return st;
   const adam_detail::StepScalars s = scalars(p);
   const uint64_t width = simd_width(*resolved);
   const CpuIsa use = *resolved;
-  return run_chunks(t.count, [&](uint64_t begin, uint64_t end) {
+  return run_chunks(t.count, pool, t.master, [&](uint64_t begin, uint64_t end) {
     const uint64_t vec_end = begin + (end - begin) / width * width;
     ChunkResult r{};
     if (use == CpuIsa::kAvx512) r = adam_detail::step_avx512(t, begin, vec_end, s);
@@ -261,7 +266,7 @@ absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, cons
 }
 
 absl::StatusOr<AdamResult> grad_stats_with(CpuIsa isa, const void* grad, GradType type,
-                                           uint64_t count, float grad_scale) {
+                                           uint64_t count, float grad_scale, CpuPool* pool) {
   absl::StatusOr<CpuIsa> resolved = resolve(isa);
   if (!resolved.ok()) return resolved.status();
   if (type != GradType::kF32 && type != GradType::kF16 && type != GradType::kBF16) {
@@ -271,7 +276,7 @@ absl::StatusOr<AdamResult> grad_stats_with(CpuIsa isa, const void* grad, GradTyp
   if (count > 0 && grad == nullptr) return invalid("grad", "is null");
   const uint64_t width = simd_width(*resolved);
   const CpuIsa use = *resolved;
-  return run_chunks(count, [&](uint64_t begin, uint64_t end) {
+  return run_chunks(count, pool, grad, [&](uint64_t begin, uint64_t end) {
     const uint64_t vec_end = begin + (end - begin) / width * width;
     ChunkResult r{};
     if (use == CpuIsa::kAvx512)
@@ -285,7 +290,7 @@ absl::StatusOr<AdamResult> grad_stats_with(CpuIsa isa, const void* grad, GradTyp
 }
 
 absl::StatusOr<AdamResult> grad_accumulate_with(CpuIsa isa, void* dst, const void* src,
-                                                GradType type, uint64_t count) {
+                                                GradType type, uint64_t count, CpuPool* pool) {
   absl::StatusOr<CpuIsa> resolved = resolve(isa);
   if (!resolved.ok()) return resolved.status();
   if (type != GradType::kF32 && type != GradType::kF16 && type != GradType::kBF16) {
@@ -295,7 +300,7 @@ absl::StatusOr<AdamResult> grad_accumulate_with(CpuIsa isa, void* dst, const voi
   if (count > 0 && src == nullptr) return invalid("src", "is null");
   const uint64_t width = simd_width(*resolved);
   const CpuIsa use = *resolved;
-  return run_chunks(count, [&](uint64_t begin, uint64_t end) {
+  return run_chunks(count, pool, dst, [&](uint64_t begin, uint64_t end) {
     const uint64_t vec_end = begin + (end - begin) / width * width;
     ChunkResult r{};
     if (use == CpuIsa::kAvx512) r = adam_detail::accumulate_avx512(dst, src, type, begin, vec_end);

@@ -175,9 +175,11 @@ absl::Status OffloadOptimizer::land_grad(ParamId param, const void* src,
   } else {
     if (first) {
       std::memcpy(*host, src, bytes);
-      stats = grad_stats_with(s.options.isa, *host, p->grad_type, p->count, 1.0F);
+      stats =
+          grad_stats_with(s.options.isa, *host, p->grad_type, p->count, 1.0F, s.adam_pool.get());
     } else {
-      stats = grad_accumulate_with(s.options.isa, *host, src, p->grad_type, p->count);
+      stats = grad_accumulate_with(s.options.isa, *host, src, p->grad_type, p->count,
+                                   s.adam_pool.get());
     }
     if (auto st = store.release(p->grad_host, *s.d2h_stream); !st.ok() && stats.ok()) stats = st;
   }
@@ -230,7 +232,7 @@ absl::Status OffloadOptimizer::grad_written(ParamId param, GradCompletion comple
     (void)store.release(p->grad_host, *s.d2h_stream);
   } else {
     stats = grad_stats_with(s.options.isa, static_cast<const std::byte*>(*grad) + p->grad_offset,
-                            p->grad_type, p->count, 1.0F);
+                            p->grad_type, p->count, 1.0F, s.adam_pool.get());
     if (auto st = store.release(p->grad_host, *s.d2h_stream); !st.ok() && stats.ok()) stats = st;
   }
   MutexLock lock(&s.landing_mu);
@@ -284,7 +286,9 @@ absl::Status OffloadOptimizer::Impl::process(LandingJob& job) {
   absl::StatusOr<AdamResult> stats = AdamResult{};
   if (job.direct) {
     // The buffer was acquired when the copy was issued; it is ours until released here.
-    if (status.ok()) stats = grad_stats_with(options.isa, job.host, p->grad_type, p->count, 1.0F);
+    if (status.ok()) {
+      stats = grad_stats_with(options.isa, job.host, p->grad_type, p->count, 1.0F, adam_pool.get());
+    }
     if (auto st = store.release(p->grad_host, *d2h_stream); !st.ok() && status.ok()) status = st;
   } else if (status.ok()) {
     if (job.first_piece) {
@@ -297,7 +301,7 @@ absl::Status OffloadOptimizer::Impl::process(LandingJob& job) {
     } else {
       const uint64_t esize = element_bytes(p->grad_type);
       stats = grad_accumulate_with(options.isa, static_cast<std::byte*>(*host) + job.offset * esize,
-                                   job.lease.data(), p->grad_type, job.count);
+                                   job.lease.data(), p->grad_type, job.count, adam_pool.get());
       if (auto st = store.release(p->grad_host, *d2h_stream); !st.ok()) status = st;
     }
   }

@@ -83,6 +83,12 @@ absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::create(
         "to one or more directories on fast drives");
   }
   auto impl = std::make_unique<Impl>(runtime, options);
+  auto adam_pool = CpuPool::create(options.adam_pool.value_or(runtime.config().adam_pool));
+  if (!adam_pool.ok()) {
+    return absl::Status(adam_pool.status().code(),
+                        absl::StrCat("OffloadOptimizer: ", adam_pool.status().message()));
+  }
+  impl->adam_pool = *std::move(adam_pool);
   impl->pool = runtime.staging();
   if (impl->pool == nullptr) {
     // At most a sixteenth of the CPU tier, so small test tiers still hold tensors.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/nvme/swap_space.h"
+#include "strata/offload/cpu_pool.h"
 #include "strata/offload/offload_optimizer.h"
 #include "strata/store/staging.h"
 
@@ -286,6 +287,9 @@ struct OffloadOptimizer::Impl {
 
   // optimizer_step.cc
   absl::StatusOr<StepResult> step();
+
+  // The threads every Adam, statistics and accumulation kernel of this optimizer runs on.
+  std::unique_ptr<CpuPool> adam_pool;
 };
 
 }  // namespace strata

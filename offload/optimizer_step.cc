@@ -148,7 +148,7 @@ absl::Status OffloadOptimizer::Impl::adam_piece(const Param& p, const AdamGroup&
   static_cast<AdamHyper&>(a) = group;
   a.step = step;
   a.grad_scale = grad_scale;
-  auto result = adam_step_with(options.isa, t, a);
+  auto result = adam_step_with(options.isa, t, a, adam_pool.get());
   return result.ok() ? absl::OkStatus() : result.status();
 }
 

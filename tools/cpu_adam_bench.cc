@@ -1,7 +1,11 @@
 // cpu-adam-bench: CPU Adam throughput per ISA against a memory-bandwidth floor measured in the
 // same process (docs/cpu_adam.md). A measurement, not a test: nothing here asserts on time.
 //
-//   cpu-adam-bench [--mparams=64] [--repeat=5]
+//   cpu-adam-bench [--mparams=64] [--repeat=5] [--placement [--threads=N] [--reserve-cores=N]]
+//
+// --placement also times the best ISA on a CpuPool (cpu_pool.h: the states' NUMA node, cores
+// left free, threads pinned; settings from STRATA_ADAM_* unless the flags give them) against
+// the same kernel on every core unpinned, alternating the two (ABBA), and prints the ratio.
 #include <absl/strings/str_format.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <unistd.h>
@@ -15,7 +19,9 @@
 
 #include "cli.h"
 #include "strata/base/format_bytes.h"
+#include "strata/config/config.h"
 #include "strata/offload/cpu_adam.h"
+#include "strata/offload/cpu_pool.h"
 
 namespace {
 
@@ -34,6 +40,17 @@ int main(int argc, char** argv) {
       "in the same run (fp32 gradients, bf16 parameter copy).");
   flags.add_uint64("mparams", &mparams, "parameters, in units of 2^20");
   flags.add_uint64("repeat", &repeat, "timed repetitions after one warm-up; the best is reported");
+  bool placement = false;
+  uint64_t threads = UINT64_MAX;
+  uint64_t reserve = UINT64_MAX;
+  flags.add_bool("placement", &placement,
+                 "also time the best ISA on a placed, pinned CpuPool against every core unpinned "
+                 "(ABBA), and print the ratio");
+  flags.add_uint64("threads", &threads,
+                   "with --placement: the pool's threads (0: the node's CPUs); default "
+                   "STRATA_ADAM_THREADS");
+  flags.add_uint64("reserve-cores", &reserve,
+                   "with --placement: CPUs the pool leaves free; default STRATA_ADAM_RESERVE");
   std::vector<std::string> positional;
   if (auto exit_code = flags.parse_or_exit(argc, argv, &positional)) return *exit_code;
   if (!positional.empty()) return flags.usage_error("unexpected argument '" + positional[0] + "'");
@@ -99,5 +116,40 @@ int main(int argc, char** argv) {
                 std::string(strata::isa_name(isa)).c_str(), best * 1e3, gbs,
                 100 * gbs / stream_gbs);
   }
+  if (!placement) return 0;
+
+  // The pool against every core unpinned, same kernel (the best ISA), alternating A B B A so
+  // that drift (turbo, other tenants) falls on both.
+  absl::StatusOr<strata::Config> config = strata::Config::from_environment();
+  if (!config.ok()) {
+    return strata::cli::print_error("cpu-adam-bench", std::string(config.status().message()));
+  }
+  strata::CpuPoolSettings settings = config->adam_pool;
+  if (threads != UINT64_MAX) settings.threads = static_cast<uint32_t>(threads);
+  if (reserve != UINT64_MAX) settings.reserve_cores = static_cast<uint32_t>(reserve);
+  absl::StatusOr<std::unique_ptr<strata::CpuPool>> pool = strata::CpuPool::create(settings);
+  if (!pool.ok()) {
+    return strata::cli::print_error("cpu-adam-bench", std::string(pool.status().message()),
+                                    strata::cli::kUsageExitCode);
+  }
+  double best[2] = {1e30, 1e30};  // unpinned, pool
+  uint64_t step = 1;
+  for (int r = 0; r < repeats + 1; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const int which = (r % 2 == 0) ? k : 1 - k;
+      strata::AdamParams p;
+      p.step = step++;
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!strata::adam_step_with(strata::CpuIsa::kAuto, t, p, which == 1 ? pool->get() : nullptr)
+               .ok()) {
+        return 1;
+      }
+      if (r > 0) best[which] = std::min(best[which], seconds_since(t0));
+    }
+  }
+  const std::optional<strata::CpuPlacement> placed = (*pool)->placement();
+  std::printf("placement: %s\n", placed ? placed->reason.c_str() : "?");
+  std::printf("unpinned %8.1f ms, pool %8.1f ms: pool/unpinned time %.3f (%.2fx speed)\n",
+              best[0] * 1e3, best[1] * 1e3, best[1] / best[0], best[0] / best[1]);
   return 0;
 }

@@ -5,7 +5,9 @@
 // 2 bad command line.
 #include <absl/status/statusor.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <limits>
@@ -15,12 +17,14 @@
 #include <vector>
 
 #include "cli.h"
+#include "strata/base/cpu_topology.h"
 #include "strata/base/size.h"
 #include "strata/comm/nccl_library.h"
 #include "strata/config/config.h"
 #include "strata/config/machine_info.h"
 #include "strata/device/backend.h"
 #include "strata/device/cuda_libraries.h"
+#include "strata/offload/cpu_pool.h"
 #include "strata/runtime/runtime.h"
 
 namespace strata {
@@ -110,7 +114,48 @@ LibraryLines library_lines() {
   return out;
 }
 
-void print_text(const MachineInfo& m, const ResolvedConfig* config) {
+// The NUMA nodes this process may run on and where the Adam pool would go (docs/optimizer.md,
+// "Thread placement"). With no optimizer states yet, the node holding them is unknown: an
+// optimizer's pool moves to its states' node at its first step.
+struct CpuLines {
+  std::vector<NumaNode> nodes;  // allowed CPUs only
+  std::string source;
+  std::string nodes_text;
+  absl::StatusOr<CpuPlacement> pool = absl::UnknownError("not probed");
+};
+
+CpuLines cpu_lines(const CpuPoolSettings& settings) {
+  CpuLines out;
+  absl::StatusOr<std::vector<int>> allowed = allowed_cpus();
+  absl::StatusOr<CpuTopology> topology = allowed.ok()
+                                             ? read_cpu_topology_or_one_node(*allowed)
+                                             : absl::StatusOr<CpuTopology>(allowed.status());
+  if (!topology.ok()) {
+    out.nodes_text = absl::StrFormat("unknown: %s", topology.status().message());
+  } else {
+    out.source = topology->source;
+    std::vector<std::string> parts;
+    for (const NumaNode& node : topology->nodes) {
+      NumaNode mine{node.id, {}};
+      for (int cpu : node.cpus) {
+        if (std::binary_search(allowed->begin(), allowed->end(), cpu)) mine.cpus.push_back(cpu);
+      }
+      parts.push_back(absl::StrFormat("node %d: CPUs %s", node.id, format_cpu_list(mine.cpus)));
+      out.nodes.push_back(std::move(mine));
+    }
+    out.nodes_text = absl::StrFormat("%d (%s; allowed CPUs shown): %s", topology->nodes.size(),
+                                     topology->source, absl::StrJoin(parts, "; "));
+  }
+  out.pool = cpu_placement_here(settings, nullptr);
+  return out;
+}
+
+std::string pool_text(const absl::StatusOr<CpuPlacement>& pool) {
+  if (!pool.ok()) return absl::StrFormat("invalid: %s", pool.status().message());
+  return pool->reason;
+}
+
+void print_text(const MachineInfo& m, const ResolvedConfig* config, const CpuPoolSettings& pool) {
   std::ostringstream out;
   if (config != nullptr) {
     out << "Configuration (STRATA_* variables; defaults where unset)\n";
@@ -136,6 +181,9 @@ void print_text(const MachineInfo& m, const ResolvedConfig* config) {
   }
   row("CUDA_VISIBLE_DEVICES", m.cuda_visible_devices.value_or("unset"));
   row("CPU", absl::StrFormat("%s, %u CPUs available", m.cpu_model, m.cpu_count));
+  const CpuLines cpus = cpu_lines(pool);
+  row("NUMA nodes", cpus.nodes_text);
+  row("Adam pool", pool_text(cpus.pool));
   row("memory",
       absl::StrFormat("%s physical (from %s), %s available", format_bytes(m.physical_memory_bytes),
                       m.physical_memory_source, format_bytes(m.available_memory_bytes)));
@@ -208,8 +256,8 @@ std::string json_list(const std::vector<std::string>& items) {
   return "[" + out + "]";
 }
 
-void print_json(const MachineInfo& m, const ResolvedConfig* c, const std::string& error,
-                const std::string& startup) {
+void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSettings& pool,
+                const std::string& error, const std::string& startup) {
   JsonObject root;
   root.flag("valid", c != nullptr);
   if (!error.empty()) root.str("error", error);
@@ -242,6 +290,9 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const std::string
                            .num("io_uring_registered_bytes", io_uring_registered_bytes(*c))
                            .flag("verify", c->verify)
                            .str("log", to_string(c->log))
+                           .num("adam_threads", c->adam_pool.threads)
+                           .num("adam_reserve_cores", c->adam_pool.reserve_cores)
+                           .flag("adam_pin", c->adam_pool.pin)
                            .done());
     root.raw("warnings", json_list(warnings));
   }
@@ -290,7 +341,28 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const std::string
       .flag("io_uring_available", m.io_uring_available)
       .str("io_uring_detail", m.io_uring_detail)
       .raw("nvme_paths", json_list(paths));
+  const CpuLines cpus = cpu_lines(pool);
+  std::vector<std::string> nodes;
+  for (const NumaNode& node : cpus.nodes) {
+    nodes.push_back(JsonObject()
+                        .num("id", static_cast<uint64_t>(node.id))
+                        .str("cpus", format_cpu_list(node.cpus))
+                        .done());
+  }
+  machine.raw("numa_nodes", json_list(nodes)).str("numa_source", cpus.source);
   root.raw("machine", machine.done());
+  if (cpus.pool.ok()) {
+    root.raw("adam_pool", JsonObject()
+                              .str("cpus", format_cpu_list(cpus.pool->cpus))
+                              .num("threads", cpus.pool->cpus.size())
+                              .num("node", static_cast<uint64_t>(cpus.pool->node))
+                              .flag("pinned", cpus.pool->pinned)
+                              .str("reason", cpus.pool->reason)
+                              .done());
+  } else {
+    root.raw("adam_pool",
+             JsonObject().str("error", std::string(cpus.pool.status().message())).done());
+  }
   const LibraryLines libraries = library_lines();
   std::vector<std::string> searched;
   for (const std::string& step : libraries.nccl_searched) searched.push_back(json_string(step));
@@ -369,10 +441,10 @@ int run(int argc, char** argv) {
   const absl::Status start_status = started ? started->status() : absl::OkStatus();
   if (json) {
     std::string error(resolved.ok() ? start_status.message() : resolved.status().message());
-    print_json(*machine, shown, error,
+    print_json(*machine, shown, config->adam_pool, error,
                started && started->ok() ? startup_json(**started) : std::string());
   } else {
-    print_text(*machine, shown);
+    print_text(*machine, shown, config->adam_pool);
     if (started && started->ok()) {
       std::cout << "\nStart-up (--start: a runtime created from this configuration)\n";
       std::istringstream lines(to_string(**started));

@@ -320,5 +320,26 @@ TEST_CASE("STRATA_COMM_BACKEND, STRATA_COMM_TIMEOUT, STRATA_COMM_DEBUG", "[confi
   CHECK(std::string(typo.status().message()).find("STRATA_COMM_TIMEOUT") != std::string::npos);
 }
 
+TEST_CASE("STRATA_ADAM_THREADS, STRATA_ADAM_RESERVE, STRATA_ADAM_PIN", "[config][cpu_pool]") {
+  const Config defaults = config_of({});
+  CHECK(defaults.adam_pool == CpuPoolSettings{0, 0, true});
+  const Config set = config_of(
+      {{"STRATA_ADAM_THREADS", "12"}, {"STRATA_ADAM_RESERVE", " 2 "}, {"STRATA_ADAM_PIN", "off"}});
+  CHECK(set.adam_pool == CpuPoolSettings{12, 2, false});
+
+  CHECK(contains(error_of({{"STRATA_ADAM_THREADS", "many"}}),
+                 "is not a thread count: use an integer from 0 to 65536"));
+  CHECK(contains(error_of({{"STRATA_ADAM_THREADS", "-1"}}), "is out of range"));
+  CHECK(contains(error_of({{"STRATA_ADAM_THREADS", "65537"}}), "is out of range"));
+  CHECK(contains(error_of({{"STRATA_ADAM_RESERVE", "2.5"}}),
+                 "is not a number of cores: use an integer from 0 to 65535"));
+  CHECK(contains(error_of({{"STRATA_ADAM_PIN", "sometimes"}}), "on or off"));
+  CHECK(contains(error_of({{"STRATA_ADAM_RESERVE", ""}}), "set but empty"));
+  // A near miss is caught like any other.
+  absl::StatusOr<Config> typo = Config::from_variables({{"STRATA_ADAM_THREAD", "4"}});
+  REQUIRE_FALSE(typo.ok());
+  CHECK(contains(std::string(typo.status().message()), "did you mean STRATA_ADAM_THREADS"));
+}
+
 }  // namespace
 }  // namespace strata

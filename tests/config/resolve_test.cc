@@ -304,6 +304,24 @@ TEST_CASE("resolve: backend", "[config][resolve]") {
   CHECK(resolve(Config{}, no_gpu).status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("resolve: the Adam pool's settings against the CPUs this process may run on",
+          "[config][resolve][cpu_pool]") {
+  MachineInfo m = fake_machine();  // 8 CPUs
+  Config c;
+  c.adam_pool = {6, 2, false};
+  CHECK(resolved_of(c, m).adam_pool == CpuPoolSettings{6, 2, false});
+  c.adam_pool = {0, 8, true};
+  CHECK(contains(resolve_error(c, m),
+                 "STRATA_ADAM_RESERVE=8 reserves every CPU this process may "
+                 "run on (8), leaving none to the Adam pool: use at most 7"));
+  c.adam_pool = {7, 2, true};
+  CHECK(contains(resolve_error(c, m),
+                 "STRATA_ADAM_THREADS=7 is more than the 6 CPUs this process "
+                 "may run on less STRATA_ADAM_RESERVE=2"));
+  c.adam_pool = {9, 0, true};
+  CHECK(contains(resolve_error(c, m), "STRATA_ADAM_THREADS=9 is more than the 8 CPUs"));
+}
+
 TEST_CASE("render lists every variable, aligned", "[config]") {
   MachineInfo m = fake_machine();
   m.paths = {fake_path("/nvme0", 100 * kGiB)};

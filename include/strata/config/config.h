@@ -21,6 +21,7 @@
 #include "strata/base/log.h"
 #include "strata/base/size.h"
 #include "strata/config/comm_settings.h"
+#include "strata/config/cpu_pool_settings.h"
 #include "strata/config/machine_info.h"
 #include "strata/device/backend_kind.h"
 #include "strata/nvme/io_engine_kind.h"
@@ -79,8 +80,9 @@ struct Config {
   uint64_t staging_bytes = uint64_t{256} << 20;
   bool verify = true;
   LogLevel log = LogLevel::kWarn;
-  CommSettings comm;  // STRATA_COMM_BACKEND, STRATA_COMM_TIMEOUT, STRATA_COMM_DEBUG
-  LocalRanks local;   // LOCAL_RANK, LOCAL_WORLD_SIZE
+  CommSettings comm;          // STRATA_COMM_BACKEND, STRATA_COMM_TIMEOUT, STRATA_COMM_DEBUG
+  CpuPoolSettings adam_pool;  // STRATA_ADAM_THREADS, STRATA_ADAM_RESERVE, STRATA_ADAM_PIN
+  LocalRanks local;           // LOCAL_RANK, LOCAL_WORLD_SIZE
 
   // Reads the process environment.
   static absl::StatusOr<Config> from_environment();
@@ -141,6 +143,9 @@ struct ResolvedConfig {
   bool verify = true;
   LogLevel log = LogLevel::kWarn;
   CommSettings comm;  // as configured (the backend is chosen when a communicator is created)
+  // As configured; checked against the CPUs this process may run on. The CPUs themselves are
+  // chosen when an optimizer's pool first runs (offload/cpu_pool.h), next to its states.
+  CpuPoolSettings adam_pool;
   // Things that work but not as well as they could (e.g. the CPU tier above RLIMIT_MEMLOCK, so
   // it will not all be registered with io_uring). Printed by strata-info, logged by the runtime.
   std::vector<std::string> warnings;

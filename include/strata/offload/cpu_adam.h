@@ -14,9 +14,12 @@
 // touching the state calls grad_stats() first (one read-only pass over the gradient) and only
 // then adam_step().
 //
-// The kernels are SIMD with run-time dispatch (AVX-512, AVX2+F16C+FMA, scalar) and run over all
-// cores in one persistent oneTBB arena. The sum of squares is combined per fixed-size chunk in
-// index order, so it is bit-identical from run to run on the same ISA whatever the thread count.
+// The kernels are SIMD with run-time dispatch (AVX-512, AVX2+F16C+FMA, scalar). They run on a
+// CpuPool when one is given (cpu_pool.h: CPUs next to the states, cores left to the data loader,
+// threads pinned; the offload optimizer passes its own), else over every allowed core in one
+// persistent, unpinned oneTBB arena. The sum of squares is combined per fixed-size chunk in
+// index order, so it is bit-identical from run to run on the same ISA whatever the thread count
+// or placement.
 #pragma once
 
 #include <absl/status/statusor.h>
@@ -26,6 +29,8 @@
 #include <vector>
 
 namespace strata {
+
+class CpuPool;  // cpu_pool.h
 
 enum class GradType { kF32, kF16, kBF16 };
 enum class ParamCopyType { kNone, kF16, kBF16 };
@@ -88,13 +93,17 @@ absl::StatusOr<AdamResult> grad_stats(const void* grad, GradType type, uint64_t 
 absl::StatusOr<AdamResult> grad_accumulate(void* dst, const void* src, GradType type,
                                            uint64_t count);
 
-// The same with a forced ISA, for tests and measurements. FailedPrecondition if the CPU (or the
-// OS) does not support `isa`.
-absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, const AdamParams& p);
+// The same with a forced ISA (kAuto: the best) and, unless null, on `pool`. FailedPrecondition
+// if the CPU (or the OS) does not support `isa`. A pool's first run places it next to the
+// memory it touches: the master weights for adam_step, else the gradient / destination.
+absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, const AdamParams& p,
+                                          CpuPool* pool = nullptr);
 absl::StatusOr<AdamResult> grad_stats_with(CpuIsa isa, const void* grad, GradType type,
-                                           uint64_t count, float grad_scale);
+                                           uint64_t count, float grad_scale,
+                                           CpuPool* pool = nullptr);
 absl::StatusOr<AdamResult> grad_accumulate_with(CpuIsa isa, void* dst, const void* src,
-                                                GradType type, uint64_t count);
+                                                GradType type, uint64_t count,
+                                                CpuPool* pool = nullptr);
 
 // "avx512", "avx2" or "scalar": what kAuto resolves to on this CPU.
 std::string_view adam_isa();

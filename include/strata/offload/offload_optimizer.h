@@ -43,10 +43,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "strata/config/cpu_pool_settings.h"
 #include "strata/device/device.h"
 #include "strata/offload/cpu_adam.h"
 #include "strata/runtime/runtime.h"
@@ -117,6 +119,10 @@ struct OffloadOptimizerOptions {
   // what comes back, so that every rank clips by the same norm and skips the same steps.
   std::function<absl::StatusOr<GradStatistics>(const GradStatistics&)> combine_grad_stats;
   float grad_divisor = 1.0F;  // gradients (and their norm) are divided by this before use
+  // The CPUs the Adam kernels run on (cpu_pool.h; docs/optimizer.md, "Thread placement"):
+  // nullopt takes the runtime's configuration (STRATA_ADAM_THREADS, STRATA_ADAM_RESERVE,
+  // STRATA_ADAM_PIN). Each optimizer has its own pool, placed on the NUMA node of its states.
+  std::optional<CpuPoolSettings> adam_pool;
 };
 
 // Where a parameter's gradient comes from.
