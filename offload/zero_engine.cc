@@ -159,6 +159,12 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
   }
   s.live_limit = options.max_live_bytes;
   for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].initial.empty() && params[i].fill) {
+      return invalid(
+          absl::StrFormat("parameter '%s' has both initial values and a fill function; "
+                          "give one",
+                          params[i].name));
+    }
     if (!params[i].initial.empty() && params[i].initial.size() != s.layout.params()[i].count) {
       return invalid(absl::StrFormat("parameter '%s' has %d initial values for %d elements",
                                      params[i].name, params[i].initial.size(),
@@ -236,10 +242,17 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
     // rank's slice the optimizer's master.
     std::vector<float> initial(fg.padded, 0.0F);
     for (const ZeroSegment& seg : layout.group_segments(g)) {
-      const auto& values = params[seg.param].initial;
-      if (!values.empty()) {
-        std::copy(values.begin(), values.end(),
-                  initial.begin() + static_cast<ptrdiff_t>(seg.group_offset));
+      const ZeroParam& param = params[seg.param];
+      float* at = initial.data() + seg.group_offset;
+      if (param.fill) {
+        // Segments are whole parameters (the layout never splits one).
+        const absl::Status st = param.fill(std::span<float>(at, seg.count));
+        if (!st.ok()) {
+          return absl::Status(st.code(), absl::StrCat("ZeroEngine: filling the initial values of '",
+                                                      param.name, "': ", st.message()));
+        }
+      } else if (!param.initial.empty()) {
+        std::copy(param.initial.begin(), param.initial.end(), at);
       }
     }
     auto data = store.acquire(written, host_tier, *host_stream, AccessMode::kWrite);

@@ -62,7 +62,21 @@ ZeroParam param_of(const py::handle& item, size_t i,
     for (const py::handle d : shape) param.shape.push_back(d.cast<int64_t>());
   }
   if (entry.size() >= 4) param.group = entry[3].cast<uint32_t>();
-  if (entry.size() >= 3 && !entry[2].is_none()) {
+  if (entry.size() >= 3 && PyCallable_Check(entry[2].ptr()) != 0) {
+    // initial() is called when the engine sets up the parameter's group: the caller's values
+    // for one group at a time, never the whole model's.
+    param.fill = [fn = py::reinterpret_borrow<py::object>(entry[2]),
+                  what = where + " ('" + param.name + "') initial()"](std::span<float> out) {
+      py::gil_scoped_acquire gil;
+      try {
+        const Float32Values values(fn(), what, out.size(), "the shape's element count");
+        std::copy(values.span().begin(), values.span().end(), out.begin());
+        return absl::OkStatus();
+      } catch (const std::exception& e) {  // a Python error, or a refused array
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what()));
+      }
+    };
+  } else if (entry.size() >= 3 && !entry[2].is_none()) {
     uint64_t count = 1;
     for (int64_t d : param.shape) count *= d > 0 ? static_cast<uint64_t>(d) : 0;
     keep.push_back(std::make_unique<Float32Values>(
@@ -394,7 +408,9 @@ same order (they are collectives).)doc")
            R"doc(
 params: [(name, shape), (name, shape, initial), (name, shape, initial, group), ...]; initial is
 float32 values (numpy, torch CPU, array.array('f'), any buffer; float16 and bfloat16 are widened,
-other types refused; None: zeros), the same on every rank; group indexes options.groups.
+other types refused; None: zeros), the same on every rank, or a callable returning them,
+called once while the engine sets up the parameter's group (so that the whole model's values
+never exist at once: meta-device models); group indexes options.groups.
 options: a strata.ZeroOptions (None: the defaults); keyword fields set over it: any ZeroOptions
 field (stage=3, bucket_bytes="4MiB", param_home="cpu", ...) and the optimizer's by their short
 names (lr, betas, eps, weight_decay, decoupled, max_grad_norm, skip_on_overflow,

@@ -62,7 +62,10 @@ inline ZeroModel zero_model(uint64_t scale = 1) {
           static_cast<float>(static_cast<int64_t>((i * 2654435761ULL + n) % 2001) - 1000) / 1024.0F;
     }
     m.initial.push_back(std::move(v));
-    m.params.push_back(ZeroParam{s.name, s.shape, s.group, {}});
+    ZeroParam& param = m.params.emplace_back();
+    param.name = s.name;
+    param.shape = s.shape;
+    param.group = s.group;
   }
   for (size_t i = 0; i < m.params.size(); ++i) m.params[i].initial = m.initial[i];
   return m;

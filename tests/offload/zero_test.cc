@@ -184,9 +184,10 @@ TEST_CASE("One rank at stage 1, 2 or 3 is the plain offload optimizer, bit for b
   CHECK((*engine)->stats().reduce_scatters == 6 * (*engine)->layout().groups().size());
 }
 
-TEST_CASE("The overlapped step at stage 1, 2 or 3 is bitwise the plain one, over micro-steps, "
-          "clipping and an overflow",
-          "[zero][overlap]") {
+TEST_CASE(
+    "The overlapped step at stage 1, 2 or 3 is bitwise the plain one, over micro-steps, "
+    "clipping and an overflow",
+    "[zero][overlap]") {
   const uint32_t stage = GENERATE(1U, 2U, 3U);
   INFO("stage " << stage);
   const auto model = testing::zero_model();
@@ -216,8 +217,7 @@ TEST_CASE("The overlapped step at stage 1, 2 or 3 is bitwise the plain one, over
                                        step, micro, 0, inf && micro == 1)
                   .ok());
       REQUIRE(testing::zero_micro_step(**overlap, **overlap_stream, model,
-                                       overlap_options.grad_type, step, micro, 0,
-                                       inf && micro == 1)
+                                       overlap_options.grad_type, step, micro, 0, inf && micro == 1)
                   .ok());
     }
     (*overlap)->wait_for_gradients();
@@ -240,6 +240,71 @@ TEST_CASE("The overlapped step at stage 1, 2 or 3 is bitwise the plain one, over
   }
   CHECK(early > 0);  // the early steps happened and were kept in the steps that allowed it
   CHECK((*overlap)->optimizer().stats().overlap_rollbacks > 0);  // the overflow, the clipping
+}
+
+TEST_CASE("ZeroParam.fill draws each parameter's initial values once, as its group is set up",
+          "[zero]") {
+  const uint32_t stage = GENERATE(1U, 3U);
+  INFO("stage " << stage);
+  const auto model = testing::zero_model();
+  const ZeroOptions o = small_options(stage);
+  auto given_runtime = testing::zero_runtime("");
+  auto filled_runtime = testing::zero_runtime("");
+  REQUIRE(given_runtime.ok());
+  REQUIRE(filled_runtime.ok());
+  auto given = ZeroEngine::create(**given_runtime, lone(), model.params, o);
+  REQUIRE(given.ok());
+  std::vector<uint32_t> calls;
+  std::vector<ZeroParam> params = model.params;
+  for (uint32_t p = 0; p < params.size(); ++p) {
+    params[p].initial = {};
+    params[p].fill = [&calls, &model, p](std::span<float> out) {
+      calls.push_back(p);
+      REQUIRE(out.size() == model.initial[p].size());
+      std::copy(model.initial[p].begin(), model.initial[p].end(), out.begin());
+      return absl::OkStatus();
+    };
+  }
+  auto filled = ZeroEngine::create(**filled_runtime, lone(), params, o);
+  REQUIRE(filled.ok());
+  // Once each, in the layout's order (group by group).
+  std::vector<uint32_t> layout_order;
+  for (uint32_t g = 0; g < (*filled)->layout().groups().size(); ++g) {
+    for (const ZeroSegment& seg : (*filled)->layout().group_segments(g)) {
+      layout_order.push_back(seg.param);
+    }
+  }
+  CHECK(calls == layout_order);
+  auto given_stream = (*given_runtime)->device().create_stream();
+  auto filled_stream = (*filled_runtime)->device().create_stream();
+  REQUIRE(given_stream.ok());
+  REQUIRE(filled_stream.ok());
+  for (uint32_t p = 0; p < params.size(); ++p) {
+    auto a = testing::zero_param(**filled, **filled_stream, p);
+    auto b = testing::zero_param(**given, **given_stream, p);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(*a == *b);
+  }
+
+  // A fill that fails ends create() with its error and the parameter's name; both kinds of
+  // initial value at once is refused.
+  params[2].fill = [](std::span<float>) {
+    return absl::DataLossError("the initializer's file is truncated");
+  };
+  auto other = testing::zero_runtime("");
+  REQUIRE(other.ok());
+  auto failed = ZeroEngine::create(**other, lone(), params, o);
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(failed.status().message()),
+             Catch::Contains("filling the initial values of 'block0.norm'") &&
+                 Catch::Contains("the initializer's file is truncated"));
+  params[2].initial = model.params[2].initial;
+  auto both = ZeroEngine::create(**other, lone(), params, o);
+  REQUIRE_FALSE(both.ok());
+  CHECK_THAT(std::string(both.status().message()),
+             Catch::Contains("'block0.norm' has both initial values and a fill function"));
 }
 
 TEST_CASE("ZeroEngine refuses bad options and misuse with a precise error, never a hang",

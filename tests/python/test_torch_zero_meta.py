@@ -89,3 +89,35 @@ def test_meta_errors(runtime, comm):
     net = nn.BatchNorm1d(4, device="meta")
     with pytest.raises(ValueError, match=r"buffer 'running_mean' is on the meta device"):
         st.zero_shard(net, comm, param_init=lambda n, s: torch.zeros(s))
+
+
+def test_meta_values_are_drawn_one_at_a_time(runtime, comm):
+    """The engine draws each meta parameter's values as it sets up its group and lets them go:
+    when param_init is called, no value it returned before is still alive (before, zero_shard
+    held every parameter's fp32 values at once until the engine had them all)."""
+    import weakref
+    alive = []
+    alive_at_call = []
+
+    def param_init(name, shape):
+        alive_at_call.append(sum(1 for ref in alive if ref() is not None))
+        # numpy: what zero_shard keeps of it (a flat view) keeps this very object alive.
+        value = values_by_name(name, shape).numpy()
+        alive.append(weakref.ref(value))
+        return value
+
+    model = st.zero_shard(Tied(device="meta"), comm, param_init=param_init, stage=3,
+                          reduce_policy=st.ReducePolicy(bucket_bytes="1KiB"))
+    assert alive_at_call == [0, 0, 0]
+    model.close()
+
+
+def test_meta_init_errors_name_the_parameter(runtime, comm):
+    def param_init(name, shape):
+        if name == "mid.weight":
+            raise RuntimeError("checkpoint shard 3 is missing")
+        return torch.zeros(shape)
+
+    with pytest.raises(strata.Error, match=r"filling the initial values of 'mid.weight'.*"
+                                           r"checkpoint shard 3 is missing"):
+        st.zero_shard(Tied(device="meta"), comm, param_init=param_init, stage=3)

@@ -178,9 +178,9 @@ absl::StatusOr<Zero3RankRecord> run_zero3_steps(const Zero3Options& o, const Zer
                                                 std::ostream& human) {
   std::vector<ZeroParam> params;
   for (uint64_t l = 0; l < o.layers; ++l) {
-    params.push_back(ZeroParam{.name = absl::StrFormat("layer%d", l),
-                               .shape = {static_cast<int64_t>(plan.layer_params)},
-                               .initial = {}});
+    ZeroParam& param = params.emplace_back();
+    param.name = absl::StrFormat("layer%d", l);
+    param.shape = {static_cast<int64_t>(plan.layer_params)};
   }
   ZeroOptions options;
   options.stage = 3;

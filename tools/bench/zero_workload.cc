@@ -262,9 +262,10 @@ absl::StatusOr<RankRecord> run_ranked(const ZeroBenchOptions& o, Runtime& rt, Co
     initial = initial_values(dtype, largest);
   }
   for (size_t t = 0; t < counts.size(); ++t) {
-    params.push_back(ZeroParam{.name = absl::StrFormat("p%d", t),
-                               .shape = {static_cast<int64_t>(counts[t])},
-                               .initial = std::span<const float>(initial.data(), counts[t])});
+    ZeroParam& param = params.emplace_back();
+    param.name = absl::StrFormat("p%d", t);
+    param.shape = {static_cast<int64_t>(counts[t])};
+    param.initial = std::span<const float>(initial.data(), counts[t]);
   }
   ZeroOptions options;
   options.stage = o.stage;

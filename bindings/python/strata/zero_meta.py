@@ -1,7 +1,7 @@
 """zero_shard of a module built on the meta device (imported by strata.zero_torch): its meta
-parameters replaced by empty ones on the compute device, their initial values drawn one
-parameter at a time from the caller's param_init as the engine is created, so that no fp32 copy
-of the whole model exists before the engine's."""
+parameters replaced by empty ones on the compute device, their initial values drawn from the
+caller's param_init by the engine as it sets up each flat group, so that no fp32 copy of the
+whole model ever exists on the host."""
 
 from __future__ import annotations
 

@@ -217,11 +217,13 @@ class ZeroModule(_ZeroModuleState, nn.Module):
             raise ValueError("the module has no parameters")
 
         # Initial values: rank 0's (sync_module_states), so that every rank starts the same; a
-        # meta parameter's from param_init, one parameter at a time (the same on every rank by
-        # its contract: no broadcast), so that the only whole copy is the one handed to the
-        # engine.
-        values = [_initial_values(p, first_names[id(p)], shapes[id(p)], param_init)
-                  if id(p) in meta else
+        # meta parameter's from param_init (the same on every rank by its contract: no
+        # broadcast), drawn by the engine as it sets up the parameter's group, so that no fp32
+        # copy of the whole model ever exists on the host.
+        def drawn(p):
+            name, shape = first_names[id(p)], shapes[id(p)]
+            return lambda: _initial_values(p, name, shape, param_init)
+        values = [drawn(p) if id(p) in meta else
                   p.detach().to("cpu", torch.float32).reshape(-1).numpy() for p in ordered]
         if sync_module_states and comm.size > 1 and not meta:
             flat = comm.broadcast(np.concatenate(values).astype(np.float32, copy=False), 0)

@@ -74,6 +74,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -91,17 +92,24 @@ struct ZeroParam {
   std::string name;            // unique
   std::vector<int64_t> shape;  // elements = product (a scalar: {} or {1})
   uint32_t group = 0;          // Adam hyper-parameter group (ZeroOptions::groups)
-  // fp32 initial values, shape's element count; empty: zeros. Every rank must pass the same.
+  // fp32 initial values, shape's element count; empty: zeros (or `fill`). Every rank must pass
+  // the same.
   std::span<const float> initial;
+  // Instead of `initial`: writes the parameter's initial values into `values` (its element
+  // count), called once during create(), while its flat group is being set up, so that a model's
+  // fp32 values never exist whole on the host (only one group's at a time). An error fails
+  // create() with the parameter's name.
+  std::function<absl::Status(std::span<float> values)> fill;
 };
 
 struct ZeroOptions {
   uint32_t stage = 2;  // 1: optimizer states partitioned; 2: gradients too; 3: parameters too
   ParamType param_type = ParamType::kF16;
   GradType grad_type = GradType::kF16;
-  // The most gradient bytes of one flat group (one reduce-scatter). A parameter larger than this
-  // is split across groups. Small: more, smaller collectives; large: less overlap and (stage 2)
-  // more bucket memory. Default as DeepSpeed's reduce_bucket_size in bytes of fp16.
+  // The most gradient bytes of one flat group (one reduce-scatter). A parameter is never split:
+  // one larger than this gets a group of its own. Small: more, smaller collectives; large: less
+  // overlap and (stage 2) more bucket memory. Default as DeepSpeed's reduce_bucket_size in bytes of
+  // fp16.
   uint64_t bucket_bytes = 32ULL << 20;
   // Stage 2: buckets in use at once (one filling while another is reduced). >= 1.
   uint32_t gradient_buckets = 2;
