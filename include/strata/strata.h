@@ -28,7 +28,10 @@
 extern "C" {
 #endif
 
-#define STRATA_C_API_VERSION 1
+/* Raised when a struct's layout changes (a program must be rebuilt against the new header).
+ * 2: the overlapped step's fields in strata_optimizer_options_t (and so strata_zero_options_t),
+ * strata_step_result_t and strata_optimizer_stats_t. */
+#define STRATA_C_API_VERSION 2
 
 /* ---- Status ------------------------------------------------------------------------------ */
 
