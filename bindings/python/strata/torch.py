@@ -321,10 +321,11 @@ class OffloadAdamW:
     """AdamW (torch.optim.AdamW semantics) run by strata's ZeRO-Offload optimizer.
 
     step() returns strata's step result as a dict (skipped, grad_norm, clip_coef, step,
-    loss_scale, early_elements, rolled_back, ...). state_dict() holds the optimizer's checkpoint files (master weights,
-    moments, step counts, hyper-parameters: written by OffloadOptimizer.save into a temporary
-    directory and read back as bytes), so it pickles with torch.save; load_state_dict() writes
-    them back and loads them, which also sets the model's parameters to the saved masters.
+    loss_scale, early_elements, rolled_back, ...). state_dict() holds the optimizer's
+    checkpoint files (master weights, moments, step counts, hyper-parameters: written by
+    OffloadOptimizer.save into a temporary directory and read back as bytes), so it pickles
+    with torch.save; load_state_dict() writes them back and loads them, which also sets the
+    model's parameters to the saved masters.
 
     overlap_step=True: the overlapped step (strata.OverlapOptions). Each parameter's Adam runs
     on the CPU as soon as its gradient of the step is final, while backward goes on; step()
