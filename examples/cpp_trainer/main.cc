@@ -18,6 +18,11 @@
 // tier --param-home names). The global batch of 64 samples is split evenly over the ranks, each
 // rank's share into --accumulation micro-batches.
 //
+// --overlap-step (either path): the overlapped optimizer step (OffloadOptimizerOptions::overlap):
+// each parameter's Adam runs during backward, as its gradient of the step's last micro-step
+// lands; the report adds, per step, the optimizer time exposed after backward and the early work
+// kept or rolled back (optimizer_report.cc).
+//
 // The maths runs on the host: with the host backend the GPU tier is host memory, which is what
 // CI has. (With the CUDA backend a real trainer launches kernels on the acquired pointers; this
 // example then computes on CPU-tier copies instead, so it still runs.)

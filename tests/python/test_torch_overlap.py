@@ -61,6 +61,9 @@ def test_bindings_expose_the_overlap():
         st.ZeroAdamW(overlap_step=1)
     with pytest.raises(ValueError, match="ZeroAdamW.overlap_max_host_bytes"):
         st.ZeroAdamW(overlap_max_host_bytes="lots")
+    # zero_shard's keywords name the policy object that holds it.
+    with pytest.raises(TypeError, match=r"strata.torch.optimizer=ZeroAdamW\(overlap_step=...\)"):
+        st.zero_shard(make_mlp(), None, overlap_step=True)
 
 
 def test_optimizer_hints_and_fields(tmp_path):
