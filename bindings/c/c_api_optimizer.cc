@@ -105,6 +105,7 @@ absl::StatusOr<OffloadOptimizerOptions> optimizer_options_from(const strata_opti
                                      ls.backoff_factor, ls.growth_interval, ls.min_scale};
   options.chunk_elements = o.chunk_elements;
   options.isa = *isa;
+  options.overlap = OverlapOptions{o.overlap.enabled != 0, o.overlap.max_host_bytes};
   return options;
 }
 
@@ -120,12 +121,14 @@ strata_optimizer_options_t optimizer_options_to_c(const OffloadOptimizerOptions&
                             ls.backoff_factor, ls.growth_interval, ls.min_scale};
   options.chunk_elements = d.chunk_elements;
   options.isa = STRATA_CPU_ISA_AUTO;
+  options.overlap = strata_overlap_options_t{d.overlap.enabled ? 1 : 0, d.overlap.max_host_bytes};
   return options;
 }
 
 strata_step_result_t step_result_to_c(const StepResult& r) {
-  return strata_step_result_t{r.skipped ? 1 : 0, r.grad_norm, r.clip_coef,
-                              r.params_updated,  r.step,      r.loss_scale};
+  return strata_step_result_t{
+      r.skipped ? 1 : 0, r.grad_norm,      r.clip_coef,          r.params_updated, r.step,
+      r.loss_scale,      r.early_elements, r.rolled_back ? 1 : 0};
 }
 
 }  // namespace strata::c_api
@@ -325,18 +328,68 @@ strata_status_t strata_optimizer_param_step_count(strata_optimizer_t* optimizer,
   });
 }
 
+namespace {
+
+absl::Status grad_ready(strata_optimizer_t* optimizer, strata_param_t param,
+                        strata_stream_t* stream, strata::GradCompletion completion) {
+  Call call;
+  auto state = optimizer_of(call, optimizer);
+  if (!state.ok()) return state.status();
+  auto s = call.stream(stream, "stream");
+  if (!s.ok()) return s.status();
+  if ((*s)->owner != (*state)->owner) {
+    return absl::InvalidArgumentError("stream belongs to another runtime than optimizer");
+  }
+  return (*state)->optimizer->grad_ready(strata::ParamId{param.index}, *(*s)->stream, completion);
+}
+
+}  // namespace
+
 strata_status_t strata_optimizer_grad_ready(strata_optimizer_t* optimizer, strata_param_t param,
                                             strata_stream_t* stream) {
   return boundary("strata_optimizer_grad_ready", [&]() -> absl::Status {
+    return grad_ready(optimizer, param, stream, strata::GradCompletion::kOptimizerDefault);
+  });
+}
+
+strata_status_t strata_optimizer_grad_ready_hint(strata_optimizer_t* optimizer,
+                                                 strata_param_t param, strata_stream_t* stream,
+                                                 strata_grad_completion_t completion) {
+  return boundary("strata_optimizer_grad_ready_hint", [&]() -> absl::Status {
+    switch (completion) {
+      case STRATA_GRAD_COMPLETION_DEFAULT:
+        return grad_ready(optimizer, param, stream, strata::GradCompletion::kOptimizerDefault);
+      case STRATA_GRAD_COMPLETION_FINAL:
+        return grad_ready(optimizer, param, stream, strata::GradCompletion::kFinal);
+      case STRATA_GRAD_COMPLETION_MORE:
+        return grad_ready(optimizer, param, stream, strata::GradCompletion::kMore);
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("completion is ", completion,
+                         ": use STRATA_GRAD_COMPLETION_DEFAULT, STRATA_GRAD_COMPLETION_FINAL or "
+                         "STRATA_GRAD_COMPLETION_MORE"));
+    }
+  });
+}
+
+strata_status_t strata_optimizer_set_final_micro_step(strata_optimizer_t* optimizer,
+                                                      int32_t final_micro_step) {
+  return boundary("strata_optimizer_set_final_micro_step", [&]() -> absl::Status {
     Call call;
     auto state = optimizer_of(call, optimizer);
     if (!state.ok()) return state.status();
-    auto s = call.stream(stream, "stream");
-    if (!s.ok()) return s.status();
-    if ((*s)->owner != (*state)->owner) {
-      return absl::InvalidArgumentError("stream belongs to another runtime than optimizer");
-    }
-    return (*state)->optimizer->grad_ready(strata::ParamId{param.index}, *(*s)->stream);
+    (*state)->optimizer->set_final_micro_step(final_micro_step != 0);
+    return absl::OkStatus();
+  });
+}
+
+strata_status_t strata_optimizer_wait_for_early_steps(strata_optimizer_t* optimizer) {
+  return boundary("strata_optimizer_wait_for_early_steps", [&]() -> absl::Status {
+    Call call;
+    auto state = optimizer_of(call, optimizer);
+    if (!state.ok()) return state.status();
+    (*state)->optimizer->wait_for_early_steps();
+    return absl::OkStatus();
   });
 }
 
@@ -421,7 +474,16 @@ strata_status_t strata_optimizer_stats(strata_optimizer_t* optimizer,
                                     s.last_nvme_wait_ns,
                                     s.nvme_bytes_read,
                                     s.nvme_bytes_written,
-                                    s.peak_staging_chunks};
+                                    s.peak_staging_chunks,
+                                    s.overlap_early_steps,
+                                    s.overlap_rollbacks,
+                                    s.last_early_elements,
+                                    s.last_redone_elements,
+                                    s.last_early_adam_ns,
+                                    s.last_rollback_ns,
+                                    s.last_early_wait_ns,
+                                    s.overlap_host_bytes,
+                                    s.overlap_budget_misses};
     return absl::OkStatus();
   });
 }

@@ -53,12 +53,37 @@ py::dict group_dict(const AdamGroup& g) {
   return d;
 }
 
+// overlap=: False/None (off), True (on, no cap of its own) or a strata.OverlapOptions.
+OverlapOptions overlap_options(const py::object& overlap) {
+  if (overlap.is_none()) return {};
+  if (py::isinstance<py::bool_>(overlap)) return {.enabled = overlap.cast<bool>()};
+  if (py::isinstance<OverlapOptions>(overlap)) return overlap.cast<OverlapOptions>();
+  raise(absl::StatusCode::kInvalidArgument,
+        "overlap=" + py::repr(overlap).cast<std::string>() +
+            ": use True, False or a strata.OverlapOptions(enabled=..., max_host_bytes=...)");
+}
+
+// A landing's completion hint: None (set_final_micro_step's setting), 'final' or 'more'.
+GradCompletion completion_of(const py::object& completion) {
+  if (completion.is_none()) return GradCompletion::kOptimizerDefault;
+  if (py::isinstance<py::str>(completion)) {
+    const auto text = completion.cast<std::string>();
+    if (text == "final") return GradCompletion::kFinal;
+    if (text == "more") return GradCompletion::kMore;
+  }
+  raise(absl::StatusCode::kInvalidArgument,
+        "completion=" + py::repr(completion).cast<std::string>() +
+            ": use 'final' (the step's last landing of this gradient), 'more' (a micro-step "
+            "that later landings add to) or None (set_final_micro_step's setting)");
+}
+
 std::shared_ptr<PyOptimizer> make_optimizer(const std::shared_ptr<PyRuntime>& rt,
                                             const std::string& state_home, float lr,
                                             std::pair<float, float> betas, float eps,
                                             float weight_decay, bool decoupled, float max_grad_norm,
                                             float loss_scale, bool dynamic_loss_scale,
-                                            bool skip_on_overflow, uint64_t chunk_elements) {
+                                            bool skip_on_overflow, uint64_t chunk_elements,
+                                            const py::object& overlap) {
   OffloadOptimizerOptions o;
   o.state_home = parse_tier(state_home, /*allow_nvme=*/true);
   o.defaults = {.lr = lr,
@@ -72,6 +97,7 @@ std::shared_ptr<PyOptimizer> make_optimizer(const std::shared_ptr<PyRuntime>& rt
   o.loss_scaling.scale = loss_scale;
   o.loss_scaling.dynamic = dynamic_loss_scale;
   o.chunk_elements = chunk_elements;
+  o.overlap = overlap_options(overlap);
   absl::StatusOr<std::unique_ptr<OffloadOptimizer>> opt;
   {
     py::gil_scoped_release unlocked;
@@ -151,6 +177,8 @@ py::dict step_result_dict(const StepResult& r) {
   d["params_updated"] = r.params_updated;
   d["step"] = r.step;
   d["loss_scale"] = r.loss_scale;
+  d["early_elements"] = r.early_elements;
+  d["rolled_back"] = r.rolled_back;
   return d;
 }
 
@@ -163,7 +191,10 @@ the Adam step on the CPU, gradients handed over as backward produces them (grad_
            py::arg("eps") = 1e-8F, py::arg("weight_decay") = 0.0F, py::arg("decoupled") = true,
            py::arg("max_grad_norm") = 0.0F, py::arg("loss_scale") = 1.0F,
            py::arg("dynamic_loss_scale") = false, py::arg("skip_on_overflow") = true,
-           py::arg("chunk_elements") = 0)
+           py::arg("chunk_elements") = 0, py::arg("overlap") = py::none(),
+           "overlap: the overlapped step (True, or a strata.OverlapOptions with a cap on its "
+           "host bytes): each parameter's Adam runs as its gradient is final, during backward; "
+           "step() keeps the work or rolls it back; the result is bitwise the plain step's.")
       .def("add_param", &add_param, py::arg("name"), py::arg("param"), py::arg("grad"),
            py::arg("initial_master") = py::none(), py::arg("group") = 0,
            "Registers a parameter (its tensor and its gradient's, same element count) and "
@@ -177,13 +208,31 @@ the Adam step on the CPU, gradients handed over as backward produces them (grad_
            })
       .def(
           "grad_ready",
-          [](PyOptimizer& o, int64_t id) {
+          [](PyOptimizer& o, int64_t id, const py::object& completion) {
             const ParamId pid = param_id(o, id);
-            unlocked_check([&] { return o.opt->grad_ready(pid, o.rt->stream()); });
+            const GradCompletion c = completion_of(completion);
+            unlocked_check([&] { return o.opt->grad_ready(pid, o.rt->stream(), c); });
           },
-          py::arg("param"),
+          py::arg("param"), py::arg("completion") = py::none(),
           "The parameter's gradient tensor holds its gradient (released): it is copied now, "
-          "and accumulates with earlier ones since the last step.")
+          "and accumulates with earlier ones since the last step. completion (overlap): "
+          "'final' when this is the step's last landing of the gradient (its Adam may start), "
+          "'more' for a micro-step that later ones add to, None for set_final_micro_step's "
+          "setting. A wrong hint never changes the result, only wastes the early work.")
+      .def(
+          "set_final_micro_step",
+          [](PyOptimizer& o, bool final) { o.opt->set_final_micro_step(final); }, py::arg("final"),
+          "Overlap: whether landings without a completion hint complete this step's gradients "
+          "(True, the default, set again by every step()) or belong to a micro-step that later "
+          "ones add to (False).")
+      .def(
+          "wait_for_early_steps",
+          [](PyOptimizer& o) {
+            py::gil_scoped_release unlocked;
+            o.opt->wait_for_early_steps();
+          },
+          "Blocks until every early step queued so far has run (tests and benchmarks that "
+          "separate the early work from step()'s; training never needs it).")
       .def("zero_grad", [](PyOptimizer& o) { unlocked_check([&] { return o.opt->zero_grad(); }); })
       .def("step",
            [](PyOptimizer& o) {

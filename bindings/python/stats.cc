@@ -106,6 +106,16 @@ py::dict optimizer_stats(const OffloadOptimizerStats& s) {
   d["nvme_bytes_read"] = s.nvme_bytes_read;
   d["nvme_bytes_written"] = s.nvme_bytes_written;
   d["peak_staging_chunks"] = s.peak_staging_chunks;
+  d["nvme_state_bytes"] = s.nvme_state_bytes;
+  d["overlap_early_steps"] = s.overlap_early_steps;
+  d["overlap_rollbacks"] = s.overlap_rollbacks;
+  d["last_early_elements"] = s.last_early_elements;
+  d["last_redone_elements"] = s.last_redone_elements;
+  d["last_early_adam_ns"] = s.last_early_adam_ns;
+  d["last_rollback_ns"] = s.last_rollback_ns;
+  d["last_early_wait_ns"] = s.last_early_wait_ns;
+  d["overlap_host_bytes"] = s.overlap_host_bytes;
+  d["overlap_budget_misses"] = s.overlap_budget_misses;
   return d;
 }
 

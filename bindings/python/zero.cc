@@ -14,6 +14,7 @@
 #include "host_array.h"
 #include "names.h"
 #include "optimizer.h"
+#include "stats.h"
 #include "strata/base/size.h"
 #include "stream.h"
 #include "tensor.h"
@@ -530,6 +531,19 @@ dicts over the defaults). The engine's options are engine.options (a copy).)doc"
           "memory", [](PyZeroEngine& e) { return memory_dict(e.engine->memory()); },
           "This rank's model-state bytes by kind and tier, and model_states, their total.")
       .def("stats", [](PyZeroEngine& e) { return stats_dict(e.engine->stats()); })
+      .def(
+          "optimizer_stats",
+          [](PyZeroEngine& e) { return optimizer_stats(e.engine->optimizer().stats()); },
+          "This rank's optimizer's statistics (OffloadOptimizer.stats()): with "
+          "options.optimizer.overlap, last_step_ns is the step's time exposed after backward.")
+      .def(
+          "wait_for_early_steps",
+          [](PyZeroEngine& e) {
+            py::gil_scoped_release unlocked;
+            e.engine->optimizer().wait_for_early_steps();
+          },
+          "Overlap: blocks until this rank's early steps queued so far have run (tests and "
+          "benchmarks; training never needs it).")
       .def("layout", [](PyZeroEngine& e) { return layout_dict(e.engine->layout()); })
       .def_property_readonly("stage", [](PyZeroEngine& e) { return e.engine->options().stage; })
       .def_property_readonly(

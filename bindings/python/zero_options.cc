@@ -275,10 +275,24 @@ void bind_zero_options(py::module_& m) {
         {"scale", "dynamic", "growth_factor", "backoff_factor", "growth_interval", "min_scale"});
   });
 
+  py::class_<OverlapOptions> overlap(
+      m, "OverlapOptions",
+      "The overlapped optimizer step (offload_optimizer.h): enabled starts each parameter's "
+      "Adam as its gradient is final, during backward, validated (and, when clipping or an "
+      "overflow says so, rolled back and redone) by step(), bitwise the plain step; "
+      "max_host_bytes caps the backups and held copies it allocates in the CPU tier (0: the "
+      "tier's capacity).");
+  init_from_kwargs(overlap, "OverlapOptions");
+  number_field(overlap, "OverlapOptions", "enabled", &OverlapOptions::enabled);
+  size_field(overlap, "OverlapOptions", "max_host_bytes", &OverlapOptions::max_host_bytes, true);
+  overlap.def("__repr__", [](const py::object& self) {
+    return repr_fields(self, "OverlapOptions", {"enabled", "max_host_bytes"});
+  });
+
   py::class_<OffloadOptimizerOptions> opt(
       m, "OffloadOptimizerOptions",
       "The optimizer of each rank's slice (offload_optimizer.h): state home, the defaults (group "
-      "0), clipping, loss scaling, chunking.");
+      "0), clipping, loss scaling, chunking, the overlapped step.");
   init_from_kwargs(opt, "OffloadOptimizerOptions");
   opt.def_property(
       "state_home", [](const OffloadOptimizerOptions& o) { return tier_name(o.state_home); },
@@ -293,10 +307,11 @@ void bind_zero_options(py::module_& m) {
   opt.def_readwrite("loss_scaling", &OffloadOptimizerOptions::loss_scaling);
   number_field(opt, "OffloadOptimizerOptions", "chunk_elements",
                &OffloadOptimizerOptions::chunk_elements, uint64_t{0});
+  opt.def_readwrite("overlap", &OffloadOptimizerOptions::overlap);
   opt.def("__repr__", [](const py::object& self) {
     return repr_fields(self, "OffloadOptimizerOptions",
                        {"state_home", "defaults", "max_grad_norm", "skip_on_overflow",
-                        "loss_scaling", "chunk_elements"});
+                        "loss_scaling", "chunk_elements", "overlap"});
   });
 
   py::class_<ZeroOptions> zero(m, "ZeroOptions", R"doc(
@@ -305,7 +320,7 @@ ZeroOptions, field by field (readwrite; the defaults are the C++ ones). Byte cou
 or a size string ("32MiB"); tiers 'gpu', 'cpu' or 'nvme'; dtypes float32, float16, bfloat16
 (names, numpy or torch dtypes). A value of the wrong type or out of range raises, naming the
 field. Nested: optimizer (OffloadOptimizerOptions: state_home, defaults (AdamGroup),
-max_grad_norm, loss_scaling (LossScaling), ...).)doc");
+max_grad_norm, loss_scaling (LossScaling), overlap (OverlapOptions), ...).)doc");
   init_from_kwargs(zero, "ZeroOptions");
   number_field(zero, "ZeroOptions", "stage", &ZeroOptions::stage, uint32_t{1}, uint32_t{3});
   zero.def_property(

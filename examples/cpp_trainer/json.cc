@@ -58,13 +58,26 @@ JsonObject& JsonObject::raw(std::string_view key, std::string value) {
   return *this;
 }
 
-JsonObject& JsonObject::add(std::string_view key, const std::vector<float>& values) {
+namespace {
+template <typename T>
+std::string json_array(const std::vector<T>& values) {
   std::string array = "[";
   for (size_t i = 0; i < values.size(); ++i) {
     if (i > 0) array += ", ";
     array += json_number(values[i]);
   }
-  return raw(key, array + "]");
+  return array + "]";
+}
+}  // namespace
+
+JsonObject& JsonObject::add(std::string_view key, const std::vector<float>& values) {
+  return raw(key, json_array(values));
+}
+JsonObject& JsonObject::add(std::string_view key, const std::vector<double>& values) {
+  return raw(key, json_array(values));
+}
+JsonObject& JsonObject::add(std::string_view key, const std::vector<uint64_t>& values) {
+  return raw(key, json_array(values));
 }
 
 std::string JsonObject::str(int indent) const {

@@ -31,6 +31,8 @@ class JsonObject {
   JsonObject& add(std::string_view key, uint64_t value) { return raw(key, json_number(value)); }
   JsonObject& add(std::string_view key, bool value) { return raw(key, value ? "true" : "false"); }
   JsonObject& add(std::string_view key, const std::vector<float>& values);
+  JsonObject& add(std::string_view key, const std::vector<double>& values);
+  JsonObject& add(std::string_view key, const std::vector<uint64_t>& values);
   JsonObject& add(std::string_view key, const JsonObject& value) { return raw(key, value.str()); }
   // One line per field, indented by `indent` spaces per level (0: all on one line).
   std::string str(int indent = 0) const;

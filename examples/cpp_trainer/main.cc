@@ -18,6 +18,11 @@
 // tier --param-home names). The global batch of 64 samples is split evenly over the ranks, each
 // rank's share into --accumulation micro-batches.
 //
+// --overlap-step (either path): the overlapped optimizer step (OffloadOptimizerOptions::overlap):
+// each parameter's Adam runs during backward, as its gradient of the step's last micro-step
+// lands; the report adds, per step, the optimizer time exposed after backward and the early work
+// kept or rolled back (optimizer_report.cc).
+//
 // The maths runs on the host: with the host backend the GPU tier is host memory, which is what
 // CI has. (With the CUDA backend a real trainer launches kernels on the acquired pointers; this
 // example then computes on CPU-tier copies instead, so it still runs.)
@@ -105,7 +110,7 @@ int usage(const std::string& why) {
   std::fprintf(stderr,
                "cpp_trainer: %s\nusage: cpp_trainer [--steps=N] [--states=nvme|cpu] "
                "[--max-loss=X] [--tolerance=X] [--zero-stage=0|1|2|3] [--bucket-bytes=SIZE] "
-               "[--accumulation=K] [--json=FILE|-]\n"
+               "[--accumulation=K] [--overlap-step] [--json=FILE|-]\n"
                "  stage 3: [--param-home=gpu|cpu|nvme] [--prefetch-bytes=SIZE] "
                "[--max-live-bytes=SIZE] [--persist-below-bytes=SIZE] [--reuse-window-bytes=SIZE]\n"
                "  stage 0: [--offload-activations] [--activation-home=cpu|nvme] "
@@ -178,6 +183,7 @@ JsonObject report_json(const Args& args, const RunResult& r, double worst) {
       .add("nvme_read_bytes_per_step", r.nvme_read_per_step)
       .add("nvme_written_bytes_per_step", r.nvme_written_per_step)
       .add("nvme_state_ratio", state_ratio(r));
+  doc.add("overlap_step", args.overlap_step).add("optimizer", optimizer_json(r));
   if (args.offload_activations) {
     const strata::ActivationStashStats& a = r.activations;
     JsonObject acts;
@@ -305,6 +311,8 @@ int main(int argc, char** argv) {
       args.accumulation = static_cast<uint32_t>(k);
     } else if (a == "--offload-activations") {
       args.offload_activations = true;
+    } else if (a == "--overlap-step") {
+      args.overlap_step = true;
     } else if (a == "--variable-batches") {
       args.variable_batches = true;
     } else if (a.starts_with("--activation-home=")) {
@@ -438,8 +446,10 @@ int main(int argc, char** argv) {
   for (int step = 1; step <= args.steps; ++step) {
     reference_losses.push_back(reference.step(make_batch(reference_rng, teacher)));
     if (step % 50 == 0 || step == 1) {
-      std::fprintf(human, "step %4d  loss %.6f  (in memory %.6f)\n", step,
-                   r.losses[static_cast<size_t>(step - 1)], reference_losses.back());
+      const auto i = static_cast<size_t>(step - 1);
+      std::fprintf(human, "step %4d  loss %.6f  (in memory %.6f)  optimizer %.3f ms exposed%s\n",
+                   step, r.losses[i], reference_losses.back(),
+                   static_cast<double>(r.optimizer_ns[i]) * 1e-6, overlap_note(args, r, i).c_str());
     }
   }
   double worst = 0;
@@ -498,6 +508,7 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(a.window_waits));
     window_held = a.gpu_peak_bytes <= args.activation_window_bytes && a.errors == 0;
   }
+  print_optimizer_summary(human, args, r);
   std::fprintf(human, "GPU tier high-water mark: %.1f KiB\n",
                static_cast<double>(r.gpu_tier_peak_bytes) / 1024);
   if (args.zero_stage == 3) {

@@ -155,6 +155,7 @@ absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, con
   options.state_home = args.states;
   options.defaults.lr = kLr;
   options.defaults.weight_decay = kWeightDecay;
+  options.overlap.enabled = args.overlap_step;
   auto optimizer_or = strata::OffloadOptimizer::create(rt, options);
   if (!optimizer_or.ok()) return optimizer_or.status();
   strata::OffloadOptimizer& optimizer = **optimizer_or;
@@ -233,7 +234,11 @@ absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, con
     const std::vector<SampleRange> ranges = args.variable_batches
                                                 ? variable_samples(step, args.accumulation)
                                                 : equal_samples(args.accumulation);
-    for (const SampleRange& r : ranges) {
+    for (size_t m = 0; m < ranges.size(); ++m) {
+      const SampleRange& r = ranges[m];
+      // Only the last micro-step completes a gradient: with --overlap-step its Adam may start.
+      const auto completion =
+          m + 1 == ranges.size() ? strata::GradCompletion::kFinal : strata::GradCompletion::kMore;
       const Batch mb = ranges.size() == 1 ? batch : slice(batch, r.first, r.count);
       // The saved activations: acts[0] is the batch's input, acts[k + 1] layer k's output.
       acts.begin(mb.x);
@@ -264,14 +269,16 @@ absl::StatusOr<RunResult> run_offload(strata::Runtime& rt, const Args& args, con
         dy.swap(dx);
         if (auto st = store.release(grads[k], stream); !st.ok()) return annotate(st, at);
         if (auto st = store.release(params[k], stream); !st.ok()) return annotate(st, at);
-        if (auto st = optimizer.grad_ready(ids[k], stream); !st.ok()) {
+        if (auto st = optimizer.grad_ready(ids[k], stream, completion); !st.ok()) {
           return annotate(st, at + ": grad_ready");
         }
       }
     }
+    const uint64_t rollbacks = optimizer.stats().overlap_rollbacks;
     auto stepped = optimizer.step();
     if (!stepped.ok()) return annotate(stepped.status(), at + ": optimizer step");
     store.step_end();
+    record_optimizer_step(optimizer.stats(), rollbacks, result);
     result.losses.push_back(static_cast<float>(squared_error / static_cast<double>(denominator)));
   }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "json.h"
 #include "model.h"
 #include "strata/offload/activation_stash.h"
 #include "strata/offload/zero_engine.h"
@@ -57,6 +58,9 @@ struct Args {
   // Each step's micro-batches get random sizes (seeded, the same in every run) instead of equal
   // ones: variable activation sizes, as variable sequence lengths give.
   bool variable_batches = false;
+  // The overlapped optimizer step (OffloadOptimizerOptions::overlap): each parameter's Adam runs
+  // as its gradient of the step's last micro-step lands, validated by step().
+  bool overlap_step = false;
 };
 
 // Bytes of model states (parameters, gradients, optimizer states) this rank holds, by tier.
@@ -101,6 +105,12 @@ struct RunResult {
   uint64_t gpu_arena_bytes = 0;
   std::string backend;  // "host" or "cuda"
   strata::ActivationStashStats activations;
+  // Per step, from this rank's OffloadOptimizerStats after it: the optimizer time exposed after
+  // the last gradient (last_step_ns: with --overlap-step what step() adds after backward,
+  // without it the whole step), the elements whose Adam ran early and was kept
+  // (last_early_elements), and whether early work was rolled back (overlap_rollbacks grew).
+  std::vector<uint64_t> optimizer_ns, early_elements;
+  std::vector<bool> rolled_back;
 };
 
 // How the header line names the arena: " (the example's own ...)" when the example sized it.
@@ -122,6 +132,15 @@ std::vector<SampleRange> variable_samples(int step, uint32_t micro_steps);
 // the optimizer's statistics around the training loop.
 void count_state_traffic(const strata::OffloadOptimizerStats& before,
                          const strata::OffloadOptimizerStats& after, int steps, RunResult& result);
+
+// optimizer_report.cc. Appends the step just taken to `result`'s per-step optimizer figures
+// (`rollbacks_before`: overlap_rollbacks before that step); the text a step's report line adds
+// with --overlap-step; the summary line; the JSON document's "optimizer" object.
+void record_optimizer_step(const strata::OffloadOptimizerStats& after, uint64_t rollbacks_before,
+                           RunResult& result);
+std::string overlap_note(const Args& args, const RunResult& r, size_t step);
+void print_optimizer_summary(std::FILE* human, const Args& args, const RunResult& r);
+JsonObject optimizer_json(const RunResult& r);
 
 // Today's path: one rank, parameters and gradients as store tensors, OffloadOptimizer.
 // `human`: where rank 0 writes its progress lines.

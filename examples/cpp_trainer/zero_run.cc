@@ -107,6 +107,8 @@ strata::ZeroOptions zero_options(const Args& args) {
   options.optimizer.state_home = args.states;
   options.optimizer.defaults.lr = kLr;
   options.optimizer.defaults.weight_decay = kWeightDecay;
+  // The engine tells its optimizer which micro-step completes a gradient (accumulation_steps).
+  options.optimizer.overlap.enabled = args.overlap_step;
   return options;
 }
 
@@ -237,6 +239,7 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
   // engine's reduction averages over the ranks (sum / N), which then is the global-batch mean.
   const double outputs = static_cast<double>(kBatch) * kLayers[kDepth - 1].out;
   const float denominator = static_cast<float>(outputs / ranks);
+  RunResult result;
   std::vector<double> squared_errors;  // this rank's, per step
   uint64_t step_wait_ns = 0;           // step() waiting for reduce-scatters, summed
   std::mt19937 data_rng(3);
@@ -294,15 +297,16 @@ absl::StatusOr<RunResult> run_zero(strata::Runtime& rt, const Args& args, const 
         }
       }
     }
+    const uint64_t rollbacks = engine.optimizer().stats().overlap_rollbacks;
     auto stepped = engine.step();
     if (!stepped.ok()) return annotate(stepped.status(), at + ": engine step");
     store.step_end();
+    record_optimizer_step(engine.optimizer().stats(), rollbacks, result);
     squared_errors.push_back(squared_error / outputs);
     step_wait_ns += engine.stats().last_step_wait_ns;
   }
 
   // The report's figures, read before the collectives below add to the communicator's count.
-  RunResult result;
   result.rank = rank;
   result.ranks = ranks;
   const strata::ZeroStats stats = engine.stats();

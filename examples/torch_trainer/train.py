@@ -12,7 +12,10 @@ Two identical models are built from one seed. One is wrapped with strata.torch.o
 parameters homed on NVMe when STRATA_NVME_PATHS is set, else in the CPU tier) and trained with
 strata.torch.OffloadAdamW (moments on NVMe likewise); the other stays in memory and is trained
 with torch.optim.AdamW(foreach=False): same hyper-parameters, same batches, gradient clipping in
-both (strata: max_grad_norm; torch: clip_grad_norm_). With a GPU arena (STRATA_GPU_BYTES) that
+both (strata: max_grad_norm; torch: clip_grad_norm_). --overlap-step runs strata's Adam during
+backward (the overlapped step: bitwise the same training; the steps where clipping bites roll
+their early work back); every row shows the optimizer time the step exposed after backward
+("opt ms"), and with overlap what ran early. With a GPU arena (STRATA_GPU_BYTES) that
 holds the parameters but not the gradients too, tensors move between tiers every step.
 
 The forward and backward passes are the same operations on the same values in both runs; only
@@ -121,6 +124,10 @@ def parse_args(argv):
                    "into DIR after the last step")
     p.add_argument("--load-sharded", metavar="DIR", help="ZeRO: start from the sharded "
                    "checkpoint in DIR (any world size) and train the remaining steps")
+    p.add_argument("--overlap-step", action="store_true",
+                   help="the overlapped optimizer step (OffloadAdamW(overlap_step=True), at the "
+                        "ZeRO stages ZeroAdamW(overlap_step=True)): each parameter's Adam runs "
+                        "during backward, validated by step(); bitwise the same training")
     p.add_argument("--offload-activations", action="store_true",
                    help="stage 0: the tensors autograd saves in forward wait in strata "
                         "(strata.torch.offload_activations) until backward")
@@ -218,7 +225,8 @@ def main(argv=None) -> int:
     model = copy.deepcopy(reference).to(device)
     reference.to(device)
     wrapped = st.offload(model, rt, home=home)
-    opt = st.OffloadAdamW(wrapped, state_home=home, max_grad_norm=w.max_grad_norm, **w.hyper)
+    opt = st.OffloadAdamW(wrapped, state_home=home, max_grad_norm=w.max_grad_norm,
+                          overlap_step=args.overlap_step, **w.hyper)
     ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **w.hyper)
 
     offload = None
@@ -228,7 +236,8 @@ def main(argv=None) -> int:
                                          prefetch_bytes="64KiB", min_bytes="4KiB")
     batches = [(x.to(device), y.to(device))
                for x, y in (w.batch(step) for step in range(1, args.steps + 1))]
-    print(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}")
+    print(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}  {'opt ms':>7}")
+    exposed = workloads.ExposedOptimizer(args.overlap_step)
     losses, ref_losses = [], []
     worst = 0.0
     clipped = 0
@@ -244,6 +253,7 @@ def main(argv=None) -> int:
         result = opt.step()
         opt.zero_grad()
         clipped += result["clip_coef"] < 1.0
+        opt_text = exposed.record(result, opt.stats())
 
         ref_loss = w.loss(reference, x, y)
         ref_loss.backward()
@@ -257,7 +267,7 @@ def main(argv=None) -> int:
         losses.append(a)
         ref_losses.append(b)
         mark = "" if rel <= args.tolerance else "  <-- over tolerance"
-        print(f"{step:4d}  {a:10.6f}  {b:10.6f}  {rel:9.2e}{mark}")
+        print(f"{step:4d}  {a:10.6f}  {b:10.6f}  {rel:9.2e}{opt_text}{mark}")
     elapsed = time.perf_counter() - start
 
     stats = rt.stats()
@@ -273,6 +283,7 @@ def main(argv=None) -> int:
           f"written {ostats['nvme_bytes_written']}")
     print(f"gradient clipping (max norm {w.max_grad_norm:g}) applied at {clipped} of "
           f"{args.steps} steps")
+    print(exposed.summary())
     print(f"{args.steps} steps of both runs in {elapsed:.2f} s")
     if offload is not None:
         offload.stash.synchronize()

@@ -91,3 +91,38 @@ def make(args, steps: int, batch: int) -> Workload:
                     f"vocab {c.vocab}, seq {c.seq_len}, {'tied' if c.tied else 'untied'} head",
                     gpt.parameter_count(c), build_meta=lambda: gpt.GPT(c, device="meta"),
                     param_init=lambda name, shape: gpt.init_parameter(name, shape, c))
+
+
+class ExposedOptimizer:
+    """--overlap-step's figures, per step: the optimizer time the step exposed after backward
+    (the optimizer's last_step_ns: with overlap what step() adds once the last gradient is in,
+    without it the whole step) and, with overlap, the elements whose Adam ran early and was
+    kept, or the rollback (clipping bit: the early work was redone)."""
+
+    def __init__(self, overlap: bool):
+        self.overlap = overlap
+        self.ns = []
+        self.early_steps = 0
+        self.rollbacks = 0
+
+    def record(self, result: dict, stats: dict) -> str:
+        """Adds a step (step()'s result, the optimizer's stats() after it); returns the text its
+        table row ends with."""
+        self.ns.append(stats["last_step_ns"])
+        self.early_steps += result["early_elements"] > 0
+        self.rollbacks += result["rolled_back"]
+        text = f"  {stats['last_step_ns'] / 1e6:7.3f}"
+        if self.overlap:
+            text += "  rolled back" if result["rolled_back"] else \
+                f"  {result['early_elements']} early"
+        return text
+
+    def summary(self) -> str:
+        later = self.ns[1:] or self.ns  # the first step runs with cold caches
+        mean = sum(later) / max(len(later), 1) / 1e6
+        text = (f"optimizer time exposed after backward: {mean:.3f} ms a step (mean"
+                f"{' after step 1' if len(self.ns) > 1 else ''})")
+        if self.overlap:
+            text += (f"; overlapped step: {self.early_steps} of {len(self.ns)} steps kept early "
+                     f"work, {self.rollbacks} rolled back")
+        return text

@@ -5,6 +5,7 @@ the whole global batch in one process (train.py's docstring has the details)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import math
 import os
@@ -96,7 +97,8 @@ def train_zero(args, w) -> int:
     units = None if args.units == "layer" else (w.block,)
     fetch = st.FetchPolicy(max_live_bytes=args.max_live_bytes, prefetch_bytes="64KiB",
                            reuse_window_bytes="64KiB", persist_below_bytes="2KiB")
-    adamw = st.ZeroAdamW(max_grad_norm=w.max_grad_norm, **w.hyper)
+    adamw = st.ZeroAdamW(max_grad_norm=w.max_grad_norm, overlap_step=args.overlap_step,
+                         **w.hyper)
     # The GPT goes to zero_shard on the meta device, each parameter's values drawn by name as
     # the engine is created (the same values as the materialized reference's, by gpt.py's
     # per-parameter seeds); the small transformer as a copy of the reference.
@@ -108,7 +110,10 @@ def train_zero(args, w) -> int:
         optimizer=adamw)
     accumulated = None  # --reference=accumulate: strata in one process, the ranks' slices as
     if rank == 0 and args.reference == "accumulate":  # micro-batches
-        accumulated = _one_process_zero(args, w, units, fetch, adamw, ranks)
+        # Without overlap: with --overlap-step the bitwise check then holds the overlapped step
+        # to the plain one.
+        accumulated = _one_process_zero(args, w, units, fetch,
+                                        dataclasses.replace(adamw, overlap_step=False), ranks)
     layout = model.engine.layout()
     say(f"model: {n_params} parameters ({4 * n_params / 1024:.0f} KiB fp32), {w.describe}; "
         f"global batch {args.batch} ({per_rank} per rank)")
@@ -151,9 +156,10 @@ def train_zero(args, w) -> int:
             f"batch as {ranks} micro-batches (accumulation_steps={ranks}, each loss / {ranks}): "
             "every rank's loss and the final weights must be bitwise equal")
     if args.reference == "accumulate":
-        say(f"{'step':>4}  {'strata':>10}  {'one proc':>10}  {'abs. diff':>9}")
+        say(f"{'step':>4}  {'strata':>10}  {'one proc':>10}  {'abs. diff':>9}  {'opt ms':>7}")
     else:
-        say(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}")
+        say(f"{'step':>4}  {'strata':>10}  {'torch':>10}  {'rel. diff':>9}  {'opt ms':>7}")
+    exposed = workloads.ExposedOptimizer(args.overlap_step)  # rank 0's optimizer
     losses, worst, clipped = [], 0.0, 0
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
     start = time.perf_counter()
@@ -163,6 +169,7 @@ def train_zero(args, w) -> int:
         loss.backward()
         result = model.step()
         clipped += result["clip_coef"] < 1.0
+        opt_text = exposed.record(result, model.engine.optimizer_stats())
         # The global batch's loss: the mean of the ranks' (equal slices).
         total = float(comm.all_reduce(np.array([loss.item()], np.float64))[0]) / ranks
         losses.append(total)
@@ -175,14 +182,15 @@ def train_zero(args, w) -> int:
                 diff = float(np.max(np.abs(each - want)))
                 worst = max(worst, diff) if math.isfinite(diff) else math.inf
                 mark = "  bitwise" if diff == 0 else "  <-- not bitwise"
-                say(f"{step:4d}  {total:10.6f}  {float(np.mean(want)):10.6f}  {diff:9.2e}{mark}")
+                say(f"{step:4d}  {total:10.6f}  {float(np.mean(want)):10.6f}  {diff:9.2e}"
+                    f"{opt_text}{mark}")
             continue
         if rank == 0:
             want = reference_step(x, y)
             rel = _relative(total, want)
             worst = max(worst, rel) if math.isfinite(rel) else math.inf
             mark = "" if rel <= args.tolerance else "  <-- over tolerance"
-            say(f"{step:4d}  {total:10.6f}  {want:10.6f}  {rel:9.2e}{mark}")
+            say(f"{step:4d}  {total:10.6f}  {want:10.6f}  {rel:9.2e}{opt_text}{mark}")
     elapsed = time.perf_counter() - start
 
     # Every rank holds the same parameters (stages 1-2: its own whole copy; stage 3: what the
@@ -240,6 +248,7 @@ def train_zero(args, w) -> int:
                 f"(max_live_bytes {args.max_live_bytes})")
         say(f"gradient clipping (max norm {w.max_grad_norm:g}) applied at {clipped} of "
             f"{len(losses)} steps")
+        say(exposed.summary())
         say(f"{len(losses)} steps in {elapsed:.2f} s (rank 0 trains the reference too)")
         if args.reference == "accumulate" and (worst != 0 or weights != 0):
             say("the run is not bitwise equal to the one-process run")

@@ -28,7 +28,10 @@
 extern "C" {
 #endif
 
-#define STRATA_C_API_VERSION 1
+/* Raised when a struct's layout changes (a program must be rebuilt against the new header).
+ * 2: the overlapped step's fields in strata_optimizer_options_t (and so strata_zero_options_t),
+ * strata_step_result_t and strata_optimizer_stats_t. */
+#define STRATA_C_API_VERSION 2
 
 /* ---- Status ------------------------------------------------------------------------------ */
 
@@ -291,6 +294,14 @@ typedef struct strata_loss_scaling {
   float min_scale;
 } strata_loss_scaling_t;
 
+/* The overlapped step (OverlapOptions in offload_optimizer.h): each parameter's Adam runs as its
+ * gradient of the step is final, during backward; step() keeps the work or rolls it back and
+ * redoes it (clipping, overflow, a later landing): bitwise the plain step. */
+typedef struct strata_overlap_options {
+  int32_t enabled;         /* 1: on */
+  uint64_t max_host_bytes; /* cap on its backups and held copies in the CPU tier; 0: none */
+} strata_overlap_options_t;
+
 typedef struct strata_optimizer_options {
   strata_tier_t state_home;     /* STRATA_TIER_CPU or STRATA_TIER_NVME */
   strata_adam_group_t defaults; /* group 0 */
@@ -299,6 +310,7 @@ typedef struct strata_optimizer_options {
   strata_loss_scaling_t loss_scaling;
   uint64_t chunk_elements; /* elements per pipeline chunk; 0: from the staging chunk size */
   strata_cpu_isa_t isa;
+  strata_overlap_options_t overlap;
 } strata_optimizer_options_t;
 
 /* Fill the structs with the defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, AdamW; states in the
@@ -330,6 +342,9 @@ typedef struct strata_step_result {
   uint64_t params_updated;
   uint64_t step;    /* optimizer steps taken so far (skipped ones excluded) */
   float loss_scale; /* the scale to use for the next backward */
+  /* Overlap: elements whose Adam ran early and held; 1 when early work was rolled back. */
+  uint64_t early_elements;
+  int32_t rolled_back;
 } strata_step_result_t;
 
 typedef struct strata_optimizer_stats_s { /* "_s": strata_optimizer_stats is the function */
@@ -349,6 +364,17 @@ typedef struct strata_optimizer_stats_s { /* "_s": strata_optimizer_stats is the
   uint64_t nvme_bytes_read;
   uint64_t nvme_bytes_written;
   uint64_t peak_staging_chunks; /* pinned staging chunks held at once by one step */
+  /* The overlapped step (OffloadOptimizerStats); last_step_ns is then the time exposed after
+   * the last gradient. */
+  uint64_t overlap_early_steps;   /* steps in which early work was kept */
+  uint64_t overlap_rollbacks;     /* steps in which early work was rolled back */
+  uint64_t last_early_elements;   /* elements stepped early and kept, last step */
+  uint64_t last_redone_elements;  /* elements stepped early, rolled back, stepped again */
+  uint64_t last_early_adam_ns;    /* background time of the last step's early work */
+  uint64_t last_rollback_ns;      /* of last_step_ns: restoring backups */
+  uint64_t last_early_wait_ns;    /* of last_step_ns: waiting for the early stepper */
+  uint64_t overlap_host_bytes;    /* backups and held copies allocated */
+  uint64_t overlap_budget_misses; /* parameters (chunks) stepped late: over max_host_bytes */
 } strata_optimizer_stats_t;
 
 /* `options` may be NULL for the defaults. FAILED_PRECONDITION for states on NVMe without an NVMe
@@ -388,6 +414,28 @@ STRATA_API strata_status_t strata_optimizer_param_step_count(strata_optimizer_t*
 STRATA_API strata_status_t strata_optimizer_grad_ready(strata_optimizer_t* optimizer,
                                                        strata_param_t param,
                                                        strata_stream_t* stream);
+/* With options.overlap: whether this landing completes the parameter's gradient for the step
+ * (FINAL: its Adam may start), belongs to a micro-step that later ones add to (MORE), or
+ * follows strata_optimizer_set_final_micro_step() (DEFAULT, what grad_ready() passes). A wrong
+ * hint never changes a result: a parameter stepped early that lands again is rolled back and
+ * stepped in the step; only the early work is lost. */
+typedef int32_t strata_grad_completion_t;
+enum {
+  STRATA_GRAD_COMPLETION_DEFAULT = 0,
+  STRATA_GRAD_COMPLETION_FINAL = 1,
+  STRATA_GRAD_COMPLETION_MORE = 2
+};
+STRATA_API strata_status_t strata_optimizer_grad_ready_hint(strata_optimizer_t* optimizer,
+                                                            strata_param_t param,
+                                                            strata_stream_t* stream,
+                                                            strata_grad_completion_t completion);
+/* Overlap: whether landings with the DEFAULT hint complete the step's gradients (1, the
+ * default, set again by every step) or are micro-steps that later ones add to (0). */
+STRATA_API strata_status_t strata_optimizer_set_final_micro_step(strata_optimizer_t* optimizer,
+                                                                 int32_t final_micro_step);
+/* Overlap: blocks until every early step queued so far has run (tests and benchmarks that
+ * separate the early work from the step's; training never needs it). */
+STRATA_API strata_status_t strata_optimizer_wait_for_early_steps(strata_optimizer_t* optimizer);
 /* Drops every gradient landed since the last step. */
 STRATA_API strata_status_t strata_optimizer_zero_grad(strata_optimizer_t* optimizer);
 /* Steps every parameter that received a gradient since the last step; `out` may be NULL. The

@@ -66,7 +66,8 @@ FIELDS = {"ranks": int, "stage": int, "steps": int, "accumulation": int, "losses
           "bytes_moved": int, "passed": bool, "weights_checksum": str,
           "gpu_tier_peak_bytes": int, "backend": str, "gpu_arena_bytes": int,
           "optimizer_state_bytes": int, "nvme_read_bytes_per_step": int,
-          "nvme_written_bytes_per_step": int, "nvme_state_ratio": NUMBER}
+          "nvme_written_bytes_per_step": int, "nvme_state_ratio": NUMBER,
+          "overlap_step": bool, "optimizer": dict}
 STAGE3_FIELDS = {"param_home": str, "prefetch_bytes": int, "max_live_bytes": int,
                  "persist_below_bytes": int, "reuse_window_bytes": int,
                  "partitioned_groups": int, "gathered_peak_bytes": int,
@@ -98,6 +99,16 @@ def check_json(strata_run, trainer, ranks, stage, extra, env=None, base_env=None
     assert doc["ranks"] == ranks and doc["stage"] == stage, doc
     assert len(doc["losses"]) == steps, f"{len(doc['losses'])} losses for {steps} steps"
     assert all(isinstance(x, NUMBER) and x > 0 for x in doc["losses"]), doc["losses"]
+    # Per step, the optimizer time exposed after the last gradient and the elements stepped
+    # early (none without --overlap-step), and the steps whose early work was rolled back.
+    opt = doc["optimizer"]
+    assert set(opt) == {"exposed_seconds", "early_elements", "rollbacks"}, opt
+    assert len(opt["exposed_seconds"]) == steps and len(opt["early_elements"]) == steps, opt
+    assert all(isinstance(x, NUMBER) and x >= 0 for x in opt["exposed_seconds"]), opt
+    assert all(isinstance(x, int) and 0 <= x <= ELEMENTS for x in opt["early_elements"]), opt
+    assert isinstance(opt["rollbacks"], int) and 0 <= opt["rollbacks"] <= steps, opt
+    if not doc["overlap_step"]:
+        assert opt["rollbacks"] == 0 and not any(opt["early_elements"]), opt
     assert doc["final_loss"] == doc["losses"][-1]
     assert doc["final_loss"] < doc["max_loss"], doc["final_loss"]
     assert 0 <= doc["max_weight_difference"] < doc["tolerance"], doc["max_weight_difference"]

@@ -50,7 +50,13 @@ from ._strata import (  # noqa: F401
     ZeroEngine,
     parse_size,
 )
-from ._strata import AdamGroup, LossScaling, OffloadOptimizerOptions, ZeroOptions  # noqa: F401
+from ._strata import (  # noqa: F401
+    AdamGroup,
+    LossScaling,
+    OffloadOptimizerOptions,
+    OverlapOptions,
+    ZeroOptions,
+)
 
 
 # KeyError quotes its message (repr) in str(); strata's NotFoundError reads like the others.
@@ -74,6 +80,7 @@ __all__ = [
     "AdamGroup",
     "LossScaling",
     "OffloadOptimizerOptions",
+    "OverlapOptions",
     "ZeroOptions",
     "torch",
 ]

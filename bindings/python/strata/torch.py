@@ -264,6 +264,8 @@ class Offloaded(nn.Module):
         if not self._backward_queued:
             self._backward_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+            if self._optimizer is not None:
+                self._optimizer._begin_backward()
         acquisition = prm.grad_tensor.acquire(self.tier, "w")
         stream = None
         try:
@@ -319,26 +321,50 @@ class OffloadAdamW:
     """AdamW (torch.optim.AdamW semantics) run by strata's ZeRO-Offload optimizer.
 
     step() returns strata's step result as a dict (skipped, grad_norm, clip_coef, step,
-    loss_scale, ...). state_dict() holds the optimizer's checkpoint files (master weights,
-    moments, step counts, hyper-parameters: written by OffloadOptimizer.save into a temporary
-    directory and read back as bytes), so it pickles with torch.save; load_state_dict() writes
-    them back and loads them, which also sets the model's parameters to the saved masters.
+    loss_scale, early_elements, rolled_back, ...). state_dict() holds the optimizer's
+    checkpoint files (master weights, moments, step counts, hyper-parameters: written by
+    OffloadOptimizer.save into a temporary directory and read back as bytes), so it pickles
+    with torch.save; load_state_dict() writes them back and loads them, which also sets the
+    model's parameters to the saved masters.
+
+    overlap_step=True: the overlapped step (strata.OverlapOptions). Each parameter's Adam runs
+    on the CPU as soon as its gradient of the step is final, while backward goes on; step()
+    then validates it (clipping, overflow) and keeps it, or rolls it back and redoes it. The
+    result is bitwise the plain step's; what step() still costs after backward is
+    stats()["last_step_ns"]. overlap_max_host_bytes caps the CPU-tier bytes its backups take
+    (0: the tier's capacity). accumulation_steps: the backward passes per step() (gradient
+    accumulation); the gradients of the earlier ones are announced as partial, so that Adam
+    starts only in the last (another count is still right, only slower: the early work is
+    redone). For a varying count, set_final_micro_step(False) before each backward that is not
+    the step's last.
     """
 
     def __init__(self, module: Offloaded, lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, state_home: str = "cpu",
                  max_grad_norm: float = 0.0, loss_scale: float = 1.0,
-                 dynamic_loss_scale: bool = False, chunk_elements: int = 0):
+                 dynamic_loss_scale: bool = False, chunk_elements: int = 0,
+                 overlap_step: bool = False, overlap_max_host_bytes: int | str = 0,
+                 accumulation_steps: int = 1):
         if not isinstance(module, Offloaded):
             raise TypeError("OffloadAdamW takes the module returned by strata.torch.offload()")
         if module._optimizer is not None:
             raise ValueError("this module already has an OffloadAdamW")
+        if not isinstance(overlap_step, bool):
+            raise TypeError(f"overlap_step={overlap_step!r}: use True or False")
+        if (isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int)
+                or accumulation_steps < 1):
+            raise ValueError(f"accumulation_steps={accumulation_steps!r}: use the backward "
+                             "passes per step(), an int >= 1")
         self.module = module
+        self.accumulation_steps = accumulation_steps
+        self._backwards = 0  # backward passes since the last step()
+        overlap = strata.OverlapOptions(enabled=overlap_step,
+                                        max_host_bytes=overlap_max_host_bytes)
         self._opt = strata.OffloadOptimizer(
             module.runtime, state_home=state_home, lr=lr, betas=tuple(betas), eps=eps,
             weight_decay=weight_decay, decoupled=True, max_grad_norm=max_grad_norm,
             loss_scale=loss_scale, dynamic_loss_scale=dynamic_loss_scale,
-            chunk_elements=chunk_elements)
+            chunk_elements=chunk_elements, overlap=overlap)
         for prm in module._params:
             prm.pid = self._opt.add_param(prm.name, prm.tensor, prm.grad_tensor,
                                           initial_master=prm.initial_master)
@@ -361,8 +387,22 @@ class OffloadAdamW:
     def loss_scale(self) -> float:
         return self._opt.loss_scale
 
+    def _begin_backward(self) -> None:
+        self._backwards += 1
+
     def _grad_ready(self, prm: _Param) -> None:
-        self._opt.grad_ready(prm.pid)
+        # With accumulation, the earlier backward passes' gradients are partial ('more'); the
+        # last's (and any beyond) complete it. Without, set_final_micro_step's setting.
+        completion = None
+        if self.accumulation_steps > 1:
+            completion = "more" if self._backwards < self.accumulation_steps else "final"
+        self._opt.grad_ready(prm.pid, completion=completion)
+
+    def set_final_micro_step(self, final: bool) -> None:
+        """Overlap with accumulation_steps=1: whether the coming backward passes complete the
+        step's gradients (True, set again by every step()) or are micro-steps that later ones
+        add to (False)."""
+        self._opt.set_final_micro_step(final)
 
     def step(self, closure=None):
         loss = None
@@ -370,6 +410,7 @@ class OffloadAdamW:
             with torch.enable_grad():
                 loss = closure()
         self.module.release_all()
+        self._backwards = 0
         result = self._opt.step()
         self.module.end_step()
         if loss is not None:
@@ -378,6 +419,7 @@ class OffloadAdamW:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._opt.zero_grad()
+        self._backwards = 0
         for prm in self.module._params:
             prm.param.grad = None
 

@@ -166,6 +166,11 @@ class ZeroAdamW:
     chunk_elements): AdamW (decoupled weight decay; decoupled=False: Adam with L2 decay) on
     strata's CPU kernel, torch.optim.AdamW's hyper-parameters (weight_decay defaults to 0, as
     strata's C++ does). max_grad_norm > 0 clips the global gradient norm over all ranks.
+    overlap_step (OffloadOptimizerOptions.overlap): each group's Adam starts as its reduced
+    slice is complete in the step's last micro-step, during backward, and model.step() keeps
+    it or rolls it back (clipping, overflow): bitwise the plain step; overlap_max_host_bytes
+    caps the CPU-tier bytes of its backups (0: the tier's capacity). It belongs here, not in
+    OffloadPolicy: it changes when the optimizer's step runs, not where any state lives.
     zero_shard(optimizer=...) takes it; model.step() runs it."""
 
     lr: float = 1e-3
@@ -175,6 +180,8 @@ class ZeroAdamW:
     decoupled: bool = True
     max_grad_norm: float = 0.0
     chunk_elements: int = 0  # elements per pipeline chunk (0: from the staging chunk size)
+    overlap_step: bool = False  # Adam during backward, validated by step()
+    overlap_max_host_bytes: int | str = 0  # cap on the overlap's backups (0: none of its own)
 
     def __post_init__(self):
         _check_number(self, "lr", lo=0.0)
@@ -189,6 +196,8 @@ class ZeroAdamW:
         _check_bool(self, "decoupled")
         _check_number(self, "max_grad_norm", lo=0.0)
         _check_number(self, "chunk_elements", lo=0, integer=True)
+        _check_bool(self, "overlap_step")
+        _check_bytes(self, "overlap_max_host_bytes", allow_zero=True)
 
 
 def _expect(value, cls, name: str):
@@ -227,6 +236,8 @@ def to_options(stage: int, mp_policy=None, offload_policy=None, fetch_policy=Non
     opt.state_home = homes.state_home
     opt.max_grad_norm = adam.max_grad_norm
     opt.chunk_elements = adam.chunk_elements
+    opt.overlap.enabled = adam.overlap_step
+    opt.overlap.max_host_bytes = adam.overlap_max_host_bytes
     opt.skip_on_overflow = mp.skip_on_overflow
     opt.loss_scaling.scale = mp.loss_scale
     opt.loss_scaling.dynamic = mp.dynamic_loss_scale
@@ -256,7 +267,7 @@ _MOVED = {
     "accumulation_steps": "reduce_policy=ReducePolicy(accumulation_steps=...)",
     **{k: f"optimizer=ZeroAdamW({k}=...)" for k in ("lr", "betas", "eps", "weight_decay",
                                                      "decoupled", "max_grad_norm",
-                                                     "chunk_elements")},
+                                                     "chunk_elements", "overlap_step")},
 }
 
 
