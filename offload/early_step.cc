@@ -146,9 +146,12 @@ void OffloadOptimizer::Impl::run_stepper() {
       if (stopping) return;
       unit = early_queue.front();
       early_queue.pop_front();
-      landing_changed.SignalAll();  // the queue may be empty now: wait_for_early_steps()
-      if (early_units[unit].state != Early::kQueued) continue;
+      if (early_units[unit].state != Early::kQueued) {
+        landing_changed.SignalAll();  // the queue may be empty now: wait_for_early_steps()
+        continue;
+      }
       plan = early_plan;
+      early_claiming = true;  // popped, not yet running: wait_for_early_steps() waits for it
     }
     // The staging chunk is taken before the unit's gradients are claimed: the lander frees
     // staging chunks and may be waiting to write one of those gradients.
@@ -156,6 +159,8 @@ void OffloadOptimizer::Impl::run_stepper() {
     StagingPool::Lease lease = cpu ? StagingPool::Lease() : pool->acquire();
     {
       MutexLock lock(&landing_mu);
+      early_claiming = false;
+      landing_changed.SignalAll();
       if (stopping) return;
       if (early_units[unit].state != Early::kQueued) continue;  // a landing came in between
       plan = early_plan;

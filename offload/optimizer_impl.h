@@ -192,6 +192,7 @@ struct OffloadOptimizer::Impl {
   // The parameters the stepper reads right now: a landing into one of them waits.
   std::pair<uint32_t, uint32_t> early_busy ABSL_GUARDED_BY(landing_mu) = {1, 0};  // [first, last]
   bool early_running ABSL_GUARDED_BY(landing_mu) = false;
+  bool early_claiming ABSL_GUARDED_BY(landing_mu) = false;  // popped, taking its staging chunk
   uint64_t early_ns ABSL_GUARDED_BY(landing_mu) = 0;  // stepper time since arming
   std::unique_ptr<Stream> early_stream;               // the stepper's acquires
   std::thread stepper;
