@@ -33,6 +33,7 @@
 #include "strata/nvme/swap_space.h"
 #include "strata/store/staging.h"
 #include "strata/store/tier.h"
+#include "strata/store/timeline.h"
 
 namespace strata {
 
@@ -54,7 +55,8 @@ class HostCompletion {
   void add_part();
   void finish_part(const absl::Status& status);  // keeps the first error
   bool done() const;
-  absl::Status wait() const;  // blocks until done; the first error
+  absl::Status wait() const;   // blocks until done; the first error
+  absl::Time done_at() const;  // when the last part finished; InfinitePast until then
 
  private:
   mutable absl::Mutex mu_;
@@ -62,6 +64,7 @@ class HostCompletion {
   uint64_t parts_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   absl::AnyInvocable<absl::Status() &&> last_ ABSL_GUARDED_BY(mu_);
+  absl::Time done_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 struct MoveTicket {
@@ -91,8 +94,14 @@ class TierMover {
   // Moves `bytes` from `from` to `to`, after the device work in `after` (work that must finish
   // before either place is read or written). Neither place may change until the ticket is
   // complete. An error means nothing was issued that still runs, or that what ran failed.
+  // `trace_id`: the move's id in the timeline (set_timeline), which its chunks' spans refer to.
   absl::StatusOr<MoveTicket> move(const Place& from, const Place& to, uint64_t bytes,
-                                  const std::vector<std::shared_ptr<Event>>& after);
+                                  const std::vector<std::shared_ptr<Event>>& after,
+                                  uint64_t trace_id = 0);
+
+  // Records each NVMe chunk's read or write (submitted to done) and each wait for staging into
+  // `timeline` (null: stop). TensorStore::set_timeline sets it.
+  void set_timeline(std::shared_ptr<Timeline> timeline);
 
   Device& device() const { return device_; }
   EventPool& events() { return events_; }
@@ -125,8 +134,14 @@ class TierMover {
   absl::Status wait_on(Stream& stream, const std::vector<std::shared_ptr<Event>>& after);
   absl::Status sync_on(const std::vector<std::shared_ptr<Event>>& after);
   absl::StatusOr<MoveTicket> nvme_to_cpu(const Place& from, const Place& to, uint64_t bytes);
-  absl::StatusOr<MoveTicket> nvme_to_gpu(const Place& from, const Place& to, uint64_t bytes);
-  absl::StatusOr<MoveTicket> gpu_to_nvme(const Place& from, const Place& to, uint64_t bytes);
+  absl::StatusOr<MoveTicket> nvme_to_gpu(const Place& from, const Place& to, uint64_t bytes,
+                                         uint64_t trace_id);
+  absl::StatusOr<MoveTicket> gpu_to_nvme(const Place& from, const Place& to, uint64_t bytes,
+                                         uint64_t trace_id);
+  std::shared_ptr<Timeline> timeline() const;
+  // A staging lease of `bytes`; a wait for it goes into `timeline` (when set) as a span.
+  StagingPool::Lease lease(uint64_t bytes, const std::shared_ptr<Timeline>& timeline,
+                           uint64_t trace_id);
   absl::StatusOr<MoveTicket> cpu_to_nvme(const Place& from, const Place& to, uint64_t bytes);
 
   Device& device_;
@@ -135,6 +150,8 @@ class TierMover {
   const std::unique_ptr<Stream> h2d_;  // copies toward the GPU
   const std::unique_ptr<Stream> d2h_;  // copies away from it (full duplex: both overlap)
   EventPool events_;
+  mutable absl::Mutex trace_mu_;
+  std::shared_ptr<Timeline> timeline_ ABSL_GUARDED_BY(trace_mu_);
   // Declared last: destroyed first, after the destructor has drained the streams.
   std::unique_ptr<IoWorker> io_;
 };
