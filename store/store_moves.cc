@@ -195,6 +195,24 @@ absl::Status Impl::wait_for(InFlight& m) {
   return absl::Status(m.status.code(), m.status.message());
 }
 
+void Impl::wait_while_moving(Tensor& t, TierKind tier, std::string_view what) {
+  const Copy& c = t.copies[tier_index(tier)];
+  const absl::Time start = absl::Now();
+  const uint64_t ref = c.move_id;
+  std::shared_ptr<InFlight> move;
+  for (const std::shared_ptr<InFlight>& m : in_flight) {
+    if (m->index == t.index && m->to == tier && !m->done) move = m;
+  }
+  if (move != nullptr) {
+    // Its error, if any, is the mover's (the destination is dropped): the caller's loop decides
+    // again from what is left.
+    (void)wait_for(*move);
+  } else {
+    wait(&changed, &mu);  // being issued still, or a stream-ordered move being bracketed
+  }
+  trace_wait(what, t, ref, start);
+}
+
 void Impl::complete(InFlight& m, const absl::Status& status) {
   Tensor& t = *tensors[m.index];  // alive: the guard holds an operation on it
   // A stream-ordered arrival (NVMe -> GPU: its reads are done, its last copies may still run):

@@ -102,11 +102,7 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::write_back(Tensor& t, Tier
   const TierKind home = t.home;
   Copy& src = t.copies[tier_index(from)];
   Copy& dst = t.copies[tier_index(home)];
-  while (dst.moving) {
-    const absl::Time w = absl::Now();
-    wait(&changed, &mu);
-    trace_wait("home copy moving", t, dst.move_id, w);
-  }
+  while (dst.moving) wait_while_moving(t, home, "home copy moving");
   // The wait released the lock: a write elsewhere may have made this copy stale since the
   // caller looked. Its bytes are then not the newest and must not become the home copy. Nor
   // may a copy the trainer acquired for writing meanwhile be read: its bytes are not final, and
@@ -128,9 +124,7 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
     Copy& c = t.copies[tier_index(tier)];
     if (c.moving) {
       *waited = true;
-      const absl::Time w = absl::Now();
-      wait(&changed, &mu);
-      trace_wait("move in flight", t, c.move_id, w);
+      wait_while_moving(t, tier, "move in flight");
       continue;
     }
     if (c.present && c.valid) {

@@ -250,6 +250,12 @@ struct TensorStore::Impl {
   // Waits until `m` is finished; its status. The caller waits on the move itself (lock
   // released) and finishes it unless the completion worker did first: one hand-off less.
   absl::Status wait_for(InFlight& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits for the copy in `tier`, which is moving, to stop moving: on the move itself when it is
+  // in flight (finishing it here, as wait_for does, rather than waiting for the completion worker,
+  // which may be blocked on an older move, to see it end), else for `changed`. Records the wait
+  // as `what` in the timeline.
+  void wait_while_moving(Tensor& t, TierKind tier, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void complete(InFlight& m, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void start_completion_worker();
   void stop_completion_worker();
