@@ -201,6 +201,13 @@ void chunk_span(const std::shared_ptr<Timeline>& timeline, const char* track, ui
 
 }  // namespace
 
+uint64_t TierMover::piece_bytes(uint64_t bytes) const {
+  const uint64_t stripe = swap_->stripe_bytes();
+  const uint64_t quarter = (bytes + kPieces - 1) / kPieces;
+  const uint64_t piece = std::max(stripe, (quarter + stripe - 1) / stripe * stripe);
+  return std::min(staging_->chunk_bytes(), piece);
+}
+
 absl::StatusOr<MoveTicket> TierMover::move(const Place& from, const Place& to, uint64_t bytes,
                                            const std::vector<std::shared_ptr<Event>>& after,
                                            uint64_t trace_id) {
@@ -274,8 +281,9 @@ absl::StatusOr<MoveTicket> TierMover::nvme_to_gpu(const Place& from, const Place
       std::make_shared<HostCompletion>([this, e = *event]() { return device_.record(*e, *h2d_); });
   auto* dst = static_cast<std::byte*>(to.address);
   absl::Status issued;
-  for (uint64_t offset = 0; offset < bytes && issued.ok(); offset += staging_->chunk_bytes()) {
-    const uint64_t n = std::min(staging_->chunk_bytes(), bytes - offset);
+  const uint64_t piece = piece_bytes(bytes);
+  for (uint64_t offset = 0; offset < bytes && issued.ok(); offset += piece) {
+    const uint64_t n = std::min(piece, bytes - offset);
     auto lease = std::make_shared<StagingPool::Lease>(this->lease(n, trace, trace_id));
     std::byte* chunk = static_cast<std::byte*>(lease->data());
     host->add_part();
@@ -305,8 +313,9 @@ absl::StatusOr<MoveTicket> TierMover::gpu_to_nvme(const Place& from, const Place
   auto host = std::make_shared<HostCompletion>();
   const auto* src = static_cast<const std::byte*>(from.address);
   absl::Status issued;
-  for (uint64_t offset = 0; offset < bytes; offset += staging_->chunk_bytes()) {
-    const uint64_t n = std::min(staging_->chunk_bytes(), bytes - offset);
+  const uint64_t piece = piece_bytes(bytes);
+  for (uint64_t offset = 0; offset < bytes; offset += piece) {
+    const uint64_t n = std::min(piece, bytes - offset);
     auto lease = std::make_shared<StagingPool::Lease>(this->lease(n, trace, trace_id));
     std::byte* chunk = static_cast<std::byte*>(lease->data());
     issued = device_.copy_async(chunk, src + offset, n, CopyKind::kDeviceToHost, *d2h_);

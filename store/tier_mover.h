@@ -6,10 +6,11 @@
 //   gpu -> cpu   D2H on the d2h stream after `after`; returns at once.
 //   nvme -> cpu  swap read straight into the pinned CPU-tier block; returns once submitted.
 //   cpu -> nvme  swap write straight from it; returns once submitted.
-//   nvme -> gpu  through staging chunks, pipelined: each chunk's H2D is queued as its read lands
-//                (reads of later chunks overlap it); returns once every read is submitted (it
-//                waits only for free staging). The move is complete for readers when its reads
-//                are: the event recorded after the last chunk's copy orders them.
+//   nvme -> gpu  through staging chunks (pieces of at most a chunk, at least kPieces per move when
+//                the tensor has that many stripe units), pipelined: each chunk's H2D is queued as
+//                its read lands (reads of later chunks overlap it); returns once every read is
+//                submitted (it waits only for free staging). The move is complete for readers when
+//                its reads are: the event recorded after the last chunk's copy orders them.
 //   gpu -> nvme  through staging chunks: D2H of chunk k, then its swap write handed to the
 //                mover's I/O worker (hashing never runs on a stream callback), overlapping the D2H
 //                of k+1; returns once every chunk is issued (it waits only for free staging).
@@ -139,6 +140,13 @@ class TierMover {
   absl::StatusOr<MoveTicket> gpu_to_nvme(const Place& from, const Place& to, uint64_t bytes,
                                          uint64_t trace_id);
   std::shared_ptr<Timeline> timeline() const;
+  // The pieces an NVMe <-> GPU move of `bytes` goes in: at most a staging chunk, and small enough
+  // that the move has kPieces of them (whole stripe units, so at least one unit), so that the
+  // H2D copy of one piece overlaps the read of the next even for a tensor smaller than a chunk
+  // (an 8 MiB weight in the 32 MiB chunks of the default 256 MiB staging used to be read whole,
+  // then copied whole: issue 26's timeline showed the compute stream waiting on those copies).
+  static constexpr uint64_t kPieces = 4;
+  uint64_t piece_bytes(uint64_t bytes) const;
   // A staging lease of `bytes`; a wait for it goes into `timeline` (when set) as a span.
   StagingPool::Lease lease(uint64_t bytes, const std::shared_ptr<Timeline>& timeline,
                            uint64_t trace_id);

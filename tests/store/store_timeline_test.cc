@@ -200,5 +200,49 @@ TEST_CASE("A caller waiting for a prefetch ends it itself, not behind older move
   CHECK(store.stats().errors == 0);
 }
 
+// A tensor smaller than a staging chunk still moves between NVMe and the GPU in pieces, so that
+// the H2D copy of one overlaps the read of the next (issue 26: an 8 MiB weight was read whole into
+// a 32 MiB chunk, then copied whole, while the compute stream waited). Here the chunk is 128 KiB
+// and the stripe unit 64 KiB: a 128 KiB tensor goes in two pieces each way.
+STRATA_BOTH_BACKENDS("An NVMe <-> GPU move of a tensor below a chunk goes in pieces",
+                     "[store][timeline]") {
+  constexpr uint64_t kTwoUnits = 128 * kKiB;
+  StoreSetup setup;
+  setup.options.prefetch = false;
+  Fixture f(device, setup);
+  TensorStore& store = f.store();
+  auto t = store.create("two-units", kTwoUnits, TierKind::kNvme);
+  REQUIRE(t.ok());
+  f.write(*t, kTwoUnits, 3, TierKind::kCpu);
+  REQUIRE(store.flush().ok());
+  REQUIRE(store.evict(*t, TierKind::kCpu).ok());
+  REQUIRE(store.wait_evicted(*t, TierKind::kCpu).ok());
+
+  auto timeline = std::make_shared<Timeline>();
+  store.set_timeline(timeline);
+  CHECK(f.holds(*t, kTwoUnits, 3));               // read from NVMe into the GPU
+  f.write(*t, kTwoUnits, 4);                      // written on the GPU
+  REQUIRE(store.evict(*t, TierKind::kGpu).ok());  // written back to NVMe
+  store.set_timeline(nullptr);
+  CHECK(f.holds(*t, kTwoUnits, 4));
+
+  uint64_t read_move = 0, write_move = 0;
+  for (const Timeline::Span& s : timeline->spans()) {
+    if (s.category == "move" && s.track == "nvme->gpu") read_move = s.id;
+    if (s.category == "move" && s.track == "gpu->nvme") write_move = s.id;
+  }
+  REQUIRE(read_move != 0);
+  REQUIRE(write_move != 0);
+  std::vector<uint64_t> read_pieces, write_pieces;
+  for (const Timeline::Span& s : timeline->spans()) {
+    if (s.category != "io") continue;
+    const auto bytes = static_cast<uint64_t>(std::stod(arg(s, "bytes")));
+    if (s.ref == read_move) read_pieces.push_back(bytes);
+    if (s.ref == write_move) write_pieces.push_back(bytes);
+  }
+  CHECK(read_pieces == std::vector<uint64_t>{64 * kKiB, 64 * kKiB});
+  CHECK(write_pieces == std::vector<uint64_t>{64 * kKiB, 64 * kKiB});
+}
+
 }  // namespace
 }  // namespace strata
