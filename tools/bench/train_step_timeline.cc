@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "bench/json.h"
+#include "strata/base/format_bytes.h"
 
 namespace strata::bench {
 namespace {
@@ -50,6 +51,26 @@ std::string move_phase(const Timeline::Span& m, int64_t x) {
   return "completion lag";
 }
 
+// The union of intervals, sorted and disjoint.
+std::vector<std::pair<int64_t, int64_t>> merged(std::vector<std::pair<int64_t, int64_t>> all) {
+  std::sort(all.begin(), all.end());
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& iv : all) {
+    if (!out.empty() && iv.first <= out.back().second) {
+      out.back().second = std::max(out.back().second, iv.second);
+    } else {
+      out.push_back(iv);
+    }
+  }
+  return out;
+}
+
+int64_t covered(const std::vector<std::pair<int64_t, int64_t>>& disjoint) {
+  int64_t ns = 0;
+  for (const auto& iv : disjoint) ns += iv.second - iv.first;
+  return ns;
+}
+
 }  // namespace
 
 StepTimelineSummary summarize_step(const std::vector<Timeline::Span>& spans, int64_t start_ns,
@@ -57,11 +78,18 @@ StepTimelineSummary summarize_step(const std::vector<Timeline::Span>& spans, int
   StepTimelineSummary s;
   s.step_ms = static_cast<double>(end_ns - start_ns) * 1e-6;
   absl::flat_hash_map<uint64_t, const Timeline::Span*> moves;
-  std::vector<std::pair<int64_t, int64_t>> compute;
+  std::vector<std::pair<int64_t, int64_t>> compute, nvme;
   std::vector<const Timeline::Span*> host;
   for (const Timeline::Span& span : spans) {
     if (span.category == "move" && span.id != 0) moves[span.id] = &span;
     if (span.end_ns <= start_ns || span.start_ns >= end_ns) continue;
+    if (span.category == "io") {
+      nvme.emplace_back(std::max(span.start_ns, start_ns), std::min(span.end_ns, end_ns));
+      if (span.end_ns <= end_ns) {
+        const auto bytes = static_cast<uint64_t>(arg_number(span, "bytes", 0));
+        (span.track == "nvme read" ? s.nvme_read_bytes : s.nvme_write_bytes) += bytes;
+      }
+    }
     if (span.category == "compute") {
       compute.emplace_back(std::max(span.start_ns, start_ns), std::min(span.end_ns, end_ns));
     }
@@ -74,19 +102,10 @@ StepTimelineSummary summarize_step(const std::vector<Timeline::Span>& spans, int
           static_cast<double>(overlap(span.start_ns, span.end_ns, start_ns, end_ns)) * 1e-6;
     }
   }
-  // The compute stream's busy time: the union of its spans.
-  std::sort(compute.begin(), compute.end());
-  std::vector<std::pair<int64_t, int64_t>> busy;
-  for (const auto& iv : compute) {
-    if (!busy.empty() && iv.first <= busy.back().second) {
-      busy.back().second = std::max(busy.back().second, iv.second);
-    } else {
-      busy.push_back(iv);
-    }
-  }
-  int64_t busy_ns = 0;
-  for (const auto& iv : busy) busy_ns += iv.second - iv.first;
-  s.compute_ms = static_cast<double>(busy_ns) * 1e-6;
+  // The compute stream's busy time, and the drives': the unions of their spans.
+  const std::vector<std::pair<int64_t, int64_t>> busy = merged(std::move(compute));
+  s.compute_ms = static_cast<double>(covered(busy)) * 1e-6;
+  s.nvme_busy_ms = static_cast<double>(covered(merged(std::move(nvme)))) * 1e-6;
   s.idle_ms = s.step_ms - s.compute_ms;
   // The idle time, sampled every 10 us: what the host thread was in at each instant, the
   // innermost span (a wait inside an issue inside an acquire).
@@ -166,6 +185,13 @@ std::string step_timeline_text(const std::string& policy, const StepTimelineSumm
     if (ms < 0.05) continue;
     out += absl::StrFormat("    %7.1f ms  %s\n", ms, cause);
   }
+  if (s.nvme_busy_ms > 0) {
+    out += absl::StrFormat(
+        "  NVMe busy %.1f ms of the step (%.0f%%): read %s, wrote %s, %.2f GB/s while busy\n",
+        s.nvme_busy_ms, 100 * s.nvme_busy_ms / s.step_ms, format_bytes(s.nvme_read_bytes),
+        format_bytes(s.nvme_write_bytes),
+        static_cast<double>(s.nvme_read_bytes + s.nvme_write_bytes) / (s.nvme_busy_ms * 1e6));
+  }
   out += "  moves (count, mean ms: issue + I/O + completion lag; moves beside it on average):\n";
   for (const StepTimelineSummary::Moves& k : s.moves) {
     out += absl::StrFormat(
@@ -192,9 +218,11 @@ std::string step_timeline_json(const StepTimelineSummary& s) {
   }
   return absl::StrFormat(
       R"({"step_ms": %s, "compute_ms": %s, "idle_ms": %s, "waits": %d, "staging_wait_ms": %s, )"
+      R"("nvme_busy_ms": %s, "nvme_read_bytes": %d, "nvme_write_bytes": %d, )"
       R"("idle_by_cause": [%s], "moves": [%s]})",
       json_fixed(s.step_ms, 3), json_fixed(s.compute_ms, 3), json_fixed(s.idle_ms, 3), s.waits,
-      json_fixed(s.staging_wait_ms, 3), absl::StrJoin(causes, ", "), absl::StrJoin(moves, ", "));
+      json_fixed(s.staging_wait_ms, 3), json_fixed(s.nvme_busy_ms, 3), s.nvme_read_bytes,
+      s.nvme_write_bytes, absl::StrJoin(causes, ", "), absl::StrJoin(moves, ", "));
 }
 
 absl::Status write_timeline_file(const std::string& path, const std::string& text) {

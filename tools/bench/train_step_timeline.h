@@ -40,6 +40,12 @@ struct StepTimelineSummary {
     double writes_beside = 0;
   };
   std::vector<Moves> moves;
+  // The NVMe drives within the step: the time some chunk's read or write was in flight (the
+  // union of the chunk spans), and the bytes of the chunks that ended in it. Busy for most of the
+  // step at a low rate: the step is bound by the drives, reads and write-backs together.
+  double nvme_busy_ms = 0;
+  uint64_t nvme_read_bytes = 0;
+  uint64_t nvme_write_bytes = 0;
   uint64_t waits = 0;          // wait spans on the host track within the step
   double staging_wait_ms = 0;  // staging waits on any thread within the step
 };
