@@ -2,6 +2,8 @@
 
 #include <absl/strings/str_format.h>
 
+#include <atomic>
+
 #include "strata/base/mutex.h"
 
 namespace strata {
@@ -208,6 +210,31 @@ uint64_t TierMover::piece_bytes(uint64_t bytes) const {
   return std::min(staging_->chunk_bytes(), piece);
 }
 
+absl::Status TierMover::traced_copy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
+                                    Stream& stream, const std::shared_ptr<Timeline>& timeline,
+                                    uint64_t trace_id) {
+  if (timeline == nullptr) return device_.copy_async(dst, src, bytes, kind, stream);
+  // Stamped by the stream itself, before and after the copy: when the link carried it.
+  auto started = std::make_shared<std::atomic<int64_t>>(0);
+  if (auto status = device_.launch_host_callback(
+          stream, [timeline, started] { started->store(timeline->now_ns()); });
+      !status.ok()) {
+    return status;
+  }
+  if (auto status = device_.copy_async(dst, src, bytes, kind, stream); !status.ok()) return status;
+  const char* track = kind == CopyKind::kHostToDevice ? "h2d link" : "d2h link";
+  return device_.launch_host_callback(stream, [timeline, started, track, bytes, trace_id] {
+    timeline->add(Timeline::Span{track,
+                                 "copy",
+                                 "copy",
+                                 started->load(),
+                                 timeline->now_ns(),
+                                 0,
+                                 trace_id,
+                                 {Timeline::Arg::num("bytes", static_cast<double>(bytes))}});
+  });
+}
+
 absl::StatusOr<MoveTicket> TierMover::move(const Place& from, const Place& to, uint64_t bytes,
                                            const std::vector<std::shared_ptr<Event>>& after,
                                            uint64_t trace_id) {
@@ -218,7 +245,8 @@ absl::StatusOr<MoveTicket> TierMover::move(const Place& from, const Place& to, u
   }
   const auto copy = [&](Stream& stream, CopyKind kind) -> absl::StatusOr<MoveTicket> {
     if (auto status = wait_on(stream, after); !status.ok()) return status;
-    if (auto status = device_.copy_async(to.address, from.address, bytes, kind, stream);
+    if (auto status =
+            traced_copy(to.address, from.address, bytes, kind, stream, timeline(), trace_id);
         !status.ok()) {
       return status;
     }
@@ -288,18 +316,18 @@ absl::StatusOr<MoveTicket> TierMover::nvme_to_gpu(const Place& from, const Place
     std::byte* chunk = static_cast<std::byte*>(lease->data());
     host->add_part();
     const int64_t submitted = trace != nullptr ? trace->now_ns() : 0;
-    issued =
-        swap_->read(from.extent, offset, chunk, n,
-                    [this, host, lease, chunk, target = dst + offset, n, trace, trace_id, offset,
-                     submitted](absl::Status read) {
-                      chunk_span(trace, "nvme read", trace_id, offset, n, submitted);
-                      if (read.ok()) {
-                        read = device_.copy_async(target, chunk, n, CopyKind::kHostToDevice, *h2d_);
-                      }
-                      // The chunk goes back to the pool once its H2D copy has run.
-                      if (read.ok()) read = device_.launch_host_callback(*h2d_, [lease] {});
-                      host->finish_part(read);
-                    });
+    issued = swap_->read(from.extent, offset, chunk, n,
+                         [this, host, lease, chunk, target = dst + offset, n, trace, trace_id,
+                          offset, submitted](absl::Status read) {
+                           chunk_span(trace, "nvme read", trace_id, offset, n, submitted);
+                           if (read.ok()) {
+                             read = traced_copy(target, chunk, n, CopyKind::kHostToDevice, *h2d_,
+                                                trace, trace_id);
+                           }
+                           // The chunk goes back to the pool once its H2D copy has run.
+                           if (read.ok()) read = device_.launch_host_callback(*h2d_, [lease] {});
+                           host->finish_part(read);
+                         });
     if (!issued.ok()) host->finish_part(issued);  // this chunk's part: `done` will not run
   }
   // A refused read fails the move when the completion is seen: what was issued still runs.
@@ -318,7 +346,7 @@ absl::StatusOr<MoveTicket> TierMover::gpu_to_nvme(const Place& from, const Place
     const uint64_t n = std::min(piece, bytes - offset);
     auto lease = std::make_shared<StagingPool::Lease>(this->lease(n, trace, trace_id));
     std::byte* chunk = static_cast<std::byte*>(lease->data());
-    issued = device_.copy_async(chunk, src + offset, n, CopyKind::kDeviceToHost, *d2h_);
+    issued = traced_copy(chunk, src + offset, n, CopyKind::kDeviceToHost, *d2h_, trace, trace_id);
     if (!issued.ok()) break;
     host->add_part();
     // The callback only hands the write to the I/O worker: the write hashes its units, which

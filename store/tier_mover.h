@@ -147,6 +147,11 @@ class TierMover {
   // then copied whole: issue 26's timeline showed the compute stream waiting on those copies).
   static constexpr uint64_t kPieces = 4;
   uint64_t piece_bytes(uint64_t bytes) const;
+  // copy_async; with `timeline`, stamped by the stream before and after, so that the trace shows
+  // when the link carried it (track "h2d link" / "d2h link", `trace_id` its move).
+  absl::Status traced_copy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
+                           Stream& stream, const std::shared_ptr<Timeline>& timeline,
+                           uint64_t trace_id);
   // A staging lease of `bytes`; a wait for it goes into `timeline` (when set) as a span.
   StagingPool::Lease lease(uint64_t bytes, const std::shared_ptr<Timeline>& timeline,
                            uint64_t trace_id);

@@ -78,7 +78,7 @@ StepTimelineSummary summarize_step(const std::vector<Timeline::Span>& spans, int
   StepTimelineSummary s;
   s.step_ms = static_cast<double>(end_ns - start_ns) * 1e-6;
   absl::flat_hash_map<uint64_t, const Timeline::Span*> moves;
-  std::vector<std::pair<int64_t, int64_t>> compute, nvme;
+  std::vector<std::pair<int64_t, int64_t>> compute, nvme, h2d;
   std::vector<const Timeline::Span*> host;
   for (const Timeline::Span& span : spans) {
     if (span.category == "move" && span.id != 0) moves[span.id] = &span;
@@ -89,6 +89,9 @@ StepTimelineSummary summarize_step(const std::vector<Timeline::Span>& spans, int
         const auto bytes = static_cast<uint64_t>(arg_number(span, "bytes", 0));
         (span.track == "nvme read" ? s.nvme_read_bytes : s.nvme_write_bytes) += bytes;
       }
+    }
+    if (span.category == "copy" && span.track == "h2d link") {
+      h2d.emplace_back(std::max(span.start_ns, start_ns), std::min(span.end_ns, end_ns));
     }
     if (span.category == "compute") {
       compute.emplace_back(std::max(span.start_ns, start_ns), std::min(span.end_ns, end_ns));
@@ -106,6 +109,12 @@ StepTimelineSummary summarize_step(const std::vector<Timeline::Span>& spans, int
   const std::vector<std::pair<int64_t, int64_t>> busy = merged(std::move(compute));
   s.compute_ms = static_cast<double>(covered(busy)) * 1e-6;
   s.nvme_busy_ms = static_cast<double>(covered(merged(std::move(nvme)))) * 1e-6;
+  const std::vector<std::pair<int64_t, int64_t>> link = merged(std::move(h2d));
+  s.h2d_busy_ms = static_cast<double>(covered(link)) * 1e-6;
+  auto link_busy = [&](int64_t x) {
+    auto it = std::upper_bound(link.begin(), link.end(), std::make_pair(x, INT64_MAX));
+    return it != link.begin() && std::prev(it)->second > x;
+  };
   s.idle_ms = s.step_ms - s.compute_ms;
   // The idle time, sampled every 10 us: what the host thread was in at each instant, the
   // innermost span (a wait inside an issue inside an acquire).
@@ -122,6 +131,10 @@ StepTimelineSummary summarize_step(const std::vector<Timeline::Span>& spans, int
       return "host: in acquire, not waiting (bookkeeping, planning)";
     if (inner->category == "issue") return "host: issuing a move";
     if (inner->category != "wait") return "host: " + inner->category;
+    if (inner->name == "compute stream") {  // the stream waits for copies, or for nothing
+      return link_busy(x) ? "wait: compute stream (its copies on the busy H2D link)"
+                          : "wait: compute stream (H2D link idle)";
+    }
     if (inner->ref == 0) return "wait: " + inner->name;
     auto m = moves.find(inner->ref);
     if (m == moves.end()) return "wait: " + inner->name + " (move not recorded)";
@@ -185,6 +198,8 @@ std::string step_timeline_text(const std::string& policy, const StepTimelineSumm
     if (ms < 0.05) continue;
     out += absl::StrFormat("    %7.1f ms  %s\n", ms, cause);
   }
+  out += absl::StrFormat("  H2D link busy %.1f ms of the step (%.0f%%)\n", s.h2d_busy_ms,
+                         100 * s.h2d_busy_ms / s.step_ms);
   if (s.nvme_busy_ms > 0) {
     out += absl::StrFormat(
         "  NVMe busy %.1f ms of the step (%.0f%%): read %s, wrote %s, %.2f GB/s while busy\n",
@@ -218,11 +233,12 @@ std::string step_timeline_json(const StepTimelineSummary& s) {
   }
   return absl::StrFormat(
       R"({"step_ms": %s, "compute_ms": %s, "idle_ms": %s, "waits": %d, "staging_wait_ms": %s, )"
-      R"("nvme_busy_ms": %s, "nvme_read_bytes": %d, "nvme_write_bytes": %d, )"
+      R"("nvme_busy_ms": %s, "nvme_read_bytes": %d, "nvme_write_bytes": %d, "h2d_busy_ms": %s, )"
       R"("idle_by_cause": [%s], "moves": [%s]})",
       json_fixed(s.step_ms, 3), json_fixed(s.compute_ms, 3), json_fixed(s.idle_ms, 3), s.waits,
       json_fixed(s.staging_wait_ms, 3), json_fixed(s.nvme_busy_ms, 3), s.nvme_read_bytes,
-      s.nvme_write_bytes, absl::StrJoin(causes, ", "), absl::StrJoin(moves, ", "));
+      s.nvme_write_bytes, json_fixed(s.h2d_busy_ms, 3), absl::StrJoin(causes, ", "),
+      absl::StrJoin(moves, ", "));
 }
 
 absl::Status write_timeline_file(const std::string& path, const std::string& text) {

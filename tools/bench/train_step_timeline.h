@@ -46,6 +46,7 @@ struct StepTimelineSummary {
   double nvme_busy_ms = 0;
   uint64_t nvme_read_bytes = 0;
   uint64_t nvme_write_bytes = 0;
+  double h2d_busy_ms = 0;      // the H2D link carrying copies (the union of its copy spans)
   uint64_t waits = 0;          // wait spans on the host track within the step
   double staging_wait_ms = 0;  // staging waits on any thread within the step
 };
