@@ -63,6 +63,7 @@ std::vector<TensorHandle> on_nvme(Fixture& f, int count) {
 STRATA_BOTH_BACKENDS("The timeline records every move, wait and acquire, well formed",
                      "[store][timeline]") {
   StoreSetup setup;
+  setup.faults = std::make_shared<FaultInjector>();
   setup.gpu_bytes = 1 * kMiB;  // three of the eight tensors at a time: the pass evicts
   setup.staging_bytes = 4 * kMiB;
   Fixture f(device, setup);
@@ -72,6 +73,14 @@ STRATA_BOTH_BACKENDS("The timeline records every move, wait and acquire, well fo
   for (TensorHandle t : tensors) order.emplace_back(t, TierKind::kGpu);
   REQUIRE(store.set_access_order(order).ok());
 
+  // Every NVMe read from here on completes 2 ms late, so that some acquire finds its tensor's
+  // read still in flight (its own or a prefetch's) however fast the machine.
+  FaultRule slow;
+  slow.op = IoOp::kRead;
+  slow.times = UINT64_MAX;
+  slow.action = FaultRule::Action::kDelay;
+  slow.delay = absl::Milliseconds(2);
+  setup.faults->add(slow);
   auto timeline = std::make_shared<Timeline>();
   store.set_timeline(timeline);
   // Two passes, the odd tensors written (their evictions write back), every one checked.
@@ -182,7 +191,8 @@ TEST_CASE("A caller waiting for a prefetch ends it itself, not behind older move
   const Timeline::Span* write_back = nullptr;
   const Timeline::Span* prefetch = nullptr;
   const Timeline::Span* acquire = nullptr;
-  for (const Timeline::Span& s : timeline->spans()) {
+  const std::vector<Timeline::Span> spans = timeline->spans();
+  for (const Timeline::Span& s : spans) {
     if (s.category == "move" && s.track == "gpu->cpu") write_back = &s;
     if (s.category == "move" && s.track == "nvme->gpu") prefetch = &s;
     if (s.category == "acquire" && s.name == "acquire read") acquire = &s;
