@@ -222,9 +222,11 @@ void Impl::complete(InFlight& m, const absl::Status& status) {
   }
   m.guard.finish(status.ok());
   if (m.from == TierKind::kNvme) --counters.fetches_in_flight;
-  trace_move(t, m.from, m.to, m.trace_id, m.issued_at, m.issue_end,
-             m.ticket.host != nullptr ? m.ticket.host->done_at() : absl::InfinitePast(), m.issuer,
-             status.ok());
+  if (m.trace_id != 0) {
+    trace_move(t, m.from, m.to, m.trace_id, m.issued_at, m.issue_end,
+               m.ticket.host != nullptr ? m.ticket.host->done_at() : absl::InfinitePast(), m.issuer,
+               status.ok());
+  }
   if (status.ok()) {
     // A read from NVMe counts until its bytes are in (its latency, as a waiting host sees it);
     // other moves the host time spent issuing them.

@@ -159,10 +159,12 @@ absl::Status TierMover::sync_on(const std::vector<std::shared_ptr<Event>>& after
 
 void TierMover::set_timeline(std::shared_ptr<Timeline> timeline) {
   MutexLock lock(&trace_mu_);
+  tracing_.store(timeline != nullptr, std::memory_order_relaxed);
   timeline_ = std::move(timeline);
 }
 
 std::shared_ptr<Timeline> TierMover::timeline() const {
+  if (!tracing_.load(std::memory_order_relaxed)) return nullptr;  // no lock when not recording
   MutexLock lock(&trace_mu_);
   return timeline_;
 }

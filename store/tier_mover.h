@@ -23,6 +23,7 @@
 #include <absl/status/statusor.h>
 #include <absl/synchronization/mutex.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -163,6 +164,7 @@ class TierMover {
   const std::unique_ptr<Stream> h2d_;  // copies toward the GPU
   const std::unique_ptr<Stream> d2h_;  // copies away from it (full duplex: both overlap)
   EventPool events_;
+  std::atomic<bool> tracing_{false};  // timeline_ is set: read without the lock
   mutable absl::Mutex trace_mu_;
   std::shared_ptr<Timeline> timeline_ ABSL_GUARDED_BY(trace_mu_);
   // Declared last: destroyed first, after the destructor has drained the streams.
