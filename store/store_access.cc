@@ -55,7 +55,9 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
     // work is then ordered after it); then make sure the copy is still here and valid.
     if (mode != AccessMode::kWrite || c.readers == 0) break;
     waited = true;
+    const absl::Time w = absl::Now();
     wait(&s.changed, &s.mu);
+    s.trace_wait("readers of the copy", t, 0, w);
   }
   if (was_hit) {
     ++s.counters.hits;
@@ -105,6 +107,7 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   s.counters.stall_ns +=
       waited ? static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start)) : 0;
   if (s.options.prefetch && !plan_first) s.plan_prefetches();
+  s.trace_acquire(t, tier, mode, start, was_hit, late);
   if (!status.ok()) {
     t.acquired.pop_back();
     --c.pins;

@@ -3,6 +3,7 @@
 // and 2) and drops the copy once its write-back and device work are over, on the completion
 // worker rather than with the caller waiting.
 #include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
 
 #include "strata/base/format_bytes.h"
 #include "strata/base/log.h"
@@ -161,7 +162,9 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
     if (victim == nullptr && !evict_beyond.has_value() && moves_hold(tier, t)) {
       // Copies being moved or evicted (prefetches, write-backs) are only briefly unevictable: an
       // acquire waits for them rather than failing. Prefetches (evict_beyond set) never wait.
+      const absl::Time w = absl::Now();
       wait(&changed, &mu);
+      trace_wait("room: moves hold the tier", t, 0, w);
       continue;
     }
     if (victim == nullptr && !evict_beyond.has_value() && t.placement == Placement::kLow) {
@@ -187,12 +190,19 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
     auto write = evict_copy(*victim, tier);
     if (!write.ok()) return write.status();
     if (*write != nullptr) {
-      if (auto status = wait_for(**write); !status.ok()) return status;
+      const absl::Time w = absl::Now();
+      const absl::Status status = wait_for(**write);
+      trace_wait("eviction write-back", *victim, (*write)->trace_id, w);
+      if (!status.ok()) return status;
     }
     // A victim destroyed meanwhile waits for this guard to go before it frees its memory:
     // stop waiting for the drop and let the next round find the room.
     const Copy& v = victim->copies[tier_index(tier)];
-    while (v.present && v.evicting && victim->live) wait(&changed, &mu);
+    while (v.present && v.evicting && victim->live) {
+      const absl::Time w = absl::Now();
+      wait(&changed, &mu);
+      trace_wait("eviction: victim's device work", *victim, 0, w);
+    }
   }
 }
 

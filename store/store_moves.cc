@@ -127,14 +127,19 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::start_move(Tensor& t, Tier
     counters.fetches_in_flight_peak =
         std::max(counters.fetches_in_flight_peak, counters.fetches_in_flight);
   }
+  const uint64_t trace_id = timeline != nullptr ? Timeline::next_id() : 0;
+  t.copies[tier_index(to)].move_id = trace_id;
   const absl::Time start = absl::Now();
   absl::StatusOr<MoveTicket> ticket;
   {
     MutexUnlock unlock(&mu);
-    ticket = mover->move(source, destination, bytes, after);
+    ticket = mover->move(source, destination, bytes, after, trace_id);
   }
+  const absl::Time issue_end = absl::Now();
   if (!ticket.ok()) {
     if (fetch) --counters.fetches_in_flight;
+    trace_move(t, from, to, trace_id, start, issue_end, absl::InfinitePast(),
+               Timeline::thread_track(), false);
     guard.finish(false);
     ++counters.errors;
     return in_context(t, from, to, ticket.status());
@@ -150,6 +155,9 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::start_move(Tensor& t, Tier
     guard.finish(true);
     if (fetch) --counters.fetches_in_flight;
     count_move(counters, from, to, bytes, ns_since(start));
+    // Stream-ordered: the host sees it end when issued (the device copy may still run).
+    trace_move(t, from, to, trace_id, start, issue_end, absl::InfinitePast(),
+               Timeline::thread_track(), true);
     return nullptr;
   }
   // The rest end on the host's view (the destination is host memory or a drive): the completion
@@ -164,6 +172,9 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::start_move(Tensor& t, Tier
   m->to = to;
   m->issue_ns = ns_since(start);
   m->issued_at = start;
+  m->trace_id = trace_id;
+  m->issue_end = issue_end;
+  if (trace_id != 0) m->issuer = Timeline::thread_track();
   in_flight.push_back(m);
   completion_work.Signal();
   return m;
@@ -184,6 +195,24 @@ absl::Status Impl::wait_for(InFlight& m) {
   return absl::Status(m.status.code(), m.status.message());
 }
 
+void Impl::wait_while_moving(Tensor& t, TierKind tier, std::string_view what) {
+  const Copy& c = t.copies[tier_index(tier)];
+  const absl::Time start = absl::Now();
+  const uint64_t ref = c.move_id;
+  std::shared_ptr<InFlight> move;
+  for (const std::shared_ptr<InFlight>& m : in_flight) {
+    if (m->index == t.index && m->to == tier && !m->done) move = m;
+  }
+  if (move != nullptr) {
+    // Its error, if any, is the mover's (the destination is dropped): the caller's loop decides
+    // again from what is left.
+    (void)wait_for(*move);
+  } else {
+    wait(&changed, &mu);  // being issued still, or a stream-ordered move being bracketed
+  }
+  trace_wait(what, t, ref, start);
+}
+
 void Impl::complete(InFlight& m, const absl::Status& status) {
   Tensor& t = *tensors[m.index];  // alive: the guard holds an operation on it
   // A stream-ordered arrival (NVMe -> GPU: its reads are done, its last copies may still run):
@@ -193,6 +222,11 @@ void Impl::complete(InFlight& m, const absl::Status& status) {
   }
   m.guard.finish(status.ok());
   if (m.from == TierKind::kNvme) --counters.fetches_in_flight;
+  if (m.trace_id != 0) {
+    trace_move(t, m.from, m.to, m.trace_id, m.issued_at, m.issue_end,
+               m.ticket.host != nullptr ? m.ticket.host->done_at() : absl::InfinitePast(), m.issuer,
+               status.ok());
+  }
   if (status.ok()) {
     // A read from NVMe counts until its bytes are in (its latency, as a waiting host sees it);
     // other moves the host time spent issuing them.
@@ -234,6 +268,7 @@ void Impl::stop_completion_worker() {
 }
 
 void Impl::run_completion_worker() {
+  Timeline::set_thread_track("completion worker");
   MutexLock lock(&mu);
   for (;;) {
     while (in_flight.empty() && dropping.empty() && !completion_stopping) {

@@ -4,6 +4,8 @@
 // them in order. A worker makes each copy resident, evicting only copies whose next use comes
 // later than the prefetched access's (Belady-consistent), so prefetching is bounded by bytes:
 // when the next due tensor does not fit, it and everything after it wait for a later round.
+#include <absl/strings/str_format.h>
+
 #include "strata/base/log.h"
 #include "tensor_store_impl.h"
 
@@ -13,7 +15,10 @@ using Impl = TensorStore::Impl;
 
 void Impl::start_workers() {
   for (uint32_t i = 0; i < std::max<uint32_t>(1, options.prefetch_threads); ++i) {
-    workers.emplace_back([this] { run_worker(); });
+    workers.emplace_back([this, i] {
+      Timeline::set_thread_track(absl::StrFormat("prefetch worker %d", i + 1));
+      run_worker();
+    });
   }
 }
 

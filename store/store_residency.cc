@@ -1,5 +1,6 @@
 // Residency: the device work each copy is busy with, and making a copy hold the newest bytes.
 #include <absl/strings/str_format.h>
+#include <absl/time/clock.h>
 
 #include <algorithm>
 
@@ -101,7 +102,7 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::write_back(Tensor& t, Tier
   const TierKind home = t.home;
   Copy& src = t.copies[tier_index(from)];
   Copy& dst = t.copies[tier_index(home)];
-  while (dst.moving) wait(&changed, &mu);
+  while (dst.moving) wait_while_moving(t, home, "home copy moving");
   // The wait released the lock: a write elsewhere may have made this copy stale since the
   // caller looked. Its bytes are then not the newest and must not become the home copy. Nor
   // may a copy the trainer acquired for writing meanwhile be read: its bytes are not final, and
@@ -123,7 +124,7 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
     Copy& c = t.copies[tier_index(tier)];
     if (c.moving) {
       *waited = true;
-      wait(&changed, &mu);
+      wait_while_moving(t, tier, "move in flight");
       continue;
     }
     if (c.present && c.valid) {
@@ -134,7 +135,9 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
     if (source.has_value() && t.copies[tier_index(*source)].writers > 0) {
       // The trainer is still writing the newest bytes: they exist once it releases them.
       *waited = true;
+      const absl::Time w = absl::Now();
       wait(&changed, &mu);
+      trace_wait("writer", t, 0, w);
       continue;
     }
     const bool source_moving =
@@ -142,7 +145,9 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
         std::any_of(t.copies.begin(), t.copies.end(), [](const Copy& x) { return x.moving; });
     if (source_moving) {  // the newest bytes are on their way somewhere: wait for them
       *waited = true;
+      const absl::Time w = absl::Now();
       wait(&changed, &mu);
+      trace_wait("source moving", t, 0, w);
       continue;
     }
     if (!c.present) {
@@ -164,7 +169,10 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
     // (the caller needs the bytes). Its failure has dropped the destination already.
     if (*moved != nullptr && !arrive) return absl::OkStatus();  // a prefetch: it lands by itself
     if (*moved != nullptr) {
-      if (auto status = wait_for(**moved); !status.ok()) return status;
+      const absl::Time w = absl::Now();
+      const absl::Status status = wait_for(**moved);
+      trace_wait("own move", t, (*moved)->trace_id, w);
+      if (!status.ok()) return status;
     }
     // Valid now, or a write elsewhere overtook the move: the loop fetches again.
   }

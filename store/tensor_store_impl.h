@@ -59,6 +59,7 @@ struct TensorStore::Impl {
     uint32_t readers = 0;    // moves reading it now: a write acquisition waits for them (for a
                              // device read only until its event is in `busy`)
     uint32_t moves_out = 0;  // moves reading it, device or host: it is their source
+    uint64_t move_id = 0;    // the timeline's id of the last move into it (0: none recorded)
     BlockHandle block;       // gpu / cpu
     ExtentHandle extent;     // nvme
     // Device work that reads or writes this copy; it must finish before the memory is reused,
@@ -122,6 +123,11 @@ struct TensorStore::Impl {
     absl::Time issued_at;   // when its issue began (a read's MoveStats::ns runs to its end)
     bool done = false;      // finished: `status` says how (waiters watch `changed`)
     absl::Status status;
+    // The timeline (TensorStore::set_timeline): the move's id (0: not recorded), when its issue
+    // ended, and the track of the thread that issued it.
+    uint64_t trace_id = 0;
+    absl::Time issue_end;
+    std::string issuer;
   };
 
   Impl(Device& d, MemoryTier& g, MemoryTier& c, SwapSpace* n, StagingPool* s, TensorStoreOptions o)
@@ -180,6 +186,19 @@ struct TensorStore::Impl {
   }
   bool has_tier(TierKind kind) const { return kind != TierKind::kNvme || nvme != nullptr; }
 
+  // store_timeline.cc: recording into TensorStore::set_timeline's timeline, when one is set.
+  std::shared_ptr<Timeline> timeline ABSL_GUARDED_BY(mu);
+  // The calling thread waited from `start` to now for `what` of `t`; `ref`: the move waited for.
+  void trace_wait(std::string_view what, const Tensor& t, uint64_t ref, absl::Time start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // A move, from its issue's start to now (its completion as the store sees it); `io_end`: when
+  // its I/O ended (InfinitePast: no host I/O).
+  void trace_move(const Tensor& t, TierKind from, TierKind to, uint64_t id, absl::Time start,
+                  absl::Time issue_end, absl::Time io_end, const std::string& issuer, bool ok)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void trace_acquire(const Tensor& t, TierKind tier, AccessMode mode, absl::Time start, bool hit,
+                     bool late) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   // tensor_store.cc
   absl::StatusOr<Tensor*> live(TensorHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
@@ -231,6 +250,12 @@ struct TensorStore::Impl {
   // Waits until `m` is finished; its status. The caller waits on the move itself (lock
   // released) and finishes it unless the completion worker did first: one hand-off less.
   absl::Status wait_for(InFlight& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits for the copy in `tier`, which is moving, to stop moving: on the move itself when it is
+  // in flight (finishing it here, as wait_for does, rather than waiting for the completion worker,
+  // which may be blocked on an older move, to see it end), else for `changed`. Records the wait
+  // as `what` in the timeline.
+  void wait_while_moving(Tensor& t, TierKind tier, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void complete(InFlight& m, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void start_completion_worker();
   void stop_completion_worker();

@@ -2,6 +2,8 @@
 
 #include <absl/strings/str_format.h>
 
+#include <atomic>
+
 #include "strata/base/mutex.h"
 
 namespace strata {
@@ -20,7 +22,10 @@ void HostCompletion::finish_part(const absl::Status& status) {
     // A private copy: absl::Status shares its message through uninstrumented refcounts.
     if (!status.ok() && status_.ok()) status_ = absl::Status(status.code(), status.message());
     if (parts_ > 1 || !last_) {
-      if (--parts_ == 0) done_cv_.SignalAll();
+      if (--parts_ == 0) {
+        done_at_ = absl::Now();
+        done_cv_.SignalAll();
+      }
       return;
     }
     last = std::move(last_);
@@ -31,12 +36,18 @@ void HostCompletion::finish_part(const absl::Status& status) {
   MutexLock lock(&mu_);
   if (!ran.ok() && status_.ok()) status_ = absl::Status(ran.code(), ran.message());
   parts_ = 0;
+  done_at_ = absl::Now();
   done_cv_.SignalAll();
 }
 
 bool HostCompletion::done() const {
   MutexLock lock(&mu_);
   return parts_ == 0;
+}
+
+absl::Time HostCompletion::done_at() const {
+  MutexLock lock(&mu_);
+  return done_at_;
 }
 
 absl::Status HostCompletion::wait() const {
@@ -146,8 +157,89 @@ absl::Status TierMover::sync_on(const std::vector<std::shared_ptr<Event>>& after
   return absl::OkStatus();
 }
 
+void TierMover::set_timeline(std::shared_ptr<Timeline> timeline) {
+  MutexLock lock(&trace_mu_);
+  tracing_.store(timeline != nullptr, std::memory_order_relaxed);
+  timeline_ = std::move(timeline);
+}
+
+std::shared_ptr<Timeline> TierMover::timeline() const {
+  if (!tracing_.load(std::memory_order_relaxed)) return nullptr;  // no lock when not recording
+  MutexLock lock(&trace_mu_);
+  return timeline_;
+}
+
+StagingPool::Lease TierMover::lease(uint64_t bytes, const std::shared_ptr<Timeline>& timeline,
+                                    uint64_t trace_id) {
+  if (timeline == nullptr) return staging_->acquire(bytes);
+  const int64_t start = timeline->now_ns();
+  StagingPool::Lease lease = staging_->acquire(bytes);
+  const int64_t end = timeline->now_ns();
+  constexpr int64_t kWaited = 20'000;  // below this it took what was free
+  if (end - start >= kWaited) {
+    timeline->add(Timeline::Span{Timeline::thread_track(),
+                                 "staging",
+                                 "wait",
+                                 start,
+                                 end,
+                                 0,
+                                 trace_id,
+                                 {Timeline::Arg::num("bytes", static_cast<double>(bytes))}});
+  }
+  return lease;
+}
+
+namespace {
+
+// A chunk's read or write, from its submission to its callback.
+void chunk_span(const std::shared_ptr<Timeline>& timeline, const char* track, uint64_t trace_id,
+                uint64_t offset, uint64_t bytes, int64_t start, int64_t queued_ns = 0) {
+  if (timeline == nullptr) return;
+  std::vector<Timeline::Arg> args = {Timeline::Arg::num("offset", static_cast<double>(offset)),
+                                     Timeline::Arg::num("bytes", static_cast<double>(bytes))};
+  if (queued_ns > 0)
+    args.push_back(Timeline::Arg::num("queued_us", static_cast<double>(queued_ns) * 1e-3));
+  timeline->add(Timeline::Span{track, absl::StrFormat("chunk @%d", offset), "io", start,
+                               timeline->now_ns(), 0, trace_id, std::move(args)});
+}
+
+}  // namespace
+
+uint64_t TierMover::piece_bytes(uint64_t bytes) const {
+  const uint64_t stripe = swap_->stripe_bytes();
+  const uint64_t quarter = (bytes + kPieces - 1) / kPieces;
+  const uint64_t piece = std::max(stripe, (quarter + stripe - 1) / stripe * stripe);
+  return std::min(staging_->chunk_bytes(), piece);
+}
+
+absl::Status TierMover::traced_copy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
+                                    Stream& stream, const std::shared_ptr<Timeline>& timeline,
+                                    uint64_t trace_id) {
+  if (timeline == nullptr) return device_.copy_async(dst, src, bytes, kind, stream);
+  // Stamped by the stream itself, before and after the copy: when the link carried it.
+  auto started = std::make_shared<std::atomic<int64_t>>(0);
+  if (auto status = device_.launch_host_callback(
+          stream, [timeline, started] { started->store(timeline->now_ns()); });
+      !status.ok()) {
+    return status;
+  }
+  if (auto status = device_.copy_async(dst, src, bytes, kind, stream); !status.ok()) return status;
+  const char* track = kind == CopyKind::kHostToDevice ? "h2d link" : "d2h link";
+  return device_.launch_host_callback(stream, [timeline, started, track, bytes, trace_id] {
+    timeline->add(Timeline::Span{track,
+                                 "copy",
+                                 "copy",
+                                 started->load(),
+                                 timeline->now_ns(),
+                                 0,
+                                 trace_id,
+                                 {Timeline::Arg::num("bytes", static_cast<double>(bytes))}});
+  });
+}
+
 absl::StatusOr<MoveTicket> TierMover::move(const Place& from, const Place& to, uint64_t bytes,
-                                           const std::vector<std::shared_ptr<Event>>& after) {
+                                           const std::vector<std::shared_ptr<Event>>& after,
+                                           uint64_t trace_id) {
   const TierKind a = from.tier;
   const TierKind b = to.tier;
   if ((a == TierKind::kNvme || b == TierKind::kNvme) && (swap_ == nullptr || staging_ == nullptr)) {
@@ -155,7 +247,8 @@ absl::StatusOr<MoveTicket> TierMover::move(const Place& from, const Place& to, u
   }
   const auto copy = [&](Stream& stream, CopyKind kind) -> absl::StatusOr<MoveTicket> {
     if (auto status = wait_on(stream, after); !status.ok()) return status;
-    if (auto status = device_.copy_async(to.address, from.address, bytes, kind, stream);
+    if (auto status =
+            traced_copy(to.address, from.address, bytes, kind, stream, timeline(), trace_id);
         !status.ok()) {
       return status;
     }
@@ -173,11 +266,11 @@ absl::StatusOr<MoveTicket> TierMover::move(const Place& from, const Place& to, u
   if (a == TierKind::kCpu && b == TierKind::kNvme) return cpu_to_nvme(from, to, bytes);
   if (a == TierKind::kNvme && b == TierKind::kGpu) {
     if (auto status = wait_on(*h2d_, after); !status.ok()) return status;
-    return nvme_to_gpu(from, to, bytes);
+    return nvme_to_gpu(from, to, bytes, trace_id);
   }
   if (a == TierKind::kGpu && b == TierKind::kNvme) {
     if (auto status = wait_on(*d2h_, after); !status.ok()) return status;
-    return gpu_to_nvme(from, to, bytes);
+    return gpu_to_nvme(from, to, bytes, trace_id);
   }
   return absl::InternalError(absl::StrFormat("no move from %s to %s", to_string(a), to_string(b)));
 }
@@ -208,7 +301,8 @@ absl::StatusOr<MoveTicket> TierMover::nvme_to_cpu(const Place& from, const Place
 }
 
 absl::StatusOr<MoveTicket> TierMover::nvme_to_gpu(const Place& from, const Place& to,
-                                                  uint64_t bytes) {
+                                                  uint64_t bytes, uint64_t trace_id) {
+  const std::shared_ptr<Timeline> trace = timeline();
   // The arrival event is taken now and recorded once the last chunk's copy is queued: by the
   // thread that finishes the move's last part (a read's callback, or this one).
   auto event = events_.take();
@@ -217,21 +311,25 @@ absl::StatusOr<MoveTicket> TierMover::nvme_to_gpu(const Place& from, const Place
       std::make_shared<HostCompletion>([this, e = *event]() { return device_.record(*e, *h2d_); });
   auto* dst = static_cast<std::byte*>(to.address);
   absl::Status issued;
-  for (uint64_t offset = 0; offset < bytes && issued.ok(); offset += staging_->chunk_bytes()) {
-    const uint64_t n = std::min(staging_->chunk_bytes(), bytes - offset);
-    auto lease = std::make_shared<StagingPool::Lease>(staging_->acquire(n));
+  const uint64_t piece = piece_bytes(bytes);
+  for (uint64_t offset = 0; offset < bytes && issued.ok(); offset += piece) {
+    const uint64_t n = std::min(piece, bytes - offset);
+    auto lease = std::make_shared<StagingPool::Lease>(this->lease(n, trace, trace_id));
     std::byte* chunk = static_cast<std::byte*>(lease->data());
     host->add_part();
-    issued =
-        swap_->read(from.extent, offset, chunk, n,
-                    [this, host, lease, chunk, target = dst + offset, n](absl::Status read) {
-                      if (read.ok()) {
-                        read = device_.copy_async(target, chunk, n, CopyKind::kHostToDevice, *h2d_);
-                      }
-                      // The chunk goes back to the pool once its H2D copy has run.
-                      if (read.ok()) read = device_.launch_host_callback(*h2d_, [lease] {});
-                      host->finish_part(read);
-                    });
+    const int64_t submitted = trace != nullptr ? trace->now_ns() : 0;
+    issued = swap_->read(from.extent, offset, chunk, n,
+                         [this, host, lease, chunk, target = dst + offset, n, trace, trace_id,
+                          offset, submitted](absl::Status read) {
+                           chunk_span(trace, "nvme read", trace_id, offset, n, submitted);
+                           if (read.ok()) {
+                             read = traced_copy(target, chunk, n, CopyKind::kHostToDevice, *h2d_,
+                                                trace, trace_id);
+                           }
+                           // The chunk goes back to the pool once its H2D copy has run.
+                           if (read.ok()) read = device_.launch_host_callback(*h2d_, [lease] {});
+                           host->finish_part(read);
+                         });
     if (!issued.ok()) host->finish_part(issued);  // this chunk's part: `done` will not run
   }
   // A refused read fails the move when the completion is seen: what was issued still runs.
@@ -240,29 +338,37 @@ absl::StatusOr<MoveTicket> TierMover::nvme_to_gpu(const Place& from, const Place
 }
 
 absl::StatusOr<MoveTicket> TierMover::gpu_to_nvme(const Place& from, const Place& to,
-                                                  uint64_t bytes) {
+                                                  uint64_t bytes, uint64_t trace_id) {
+  const std::shared_ptr<Timeline> trace = timeline();
   auto host = std::make_shared<HostCompletion>();
   const auto* src = static_cast<const std::byte*>(from.address);
   absl::Status issued;
-  for (uint64_t offset = 0; offset < bytes; offset += staging_->chunk_bytes()) {
-    const uint64_t n = std::min(staging_->chunk_bytes(), bytes - offset);
-    auto lease = std::make_shared<StagingPool::Lease>(staging_->acquire(n));
+  const uint64_t piece = piece_bytes(bytes);
+  for (uint64_t offset = 0; offset < bytes; offset += piece) {
+    const uint64_t n = std::min(piece, bytes - offset);
+    auto lease = std::make_shared<StagingPool::Lease>(this->lease(n, trace, trace_id));
     std::byte* chunk = static_cast<std::byte*>(lease->data());
-    issued = device_.copy_async(chunk, src + offset, n, CopyKind::kDeviceToHost, *d2h_);
+    issued = traced_copy(chunk, src + offset, n, CopyKind::kDeviceToHost, *d2h_, trace, trace_id);
     if (!issued.ok()) break;
     host->add_part();
     // The callback only hands the write to the I/O worker: the write hashes its units, which
     // must not hold up the copy stream behind it.
-    issued = device_.launch_host_callback(
-        *d2h_, [this, extent = to.extent, offset, chunk, n, lease, host]() mutable {
-          io_->post([swap = swap_, extent, offset, chunk, n, lease = std::move(lease),
-                     host = std::move(host)]() mutable {
-            auto submitted =
-                swap->write(extent, offset, chunk, n,
-                            [lease, host](absl::Status written) { host->finish_part(written); });
-            if (!submitted.ok()) host->finish_part(submitted);
-          });
-        });
+    issued = device_.launch_host_callback(*d2h_, [this, extent = to.extent, offset, chunk, n, lease,
+                                                  host, trace, trace_id]() mutable {
+      // The chunk's span runs from its D2H copy's end (posted) to its write's end.
+      const int64_t posted = trace != nullptr ? trace->now_ns() : 0;
+      io_->post([swap = swap_, extent, offset, chunk, n, lease = std::move(lease),
+                 host = std::move(host), trace, trace_id, posted]() mutable {
+        const int64_t queued = trace != nullptr ? trace->now_ns() - posted : 0;
+        auto submitted = swap->write(
+            extent, offset, chunk, n,
+            [lease, host, trace, trace_id, offset, n, posted, queued](absl::Status written) {
+              chunk_span(trace, "nvme write", trace_id, offset, n, posted, queued);
+              host->finish_part(written);
+            });
+        if (!submitted.ok()) host->finish_part(submitted);
+      });
+    });
     if (!issued.ok()) {
       host->finish_part(issued);  // this chunk's part: its callback will never run
       break;

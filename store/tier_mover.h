@@ -6,10 +6,11 @@
 //   gpu -> cpu   D2H on the d2h stream after `after`; returns at once.
 //   nvme -> cpu  swap read straight into the pinned CPU-tier block; returns once submitted.
 //   cpu -> nvme  swap write straight from it; returns once submitted.
-//   nvme -> gpu  through staging chunks, pipelined: each chunk's H2D is queued as its read lands
-//                (reads of later chunks overlap it); returns once every read is submitted (it
-//                waits only for free staging). The move is complete for readers when its reads
-//                are: the event recorded after the last chunk's copy orders them.
+//   nvme -> gpu  through staging chunks (pieces of at most a chunk, at least kPieces per move when
+//                the tensor has that many stripe units), pipelined: each chunk's H2D is queued as
+//                its read lands (reads of later chunks overlap it); returns once every read is
+//                submitted (it waits only for free staging). The move is complete for readers when
+//                its reads are: the event recorded after the last chunk's copy orders them.
 //   gpu -> nvme  through staging chunks: D2H of chunk k, then its swap write handed to the
 //                mover's I/O worker (hashing never runs on a stream callback), overlapping the D2H
 //                of k+1; returns once every chunk is issued (it waits only for free staging).
@@ -22,6 +23,7 @@
 #include <absl/status/statusor.h>
 #include <absl/synchronization/mutex.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -33,6 +35,7 @@
 #include "strata/nvme/swap_space.h"
 #include "strata/store/staging.h"
 #include "strata/store/tier.h"
+#include "strata/store/timeline.h"
 
 namespace strata {
 
@@ -54,7 +57,8 @@ class HostCompletion {
   void add_part();
   void finish_part(const absl::Status& status);  // keeps the first error
   bool done() const;
-  absl::Status wait() const;  // blocks until done; the first error
+  absl::Status wait() const;   // blocks until done; the first error
+  absl::Time done_at() const;  // when the last part finished; InfinitePast until then
 
  private:
   mutable absl::Mutex mu_;
@@ -62,6 +66,7 @@ class HostCompletion {
   uint64_t parts_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   absl::AnyInvocable<absl::Status() &&> last_ ABSL_GUARDED_BY(mu_);
+  absl::Time done_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 struct MoveTicket {
@@ -91,8 +96,14 @@ class TierMover {
   // Moves `bytes` from `from` to `to`, after the device work in `after` (work that must finish
   // before either place is read or written). Neither place may change until the ticket is
   // complete. An error means nothing was issued that still runs, or that what ran failed.
+  // `trace_id`: the move's id in the timeline (set_timeline), which its chunks' spans refer to.
   absl::StatusOr<MoveTicket> move(const Place& from, const Place& to, uint64_t bytes,
-                                  const std::vector<std::shared_ptr<Event>>& after);
+                                  const std::vector<std::shared_ptr<Event>>& after,
+                                  uint64_t trace_id = 0);
+
+  // Records each NVMe chunk's read or write (submitted to done) and each wait for staging into
+  // `timeline` (null: stop). TensorStore::set_timeline sets it.
+  void set_timeline(std::shared_ptr<Timeline> timeline);
 
   Device& device() const { return device_; }
   EventPool& events() { return events_; }
@@ -125,8 +136,26 @@ class TierMover {
   absl::Status wait_on(Stream& stream, const std::vector<std::shared_ptr<Event>>& after);
   absl::Status sync_on(const std::vector<std::shared_ptr<Event>>& after);
   absl::StatusOr<MoveTicket> nvme_to_cpu(const Place& from, const Place& to, uint64_t bytes);
-  absl::StatusOr<MoveTicket> nvme_to_gpu(const Place& from, const Place& to, uint64_t bytes);
-  absl::StatusOr<MoveTicket> gpu_to_nvme(const Place& from, const Place& to, uint64_t bytes);
+  absl::StatusOr<MoveTicket> nvme_to_gpu(const Place& from, const Place& to, uint64_t bytes,
+                                         uint64_t trace_id);
+  absl::StatusOr<MoveTicket> gpu_to_nvme(const Place& from, const Place& to, uint64_t bytes,
+                                         uint64_t trace_id);
+  std::shared_ptr<Timeline> timeline() const;
+  // The pieces an NVMe <-> GPU move of `bytes` goes in: at most a staging chunk, and small enough
+  // that the move has kPieces of them (whole stripe units, so at least one unit), so that the
+  // H2D copy of one piece overlaps the read of the next even for a tensor smaller than a chunk
+  // (an 8 MiB weight in the 32 MiB chunks of the default 256 MiB staging used to be read whole,
+  // then copied whole: issue 26's timeline showed the compute stream waiting on those copies).
+  static constexpr uint64_t kPieces = 4;
+  uint64_t piece_bytes(uint64_t bytes) const;
+  // copy_async; with `timeline`, stamped by the stream before and after, so that the trace shows
+  // when the link carried it (track "h2d link" / "d2h link", `trace_id` its move).
+  absl::Status traced_copy(void* dst, const void* src, uint64_t bytes, CopyKind kind,
+                           Stream& stream, const std::shared_ptr<Timeline>& timeline,
+                           uint64_t trace_id);
+  // A staging lease of `bytes`; a wait for it goes into `timeline` (when set) as a span.
+  StagingPool::Lease lease(uint64_t bytes, const std::shared_ptr<Timeline>& timeline,
+                           uint64_t trace_id);
   absl::StatusOr<MoveTicket> cpu_to_nvme(const Place& from, const Place& to, uint64_t bytes);
 
   Device& device_;
@@ -135,6 +164,9 @@ class TierMover {
   const std::unique_ptr<Stream> h2d_;  // copies toward the GPU
   const std::unique_ptr<Stream> d2h_;  // copies away from it (full duplex: both overlap)
   EventPool events_;
+  std::atomic<bool> tracing_{false};  // timeline_ is set: read without the lock
+  mutable absl::Mutex trace_mu_;
+  std::shared_ptr<Timeline> timeline_ ABSL_GUARDED_BY(trace_mu_);
   // Declared last: destroyed first, after the destructor has drained the streams.
   std::unique_ptr<IoWorker> io_;
 };

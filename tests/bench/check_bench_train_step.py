@@ -6,7 +6,9 @@ has train_step.bound_seconds > 0 and one run per policy (belady, lru, on-demand)
 field, the paging model's Belady fetches less than its LRU (the step is no palindrome), and the
 NVMe temporary directory is gone afterwards. Then --policies runs a subset in the order given,
 and --activations=stash sends the activations through an ActivationStash (check_stash: its
-counters' invariants). No timing assertions: the machine may be busy."""
+counters' invariants). The first run also writes --timeline (check_timeline: the Chrome trace's
+structure and the per-run summaries). No timing assertions: the machine may be busy."""
+import json
 import os
 import sys
 import tempfile
@@ -19,7 +21,7 @@ RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "stall_seconds", "byte
               "misses", "prefetches_issued", "prefetches_used", "prefetches_late",
               "prefetches_wasted", "prefetches_failed", "prefetch_accuracy", "compute_seconds",
               "seconds_per_move", "seconds_per_fetch", "seconds_per_write_back",
-              "all_step_seconds"}
+              "all_step_seconds", "timeline"}
 BOUND_FIELDS = {"bound_seconds", "compute_seconds", "transfer_bytes", "transfer_seconds",
                 "link_gbps", "h2d_gbps", "nvme_read_gbps", "layers", "layer_bytes",
                 "activation_bytes", "compute_ms", "optimizer", "optimizer_ms", "arena_layers",
@@ -38,12 +40,15 @@ ARGS = ["--workload=train-step", f"--layers={LAYERS}", "--layer-bytes=1MiB",
 
 def main() -> int:
     bench = sys.argv[1]
-    with tempfile.TemporaryDirectory(prefix="offload-bench-train-") as tmpdir:
+    with tempfile.TemporaryDirectory(prefix="offload-bench-train-") as tmpdir, \
+            tempfile.TemporaryDirectory(prefix="offload-bench-trace-") as tracedir:
         env = dict(os.environ, TMPDIR=tmpdir)
         env.pop("STRATA_NVME_PATHS", None)
-        doc = run_bench(bench, ARGS, env)
+        trace = os.path.join(tracedir, "step.json")
+        doc = run_bench(bench, ARGS + [f"--timeline={trace}"], env)
         left = os.listdir(tmpdir)
         assert not left, f"offload-bench left {left} in TMPDIR={tmpdir}"
+        check_timeline(trace, doc["train_step"])
 
     missing = {"version", "backend", "device", "config", "results", "train_step"} - doc.keys()
     assert not missing, f"top-level fields missing: {missing}"
@@ -99,11 +104,60 @@ def main() -> int:
     got = [r["policy"] for r in doc["train_step"]["runs"]]
     assert got == ["lru", "belady"], got
     assert doc["train_step"]["nvme_read_gbps"] is None, doc["train_step"]
+    assert all(r["timeline"] is None for r in doc["train_step"]["runs"]), "no --timeline"
     check_stash(bench)
     print("offload-bench train-step JSON ok: bound", ts["bound_seconds"], "s;",
           ", ".join(f"{r['policy']} {r['step_seconds']} s ({r['ratio_to_bound']}x)"
                     for r in ts["runs"]))
     return 0
+
+
+def check_timeline(path, ts):
+    """--timeline: the file is a Chrome trace with one process per policy; every span has a
+    non-negative duration, every reference names a move of its process, each track's spans nest
+    or follow one another (overlaps go on lanes), the step and every layer's compute are there;
+    each run's summary splits the compute stream's idle time into causes that add up to it."""
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events
+                 if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(processes.values()) == sorted(POLICIES), processes
+    for pid, policy in processes.items():
+        spans = [e for e in events if e["ph"] == "X" and e["pid"] == pid]
+        assert all(e["dur"] >= 0 for e in spans), policy
+        moves = [e["args"]["id"] for e in spans if e["cat"] == "move"]
+        assert moves and len(moves) == len(set(moves)), f"{policy}: move ids not unique"
+        for e in spans:
+            if "ref" in e["args"]:
+                assert e["args"]["ref"] in moves, f"{policy}: {e} names no recorded move"
+            if e["cat"] == "move":
+                for key in ("tensor", "from", "to", "bytes", "purpose", "issuer", "issue_us"):
+                    assert key in e["args"], f"{policy}: move without {key}: {e}"
+        assert sum(e["cat"] == "step" for e in spans) == ts["steps"], policy
+        assert sum(e["cat"] == "compute" for e in spans) == ts["steps"] * LAYERS * 3, policy
+        assert any(e["cat"] == "wait" for e in spans), policy
+        by_track = {}
+        for e in spans:
+            by_track.setdefault(e["tid"], []).append(e)
+        for tid, track in by_track.items():
+            track.sort(key=lambda e: (e["ts"], -e["dur"]))
+            open_ends = []
+            for e in track:
+                while open_ends and open_ends[-1] <= e["ts"] + 1e-3:
+                    open_ends.pop()
+                assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1] + 1e-3, \
+                    f"{policy}: spans overlap on track {tid}: {e}"
+                open_ends.append(e["ts"] + e["dur"])
+    for run in ts["runs"]:
+        t = run["timeline"]
+        assert t is not None, run
+        assert abs(t["step_ms"] - run["step_seconds"] * 1e3) < 0.5, (t, run["step_seconds"])
+        assert 0 <= t["compute_ms"] <= t["step_ms"] + 1e-3, t
+        causes = sum(c["ms"] for c in t["idle_by_cause"])
+        assert abs(causes - t["idle_ms"]) <= 0.02 * LAYERS * 3 + 0.01 * t["idle_ms"], t
+        kinds = {m["kind"] for m in t["moves"]}
+        assert any(k.startswith("nvme->gpu") for k in kinds), kinds
 
 
 def check_stash(bench):

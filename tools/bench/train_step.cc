@@ -14,6 +14,7 @@
 #include "bench/common.h"
 #include "bench/fresh_pieces.h"
 #include "bench/train_step_link.h"
+#include "bench/train_step_run.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
 #include "strata/device/host_device.h"
@@ -147,155 +148,6 @@ absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& 
     if (auto status = store.evict(layer, TierKind::kGpu); !status.ok()) return status;
   }
   return layers;
-}
-
-// Simulated compute: a timed wait on the stream's worker. Sleeps to just short of the deadline
-// and yields for the rest, because a plain sleep overshoots by tens of microseconds per layer,
-// which over 2L layers would inflate every step against the bound by a fixed few percent.
-void simulate_compute(absl::Duration duration, std::atomic<int64_t>* spent_ns) {
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + duration;
-  constexpr absl::Duration kSpin = absl::Microseconds(200);
-  if (duration > kSpin) absl::SleepFor(duration - kSpin);
-  while (absl::Now() < deadline) std::this_thread::yield();
-  spent_ns->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
-}
-
-struct StepCounters {
-  StoreStats before;
-  StoreStats after;
-  double compute_seconds = 0;
-  std::optional<ActivationStashStats> stash_before, stash_after;
-};
-
-// One training step as step_plan() lays it out: for each layer of each pass, its tensors acquired
-// on the GPU (read or write), the layer's simulated compute launched on `stream`, the tensors
-// released, and (--sync-each-layer) the host waiting for the compute; then waits for the stream.
-// With a stash, the activation accesses go to it instead (`stash` non-null, `activation_bytes`
-// each): forward allocates and, after the compute is launched, offloads; backward loads and
-// frees.
-absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
-                      const std::vector<TensorHandle>& tensors,
-                      const std::vector<PlannedLayer>& plan, bool sync_each_layer,
-                      const std::shared_ptr<std::atomic<int64_t>>& spent_ns, ActivationStash* stash,
-                      uint64_t activation_bytes) {
-  std::vector<ActivationId> saved(tensors.size(), 0);  // by tensor index
-  auto use = [&](const PlannedLayer& layer) -> absl::Status {
-    size_t acquired = 0;
-    absl::Status status;
-    for (const PlannedAccess& a : layer.accesses) {
-      if (stash != nullptr && !tensors[a.tensor].valid()) {  // an activation
-        if (a.write) {
-          auto buffer = stash->allocate(activation_bytes, TierKind::kGpu, stream);
-          status = buffer.status();
-          if (buffer.ok()) saved[a.tensor] = buffer->id;
-        } else {
-          status = stash->load(saved[a.tensor], stream).status();
-        }
-      } else {
-        auto data = store.acquire(tensors[a.tensor], TierKind::kGpu, stream,
-                                  a.write ? AccessMode::kWrite : AccessMode::kRead);
-        status = data.status();
-      }
-      if (!status.ok()) break;
-      ++acquired;
-    }
-    if (status.ok()) {
-      const absl::Duration compute = absl::Microseconds(layer.compute_ms * 1000);
-      status = device.launch_host_callback(
-          stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
-    }
-    for (size_t i = 0; i < acquired; ++i) {
-      const PlannedAccess& a = layer.accesses[i];
-      absl::Status released;
-      if (stash != nullptr && !tensors[a.tensor].valid()) {
-        released = a.write ? stash->offload(saved[a.tensor], stream)
-                           : stash->free(saved[a.tensor], stream);
-      } else {
-        released = store.release(tensors[a.tensor], stream);
-      }
-      if (!released.ok() && status.ok()) status = released;
-    }
-    if (!status.ok() || !sync_each_layer) return status;
-    return device.synchronize(stream);
-  };
-  if (stash != nullptr) stash->step_begin();
-  store.step_begin();
-  absl::Status status;
-  for (size_t i = 0; i < plan.size() && status.ok(); ++i) status = use(plan[i]);
-  store.step_end();
-  absl::Status synced = device.synchronize(stream);
-  return status.ok() ? synced : status;
-}
-
-MoveStats all_moves(const StoreStats& s) {
-  MoveStats total;
-  for (const auto& row : s.moves) {
-    for (const MoveStats& m : row) {
-      total.bytes += m.bytes;
-      total.moves += m.moves;
-      total.ns += m.ns;
-    }
-  }
-  return total;
-}
-
-TrainStepRun make_run(const char* policy, double seconds, const StepCounters& c) {
-  const StoreStats& a = c.after;
-  const StoreStats& b = c.before;
-  TrainStepRun r;
-  r.policy = policy;
-  r.step_seconds = seconds;
-  r.compute_seconds = c.compute_seconds;
-  r.stall_seconds = static_cast<double>(a.stall_ns - b.stall_ns) * 1e-9;
-  const MoveStats moves_after = all_moves(a);
-  const MoveStats moves_before = all_moves(b);
-  r.bytes_moved = moves_after.bytes - moves_before.bytes;
-  const auto gpu = static_cast<size_t>(TierKind::kGpu);
-  uint64_t in_moves = 0, in_ns = 0, out_moves = 0, out_ns = 0;
-  for (size_t other = 0; other < a.moves.size(); ++other) {
-    r.bytes_to_gpu += a.moves[other][gpu].bytes - b.moves[other][gpu].bytes;
-    r.bytes_from_gpu += a.moves[gpu][other].bytes - b.moves[gpu][other].bytes;
-    in_moves += a.moves[other][gpu].moves - b.moves[other][gpu].moves;
-    in_ns += a.moves[other][gpu].ns - b.moves[other][gpu].ns;
-    out_moves += a.moves[gpu][other].moves - b.moves[gpu][other].moves;
-    out_ns += a.moves[gpu][other].ns - b.moves[gpu][other].ns;
-  }
-  auto mean = [](uint64_t ns, uint64_t n) {
-    return n == 0 ? 0.0 : static_cast<double>(ns) * 1e-9 / static_cast<double>(n);
-  };
-  r.seconds_per_fetch = mean(in_ns, in_moves);
-  r.seconds_per_write_back = mean(out_ns, out_moves);
-  const uint64_t moves = moves_after.moves - moves_before.moves;
-  r.seconds_per_move = moves == 0 ? 0
-                                  : static_cast<double>(moves_after.ns - moves_before.ns) * 1e-9 /
-                                        static_cast<double>(moves);
-  r.hits = a.hits - b.hits;
-  r.misses = a.misses - b.misses;
-  r.prefetches_issued = a.prefetches_issued - b.prefetches_issued;
-  r.prefetches_used = a.prefetches_used - b.prefetches_used;
-  r.prefetches_late = a.prefetches_late - b.prefetches_late;
-  r.prefetches_wasted = a.prefetches_wasted - b.prefetches_wasted;
-  r.prefetches_failed = a.prefetches_failed - b.prefetches_failed;
-  r.gpu_tier_peak_bytes = a.tiers[static_cast<size_t>(TierKind::kGpu)].peak_used;
-  if (c.stash_before.has_value() && c.stash_after.has_value()) {
-    const ActivationStashStats& sb = *c.stash_before;
-    const ActivationStashStats& sa = *c.stash_after;
-    TrainStepRun::Stash st;
-    st.loads = sa.loads - sb.loads;
-    st.loads_prefetched = sa.loads_prefetched - sb.loads_prefetched;
-    st.loads_kept = sa.loads_kept - sb.loads_kept;
-    st.loads_on_demand = sa.loads_on_demand - sb.loads_on_demand;
-    st.bytes_out = sa.offloaded_bytes - sb.offloaded_bytes;
-    st.window_waits = sa.window_waits - sb.window_waits;
-    st.window_wait_seconds = static_cast<double>(sa.window_wait_ns - sb.window_wait_ns) * 1e-9;
-    st.gpu_peak_bytes = sa.gpu_peak_bytes;
-    r.stash = st;
-  }
-  r.prefetch_accuracy = r.prefetches_issued == 0 ? 0
-                                                 : static_cast<double>(r.prefetches_used) /
-                                                       static_cast<double>(r.prefetches_issued);
-  return r;
 }
 
 // The configuration every run uses: the environment's, with the tiers sized to the workload.
@@ -461,6 +313,7 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     std::vector<std::pair<double, StepCounters>> steps;
     std::unique_ptr<ActivationStash> stash;  // --activations=stash
     FreshPieces fresh;                       // CPU-tier pieces first used in measured steps
+    std::shared_ptr<Timeline> timeline;      // --timeline
   };
   std::vector<PolicyRun> runs;
   for (const std::string& name : o.policies) {
@@ -527,6 +380,13 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
       return with_context(status, "warm-up step");
     }
   }
+  if (!o.timeline.empty()) {
+    // Made together: one origin, so that the trace shows the policies' turns on one time axis.
+    for (PolicyRun& run : runs) {
+      run.timeline = std::make_shared<Timeline>();
+      run.runtime->store().set_timeline(run.timeline);
+    }
+  }
   human << absl::StrFormat(
       "train-step: %d measured step(s) per policy, the policies taking turns\n", o.steps);
   human.flush();
@@ -542,14 +402,26 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
       counters.before = store.stats();
       if (run.stash != nullptr) counters.stash_before = run.stash->stats();
       run.spent_ns->store(0);
+      if (run.timeline != nullptr) counters.timeline_start_ns = run.timeline->now_ns();
       const absl::Time start = absl::Now();
-      if (auto status =
-              run_step(store, run.runtime->device(), *run.stream, run.layers, plan,
-                       o.sync_each_layer, run.spent_ns, run.stash.get(), o.activation_bytes);
+      if (auto status = run_step(store, run.runtime->device(), *run.stream, run.layers, plan,
+                                 o.sync_each_layer, run.spent_ns, run.stash.get(),
+                                 o.activation_bytes, run.timeline);
           !status.ok()) {
         return with_context(status, absl::StrFormat("measured step (%s)", run.policy->name));
       }
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      if (run.timeline != nullptr) {
+        counters.timeline_end_ns = run.timeline->now_ns();
+        run.timeline->add(Timeline::Span{"step",
+                                         absl::StrFormat("step %d", s + 1),
+                                         "step",
+                                         counters.timeline_start_ns,
+                                         counters.timeline_end_ns,
+                                         0,
+                                         0,
+                                         {Timeline::Arg::str("policy", run.policy->name)}});
+      }
       if (run.stash != nullptr) {
         if (auto status = run.stash->synchronize(); !status.ok()) {
           return with_context(status, "the activation stash");
@@ -566,6 +438,19 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     const std::string fresh = run.fresh.note(run.policy->name, "measured step");
     if (!fresh.empty()) report.notes.push_back(fresh);
   }
+  if (!o.timeline.empty()) {
+    std::vector<std::pair<std::string, const Timeline*>> processes;
+    for (PolicyRun& run : runs) {
+      run.runtime->store().set_timeline(nullptr);
+      processes.emplace_back(run.policy->name, run.timeline.get());
+    }
+    if (auto status = write_timeline_file(o.timeline, Timeline::chrome_json(processes));
+        !status.ok()) {
+      return status;
+    }
+    report.notes.push_back("timeline: every measured step of every policy in " + o.timeline +
+                           " (Chrome trace: chrome://tracing or ui.perfetto.dev)");
+  }
   for (PolicyRun& policy_run : runs) {
     std::vector<std::pair<double, StepCounters>>& steps = policy_run.steps;
     std::vector<double> all;
@@ -575,6 +460,10 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     const auto& [seconds, counters] = steps[(steps.size() - 1) / 2];
     TrainStepRun run = make_run(policy_run.policy->name, seconds, counters);
     run.all_step_seconds = std::move(all);
+    if (policy_run.timeline != nullptr) {
+      run.timeline = summarize_step(policy_run.timeline->spans(), counters.timeline_start_ns,
+                                    counters.timeline_end_ns);
+    }
     const double bound = report.bound.seconds();
     run.ratio_to_bound = bound > 0 ? run.step_seconds / bound : 0;
     report.runs.push_back(std::move(run));

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/train_step_plan.h"
+#include "bench/train_step_timeline.h"
 #include "cli.h"
 #include "strata/config/config.h"
 #include "strata/device/device.h"
@@ -57,6 +58,9 @@ struct TrainStepOptions {
   std::string activations = "store";
   uint64_t activation_window_bytes = 0;    // stash: 0 is 4 activations
   uint64_t activation_prefetch_bytes = 0;  // stash: 0 is 2 activations (at most the window)
+  // --timeline=FILE: every policy's measured steps as a Chrome trace (bench/train_step_timeline.h)
+  // and, in the report, where its median step's time went. Empty: not recorded.
+  std::string timeline;
 };
 
 // The stash's window and prefetch distance after the defaults (0) are applied.
@@ -124,6 +128,7 @@ struct TrainStepRun {
     uint64_t gpu_peak_bytes = 0;  // since the stash was made
   };
   std::optional<Stash> stash;
+  std::optional<StepTimelineSummary> timeline;  // --timeline: the median step's
 };
 
 struct TrainStepReport {

@@ -41,6 +41,10 @@ std::vector<cli::Flag*> add_train_step_flags(cli::FlagSet& flags, TrainStepOptio
                       "through an ActivationStash (docs/activations.md)"),
       &flags.add_size("activation-window-bytes", &train->activation_window_bytes,
                       "train-step, stash: GPU bytes activations may hold (0: 4 activations)"),
+      &flags.add_string("timeline", &train->timeline,
+                        "train-step: write every policy's measured steps to this file as a Chrome "
+                        "trace (chrome://tracing, Perfetto: each move, wait and layer's compute) "
+                        "and report where each median step's time went"),
       &flags.add_size("activation-prefetch-bytes", &train->activation_prefetch_bytes,
                       "train-step, stash: how far ahead they come back (0: 2 activations)"),
   };

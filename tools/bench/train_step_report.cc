@@ -89,6 +89,9 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
         format_bytes(st.bytes_out), st.window_waits, st.window_wait_seconds,
         format_bytes(st.gpu_peak_bytes), format_bytes(r.gpu_tier_peak_bytes));
   }
+  for (const TrainStepRun& r : report.runs) {
+    if (r.timeline.has_value()) out << "\n" << step_timeline_text(r.policy, *r.timeline);
+  }
   out << "\n";
   for (const std::string& note : report.notes) out << note << "\n";
   out << "ratio = step / bound; transfer = the bytes Belady's offline paging (the model line) "
@@ -125,14 +128,15 @@ std::string train_step_json(const TrainStepReport& report) {
         R"("prefetches_used": %d, "prefetches_late": %d, "prefetches_wasted": %d, )"
         R"("prefetches_failed": %d, "prefetch_accuracy": %s, "compute_seconds": %s, )"
         R"("seconds_per_move": %s, "seconds_per_fetch": %s, "seconds_per_write_back": %s, )"
-        R"("all_step_seconds": [%s], "gpu_tier_peak_bytes": %d, "activations": %s})",
+        R"("all_step_seconds": [%s], "gpu_tier_peak_bytes": %d, "activations": %s, )"
+        R"("timeline": %s})",
         r.policy, seconds_json(r.step_seconds), ratio_json(r.ratio_to_bound),
         seconds_json(r.stall_seconds), r.bytes_moved, r.bytes_to_gpu, r.bytes_from_gpu, r.hits,
         r.misses, r.prefetches_issued, r.prefetches_used, r.prefetches_late, r.prefetches_wasted,
         r.prefetches_failed, ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds),
         seconds_json(r.seconds_per_move), seconds_json(r.seconds_per_fetch),
         seconds_json(r.seconds_per_write_back), absl::StrJoin(all, ", "), r.gpu_tier_peak_bytes,
-        stash));
+        stash, r.timeline.has_value() ? step_timeline_json(*r.timeline) : "null"));
   }
   return absl::StrFormat(
       R"({"bound_seconds": %s, "compute_seconds": %s, "transfer_bytes": %d, )"

@@ -37,6 +37,7 @@
 #include "strata/store/access_schedule.h"
 #include "strata/store/staging.h"
 #include "strata/store/tier.h"
+#include "strata/store/timeline.h"
 
 namespace strata {
 
@@ -192,6 +193,10 @@ class TensorStore {
   // InvalidArgument for the nvme tier. Reservations add up; unreserve_high gives one back.
   absl::Status reserve_high(TierKind tier, uint64_t bytes);
   void unreserve_high(TierKind tier, uint64_t bytes);
+  // Records every move (issue, I/O, completion), every wait inside the store and every acquire
+  // into `timeline` from now on (docs/store.md, "Timeline"); null stops recording. Off by
+  // default: recording costs a lock per span.
+  void set_timeline(std::shared_ptr<Timeline> timeline);
 
   struct Impl;
   explicit TensorStore(std::unique_ptr<Impl> impl);  // use create()
