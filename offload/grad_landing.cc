@@ -285,20 +285,20 @@ absl::Status OffloadOptimizer::Impl::process(LandingJob& job) {
   if (job.direct) {
     // The buffer was acquired when the copy was issued; it is ours until released here.
     if (status.ok()) stats = grad_stats_with(options.isa, job.host, p->grad_type, p->count, 1.0F);
-    if (auto st = store.release(p->grad_host, *d2h_stream); !st.ok() && status.ok()) status = st;
+    if (auto st = store.release(p->grad_host, *lander_stream); !st.ok() && status.ok()) status = st;
   } else if (status.ok()) {
     if (job.first_piece) {
       MutexLock lock(&landing_mu);
       before_grad_write(job.param);
     }
-    auto host = store.acquire(p->grad_host, TierKind::kCpu, *d2h_stream, AccessMode::kWrite);
+    auto host = store.acquire(p->grad_host, TierKind::kCpu, *lander_stream, AccessMode::kWrite);
     if (!host.ok()) {
       status = host.status();
     } else {
       const uint64_t esize = element_bytes(p->grad_type);
       stats = grad_accumulate_with(options.isa, static_cast<std::byte*>(*host) + job.offset * esize,
                                    job.lease.data(), p->grad_type, job.count);
-      if (auto st = store.release(p->grad_host, *d2h_stream); !st.ok()) status = st;
+      if (auto st = store.release(p->grad_host, *lander_stream); !st.ok()) status = st;
     }
   }
   job.lease = StagingPool::Lease();

@@ -156,6 +156,11 @@ struct OffloadOptimizer::Impl {
   uint64_t chunk_elements = 0;
   std::unique_ptr<Stream> d2h_stream;  // gradient landings
   std::unique_ptr<Stream> h2d_stream;  // parameter updates
+  // The lander's releases and acquires of landing buffers, after it has waited for their copy:
+  // nothing is queued on it, so they are ready at once. On d2h_stream they would wait behind
+  // the landings issued since (and the trainer's compute those wait for): an early step, or
+  // an accumulating landing, that acquires the buffer would wait for the end of backward.
+  std::unique_ptr<Stream> lander_stream;
 
   // Serialises step(), save(), load(), add_param(), read_state(): they change the layout or
   // the states. Held before landing_mu/state_mu, never while waiting for them in reverse.
