@@ -13,6 +13,7 @@
 
 #include "bench/common.h"
 #include "bench/fresh_pieces.h"
+#include "bench/simulated_compute.h"
 #include "bench/train_step_link.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
@@ -147,18 +148,6 @@ absl::StatusOr<std::vector<TensorHandle>> create_layers(const TrainStepOptions& 
     if (auto status = store.evict(layer, TierKind::kGpu); !status.ok()) return status;
   }
   return layers;
-}
-
-// Simulated compute: a timed wait on the stream's worker. Sleeps to just short of the deadline
-// and yields for the rest, because a plain sleep overshoots by tens of microseconds per layer,
-// which over 2L layers would inflate every step against the bound by a fixed few percent.
-void simulate_compute(absl::Duration duration, std::atomic<int64_t>* spent_ns) {
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + duration;
-  constexpr absl::Duration kSpin = absl::Microseconds(200);
-  if (duration > kSpin) absl::SleepFor(duration - kSpin);
-  while (absl::Now() < deadline) std::this_thread::yield();
-  spent_ns->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
 }
 
 struct StepCounters {

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Runs offload-bench --workload=train-step with --overlap-step (small: 4 layers of a 256 KiB
+fp16 weight, one policy) with --json=- in a fresh TMPDIR and checks the "overlap_step" object:
+  - both (states in the CPU tier, an inf every step): the runs off, on, on-clip, on-inf in that
+    order with every field; the figures agree with each other (ratios against off, the bound's
+    parts); off has no early work and no rollback; on keeps early work and rolls nothing back;
+    on-clip (a clip threshold below the norm) rolls back every step; on-inf skips every step
+    and rolls it back;
+  - on (states on NVMe, an inf every second step): no off run, so no ratio against it; the
+    inf's steps are the skipped and rolled-back ones; nothing left in TMPDIR;
+  - off: the off run alone; none: "overlap_step" is null.
+No timing assertions: the machine may be busy. The compute per layer (10 ms) leaves the early
+stepper time to step the first layers before backward ends even on a loaded machine."""
+import os
+import sys
+import tempfile
+
+from bench_common import run_bench
+
+LAYERS, LAYER_BYTES, COMPUTE_MS, STEPS = 4, 256 << 10, 10, 2
+BASE = ["--workload=train-step", f"--layers={LAYERS}", "--layer-bytes=256KiB",
+        f"--compute-ms={COMPUTE_MS}", f"--steps={STEPS}", "--policies=belady",
+        "--activation-bytes=64KiB", "--arena-layers=2"]
+TOP_FIELDS = {"mode", "state_home", "layers", "layer_bytes", "params", "chunk_elements",
+              "compute_ms", "link_throttle_gbps", "steps", "inf_every", "bound_seconds",
+              "compute_seconds", "transfer_seconds", "optimizer_seconds", "runs", "notes"}
+RUN_FIELDS = {"name", "overlap", "max_grad_norm", "inf_every", "steps", "rollbacks",
+              "rollback_rate", "exposed_seconds", "exposed_ratio", "exposed_with_uploads_seconds",
+              "backward_seconds", "step_seconds", "ratio_to_bound", "kept_exposed_seconds",
+              "rolled_back_exposed_seconds", "rollback_cost", "early_elements",
+              "overlap_host_bytes", "stats", "all_exposed_seconds", "all_step_seconds",
+              "all_rolled_back", "all_skipped", "all_early_elements"}
+STATS_FIELDS = {"last_step_ns", "last_step_wait_ns", "last_adam_ns", "last_nvme_wait_ns",
+                "last_early_elements", "last_redone_elements", "last_early_adam_ns",
+                "last_rollback_ns", "last_early_wait_ns", "overlap_early_steps",
+                "overlap_rollbacks", "overlap_host_bytes", "overlap_budget_misses"}
+PARAMS = LAYERS * LAYER_BYTES // 2
+
+
+def run(args, home):
+    with tempfile.TemporaryDirectory(prefix="offload-bench-overlap-") as tmpdir:
+        env = dict(os.environ, TMPDIR=tmpdir)
+        env.pop("STRATA_NVME_PATHS", None)
+        doc = run_bench(sys.argv[1], [*BASE, f"--home={home}", *args], env)
+        left = os.listdir(tmpdir)
+        assert not left, f"offload-bench left {left} in TMPDIR={tmpdir}"
+    assert "train_step" in doc, doc.keys()
+    return doc["overlap_step"]
+
+
+def check_common(ov, mode, home, names, inf_every):
+    missing = TOP_FIELDS - ov.keys()
+    assert not missing, f"overlap_step fields missing: {missing}"
+    assert ov["mode"] == mode and ov["state_home"] == home, ov
+    assert ov["layers"] == LAYERS and ov["layer_bytes"] == LAYER_BYTES, ov
+    assert ov["params"] == PARAMS and ov["steps"] == STEPS, ov
+    assert ov["inf_every"] == inf_every and ov["chunk_elements"] > 0, ov
+    assert abs(ov["compute_seconds"] - LAYERS * COMPUTE_MS / 1000) < 1e-6, ov
+    bound = max(ov["compute_seconds"], ov["transfer_seconds"], ov["optimizer_seconds"])
+    assert abs(ov["bound_seconds"] - bound) < 2e-6, ov
+    assert ov["transfer_seconds"] >= 0 and ov["optimizer_seconds"] > 0, ov
+    runs = {r["name"]: r for r in ov["runs"]}
+    assert [r["name"] for r in ov["runs"]] == names, ov["runs"]
+    for r in ov["runs"]:
+        missing = RUN_FIELDS - r.keys()
+        assert not missing, f"{r['name']}: fields missing: {missing}"
+        missing = STATS_FIELDS - r["stats"].keys()
+        assert not missing, f"{r['name']}: stats fields missing: {missing}"
+        assert r["steps"] == STEPS, r
+        for key in ("all_exposed_seconds", "all_step_seconds", "all_rolled_back", "all_skipped",
+                    "all_early_elements"):
+            assert len(r[key]) == STEPS, (key, r)
+        assert r["exposed_seconds"] in r["all_exposed_seconds"], r
+        assert r["exposed_seconds"] > 0 and r["step_seconds"] > 0, r
+        assert abs(r["exposed_seconds"] - r["stats"]["last_step_ns"] * 1e-9) < 2e-6, r
+        assert r["rollbacks"] == sum(r["all_rolled_back"]), r
+        assert abs(r["rollback_rate"] - r["rollbacks"] / STEPS) < 1e-4, r
+        assert r["early_elements"] in r["all_early_elements"], r
+        assert all(0 <= e <= PARAMS for e in r["all_early_elements"]), r
+        assert abs(r["ratio_to_bound"] - r["step_seconds"] / ov["bound_seconds"]) < 1e-3, r
+        assert r["overlap"] == (r["name"] != "off"), r
+        if r["name"] == "on-clip":
+            assert 0 < r["max_grad_norm"] < 1e-3, r
+        else:
+            assert r["max_grad_norm"] == 0, r
+        if r["name"] == "on-inf":
+            assert r["inf_every"] == inf_every, r
+            expected = [(s + 1) % inf_every == 0 for s in range(STEPS)]
+            assert r["all_skipped"] == expected, r
+            # An overflow skips the step and rolls its early work back.
+            assert r["all_rolled_back"] == expected, r
+        else:
+            assert r["inf_every"] == 0 and not any(r["all_skipped"]), r
+    return runs
+
+
+def check_ratios(runs):
+    off = runs["off"]
+    for r in runs.values():
+        expected = r["exposed_seconds"] / off["exposed_seconds"]
+        assert abs(r["exposed_ratio"] - expected) < 1e-3 * max(1, expected), r
+        if r["rollbacks"]:
+            expected = r["rolled_back_exposed_seconds"] / off["exposed_seconds"]
+            assert abs(r["rollback_cost"] - expected) < 1e-3 * max(1, expected), r
+        else:
+            assert r["rollback_cost"] == 0 and r["rolled_back_exposed_seconds"] == 0, r
+
+
+def main() -> int:
+    # Both, states in the CPU tier, an inf every step.
+    ov = run(["--overlap-step=both", "--overlap-inf-every=1"], "cpu")
+    runs = check_common(ov, "both", "cpu", ["off", "on", "on-clip", "on-inf"], 1)
+    check_ratios(runs)
+    off, on, clip, inf = runs["off"], runs["on"], runs["on-clip"], runs["on-inf"]
+    assert off["exposed_ratio"] == 1.0, off
+    assert off["rollbacks"] == 0 and not any(off["all_early_elements"]), off
+    assert off["overlap_host_bytes"] == 0 and off["stats"]["overlap_early_steps"] == 0, off
+    # Overlap without clipping or an inf: early work, kept, never rolled back.
+    assert on["rollbacks"] == 0 and on["rollback_rate"] == 0, on
+    assert max(on["all_early_elements"]) > 0, on
+    assert on["overlap_host_bytes"] > 0 and on["stats"]["overlap_rollbacks"] == 0, on
+    # A clip threshold below the norm: every step's early work is rolled back, none kept.
+    assert clip["rollback_rate"] == 1.0 and clip["rollback_cost"] > 0, clip
+    assert not any(clip["all_early_elements"]), clip
+    assert clip["stats"]["overlap_rollbacks"] >= STEPS, clip
+    # An inf every step: every step skipped, its early work rolled back.
+    assert inf["rollback_rate"] == 1.0 and all(inf["all_skipped"]), inf
+    assert not any(inf["all_early_elements"]), inf
+
+    # On, states on NVMe, an inf every second step: no off run to compare with.
+    ov = run(["--overlap-step=on", "--overlap-inf-every=2"], "nvme")
+    runs = check_common(ov, "on", "nvme", ["on", "on-clip", "on-inf"], 2)
+    for r in runs.values():
+        assert r["exposed_ratio"] == 0 and r["rollback_cost"] == 0, r
+    assert runs["on-clip"]["rollback_rate"] == 1.0, runs["on-clip"]
+    assert runs["on-inf"]["rollback_rate"] == 0.5, runs["on-inf"]
+    assert runs["on"]["rollbacks"] == 0, runs["on"]
+
+    # Off alone; none.
+    ov = run(["--overlap-step=off"], "cpu")
+    runs = check_common(ov, "off", "cpu", ["off"], 2)
+    check_ratios(runs)
+    assert run(["--overlap-step=none"], "cpu") is None
+    print("ok: overlap_step (both, on with NVMe states, off, none)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
