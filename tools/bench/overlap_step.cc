@@ -42,9 +42,10 @@ double median_of(std::vector<double> values) {
 }
 
 // The environment's configuration with the tiers sized to the model: the GPU arena holds every
-// weight and gradient (and the arena's compaction bounce buffer, 1/64); the CPU tier the landed gradients, the parameters' CPU copies, the
-// states when they live there, the overlap's backups (12 bytes an element) and held copies
-// (2), and room for page rounding and pinned buffers.
+// weight and gradient (and the arena's compaction bounce buffer, 1/64); the CPU tier the landed
+// gradients, the parameters' CPU copies, the states when they live there, the overlap's
+// backups (12 bytes an element) and held copies (2), and room for page rounding and pinned
+// buffers.
 Config sized_config(const TrainStepOptions& o, const Config& base, bool nvme,
                     const std::vector<std::string>& nvme_paths) {
   Config c = base;
