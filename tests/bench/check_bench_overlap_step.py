@@ -26,7 +26,8 @@ TOP_FIELDS = {"mode", "state_home", "layers", "layer_bytes", "params", "chunk_el
               "compute_seconds", "transfer_seconds", "optimizer_seconds", "runs", "notes"}
 RUN_FIELDS = {"name", "overlap", "max_grad_norm", "inf_every", "steps", "rollbacks",
               "rollback_rate", "exposed_seconds", "exposed_ratio", "exposed_with_uploads_seconds",
-              "backward_seconds", "step_seconds", "ratio_to_bound", "kept_exposed_seconds",
+              "backward_seconds", "step_seconds", "ratio_to_bound", "step_before_uploads_seconds",
+              "ratio_to_bound_before_uploads", "kept_exposed_seconds",
               "rolled_back_exposed_seconds", "rollback_cost", "early_elements",
               "overlap_host_bytes", "stats", "all_exposed_seconds", "all_step_seconds",
               "all_rolled_back", "all_skipped", "all_early_elements"}
@@ -78,6 +79,9 @@ def check_common(ov, mode, home, names, inf_every):
         assert r["early_elements"] in r["all_early_elements"], r
         assert all(0 <= e <= PARAMS for e in r["all_early_elements"]), r
         assert abs(r["ratio_to_bound"] - r["step_seconds"] / ov["bound_seconds"]) < 1e-3, r
+        assert 0 < r["step_before_uploads_seconds"] <= max(r["all_step_seconds"]), r
+        assert abs(r["ratio_to_bound_before_uploads"] -
+                   r["step_before_uploads_seconds"] / ov["bound_seconds"]) < 1e-3, r
         assert r["overlap"] == (r["name"] != "off"), r
         if r["name"] == "on-clip":
             assert 0 < r["max_grad_norm"] < 1e-3, r

@@ -54,6 +54,9 @@ std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run)
       ", \"backward_seconds\": ", seconds_json(m.backward_seconds),
       ", \"step_seconds\": ", seconds_json(run.step_seconds),
       ", \"ratio_to_bound\": ", ratio_json(report.ratio_to_bound(run)),
+      ", \"step_before_uploads_seconds\": ", seconds_json(run.step_before_uploads_seconds),
+      ", \"ratio_to_bound_before_uploads\": ",
+      ratio_json(report.ratio_to_bound_before_uploads(run)),
       ", \"kept_exposed_seconds\": ", seconds_json(run.kept_exposed_seconds),
       ", \"rolled_back_exposed_seconds\": ", seconds_json(run.rolled_back_exposed_seconds),
       ", \"rollback_cost\": ", ratio_json(report.rollback_cost(run)),
@@ -77,18 +80,22 @@ void print_overlap_step(const OverlapStepReport& report, std::ostream& out) {
   out << absl::StrFormat("bound %.1f ms = max(compute %.1f, transfer %.1f, optimizer %.1f) ms\n",
                          ms(report.bound_seconds()), ms(report.compute_seconds),
                          ms(report.transfer_seconds), ms(report.optimizer_seconds));
-  out << absl::StrFormat("%-8s %10s %8s %10s %10s %8s %9s %9s %12s %10s\n", "config", "exposed",
-                         "vs off", "+uploads", "step", "/bound", "rollback", "rb cost",
-                         "early elem", "host MiB");
+  out << absl::StrFormat("%-8s %10s %7s %10s %10s %10s %7s %7s %8s %7s %10s %9s\n", "config",
+                         "exposed", "vs off", "+uploads", "backward", "step", "/bound", "-uploads",
+                         "rollback", "rb cost", "early elem", "host MiB");
   for (const OverlapStepRun& run : report.runs) {
-    out << absl::StrFormat("%-8s %8.2fms %8s %8.2fms %8.2fms %8.3f %9.2f %9s %12d %10.1f\n",
-                           run.name, ms(run.median.exposed_seconds),
-                           ratio_text(report.exposed_ratio(run)),
-                           ms(run.median.exposed_with_uploads_seconds), ms(run.step_seconds),
-                           report.ratio_to_bound(run), run.rollback_rate(),
-                           ratio_text(report.rollback_cost(run)), run.median.early_elements,
-                           static_cast<double>(run.median.stats.overlap_host_bytes) / (1 << 20));
+    out << absl::StrFormat(
+        "%-8s %8.2fms %7s %8.2fms %8.2fms %8.2fms %7.3f %8.3f %8.2f %7s %10d %9.1f\n", run.name,
+        ms(run.median.exposed_seconds), ratio_text(report.exposed_ratio(run)),
+        ms(run.median.exposed_with_uploads_seconds), ms(run.median.backward_seconds),
+        ms(run.step_seconds), report.ratio_to_bound(run), report.ratio_to_bound_before_uploads(run),
+        run.rollback_rate(), ratio_text(report.rollback_cost(run)), run.median.early_elements,
+        static_cast<double>(run.median.stats.overlap_host_bytes) / (1 << 20));
   }
+  out << "exposed = step()'s time after the last gradient (last_step_ns); +uploads = until the "
+         "updated weights are on the GPU; step = backward + that; -uploads = (backward + "
+         "exposed) / bound, as if the uploads overlapped the next forward; rb cost = a "
+         "rolled-back step's exposed time / off's; medians\n";
   out << "where the exposed time goes (the median step; ms):\n";
   out << absl::StrFormat("%-8s %9s %9s %9s %9s %9s %9s %9s\n", "config", "step()", "grad wait",
                          "adam", "early wait", "rollback", "nvme wait", "early adam");
@@ -99,6 +106,8 @@ void print_overlap_step(const OverlapStepReport& report, std::ostream& out) {
                            ms_ns(s.last_early_wait_ns), ms_ns(s.last_rollback_ns),
                            ms_ns(s.last_nvme_wait_ns), ms_ns(s.last_early_adam_ns));
   }
+  out << "(a step skipped for an overflow updates only step(); its other columns are the "
+         "previous step's)\n";
   out << "goals: exposed vs off <= 0.10, step /bound <= 1.10, rb cost (a rolled-back step's "
          "exposed time vs off's) <= 2.0\n";
   for (const std::string& note : report.notes) out << note << "\n";
