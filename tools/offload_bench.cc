@@ -317,11 +317,13 @@ int run(int argc, const char* const* argv) {
     train_flags.push_back(flag);
   }
   OverlapStepOptions overlap;
-  train_flags.push_back(&flags.add_enum(
+  cli::Flag& overlap_flag = flags.add_enum(
       "overlap-step", &overlap.mode, {"off", "on", "both", "none"},
       "train-step: the optimizer time exposed after backward through an OffloadOptimizer, "
       "without overlap (off), with it and forced rollbacks (on), both, or none "
-      "(bench/overlap_step.h)"));
+      "(bench/overlap_step.h); zero: the engine's optimizer with overlap (on) or without (off, "
+      "the default there)");
+  train_flags.push_back(&overlap_flag);
   train_flags.push_back(&flags.add_uint64(
       "overlap-inf-every", &overlap.inf_every,
       "train-step: --overlap-step's on-inf configuration injects an inf every this many steps"));
@@ -373,7 +375,7 @@ int run(int argc, const char* const* argv) {
     }
     for (const cli::Flag* flag : train_flags) {
       if (flag->was_set() && flag != &layers_flag && flag != &layer_bytes_flag &&
-          flag != &steps_flag) {
+          flag != &steps_flag && flag != &overlap_flag) {
         return flags.usage_error("--" + flag->name() + " applies to --workload=train-step only");
       }
     }
@@ -381,6 +383,15 @@ int run(int argc, const char* const* argv) {
     if (layers_flag.was_set()) zero.layers = train.layers;
     if (layer_bytes_flag.was_set()) zero.layer_bytes = train.layer_bytes;
     if (steps_flag.was_set()) zero.steps = train.steps;
+    if (overlap_flag.was_set()) {
+      if (overlap.mode != "off" && overlap.mode != "on") {
+        return flags.usage_error(
+            "--overlap-step: --workload=zero runs one configuration: off or "
+            "on, not '" +
+            overlap.mode + "' (compare two runs)");
+      }
+      zero.overlap = overlap.mode == "on";
+    }
     if (zero_stage_flag.was_set()) {
       if (auto error = parse_zero3_stage(zero_stage)) return flags.usage_error(*error);
     }

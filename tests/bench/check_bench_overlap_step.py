@@ -25,7 +25,8 @@ TOP_FIELDS = {"mode", "state_home", "layers", "layer_bytes", "params", "chunk_el
               "compute_ms", "link_throttle_gbps", "steps", "inf_every", "bound_seconds",
               "compute_seconds", "transfer_seconds", "optimizer_seconds", "runs", "notes"}
 RUN_FIELDS = {"name", "overlap", "max_grad_norm", "inf_every", "steps", "rollbacks",
-              "rollback_rate", "exposed_seconds", "exposed_ratio", "exposed_with_uploads_seconds",
+              "rollback_rate", "exposed_seconds", "exposed_ratio", "exposed_after_landing_seconds",
+              "exposed_after_landing_ratio", "exposed_with_uploads_seconds",
               "backward_seconds", "step_seconds", "ratio_to_bound", "step_before_uploads_seconds",
               "ratio_to_bound_before_uploads", "kept_exposed_seconds",
               "rolled_back_exposed_seconds", "rollback_cost", "early_elements",
@@ -74,6 +75,8 @@ def check_common(ov, mode, home, names, inf_every):
         assert r["exposed_seconds"] in r["all_exposed_seconds"], r
         assert r["exposed_seconds"] > 0 and r["step_seconds"] > 0, r
         assert abs(r["exposed_seconds"] - r["stats"]["last_step_ns"] * 1e-9) < 2e-6, r
+        landed = (r["stats"]["last_step_ns"] - r["stats"]["last_step_wait_ns"]) * 1e-9
+        assert abs(r["exposed_after_landing_seconds"] - landed) < 2e-6, r
         assert r["rollbacks"] == sum(r["all_rolled_back"]), r
         assert abs(r["rollback_rate"] - r["rollbacks"] / STEPS) < 1e-4, r
         assert r["early_elements"] in r["all_early_elements"], r
@@ -98,14 +101,23 @@ def check_common(ov, mode, home, names, inf_every):
     return runs
 
 
+def close_ratio(ratio, a, b):
+    """ratio (4 decimals) against a / b, each printed to the microsecond."""
+    expected = a / b
+    slack = 1e-4 + expected * (0.5e-6 / max(a, 1e-9) + 0.5e-6 / b)
+    return abs(ratio - expected) <= slack
+
+
 def check_ratios(runs):
     off = runs["off"]
     for r in runs.values():
-        expected = r["exposed_seconds"] / off["exposed_seconds"]
-        assert abs(r["exposed_ratio"] - expected) < 1e-3 * max(1, expected), r
+        assert close_ratio(r["exposed_ratio"], r["exposed_seconds"], off["exposed_seconds"]), r
+        if off["exposed_after_landing_seconds"] > 0:
+            assert close_ratio(r["exposed_after_landing_ratio"], r["exposed_after_landing_seconds"],
+                               off["exposed_after_landing_seconds"]), r
         if r["rollbacks"]:
-            expected = r["rolled_back_exposed_seconds"] / off["exposed_seconds"]
-            assert abs(r["rollback_cost"] - expected) < 1e-3 * max(1, expected), r
+            assert close_ratio(r["rollback_cost"], r["rolled_back_exposed_seconds"],
+                               off["exposed_seconds"]), r
         else:
             assert r["rollback_cost"] == 0 and r["rolled_back_exposed_seconds"] == 0, r
 
@@ -136,6 +148,7 @@ def main() -> int:
     runs = check_common(ov, "on", "nvme", ["on", "on-clip", "on-inf"], 2)
     for r in runs.values():
         assert r["exposed_ratio"] == 0 and r["rollback_cost"] == 0, r
+        assert r["exposed_after_landing_ratio"] == 0, r
     assert runs["on-clip"]["rollback_rate"] == 1.0, runs["on-clip"]
     assert runs["on-inf"]["rollback_rate"] == 0.5, runs["on-inf"]
     assert runs["on"]["rollbacks"] == 0, runs["on"]

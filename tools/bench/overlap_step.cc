@@ -307,6 +307,12 @@ double OverlapStepReport::exposed_ratio(const OverlapStepRun& run) const {
   return run.median.exposed_seconds / off->median.exposed_seconds;
 }
 
+double OverlapStepReport::exposed_after_landing_ratio(const OverlapStepRun& run) const {
+  const OverlapStepRun* off = find("off");
+  if (off == nullptr || off->median.exposed_after_landing_seconds() <= 0) return 0;
+  return run.median.exposed_after_landing_seconds() / off->median.exposed_after_landing_seconds();
+}
+
 double OverlapStepReport::rollback_cost(const OverlapStepRun& run) const {
   const OverlapStepRun* off = find("off");
   if (off == nullptr || off->median.exposed_seconds <= 0 || run.rollbacks == 0) return 0;

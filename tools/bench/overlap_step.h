@@ -30,6 +30,7 @@
 
 #include <absl/status/statusor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <ostream>
@@ -62,6 +63,11 @@ struct OverlapStepSample {
   double step_seconds = 0;  // backward + step() + the uploads
   bool rolled_back = false;
   bool skipped = false;
+  double exposed_after_landing_seconds() const {
+    return static_cast<double>(stats.last_step_ns - std::min(stats.last_step_ns,
+                                                             stats.last_step_wait_ns)) *
+           1e-9;
+  }
   uint64_t early_elements = 0;  // StepResult::early_elements
   OffloadOptimizerStats stats;  // right after step()
 };
@@ -104,6 +110,9 @@ struct OverlapStepReport {
   const OverlapStepRun* find(const std::string& name) const;
   // The exposed time against the plain step's (off) in the same run; 0 without "off".
   double exposed_ratio(const OverlapStepRun& run) const;
+  // The same after the last gradient has landed (last_step_ns - last_step_wait_ns): without
+  // the last gradient's D2H and statistics, which are backward's transfer, not the optimizer.
+  double exposed_after_landing_ratio(const OverlapStepRun& run) const;
   // A rolled-back step's exposed time against the plain step's; 0 without one.
   double rollback_cost(const OverlapStepRun& run) const;
   double ratio_to_bound(const OverlapStepRun& run) const;

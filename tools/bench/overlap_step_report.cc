@@ -50,6 +50,8 @@ std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run)
       ", \"rollback_rate\": ", ratio_json(run.rollback_rate()),
       ", \"exposed_seconds\": ", seconds_json(m.exposed_seconds),
       ", \"exposed_ratio\": ", ratio_json(report.exposed_ratio(run)),
+      ", \"exposed_after_landing_seconds\": ", seconds_json(m.exposed_after_landing_seconds()),
+      ", \"exposed_after_landing_ratio\": ", ratio_json(report.exposed_after_landing_ratio(run)),
       ", \"exposed_with_uploads_seconds\": ", seconds_json(m.exposed_with_uploads_seconds),
       ", \"backward_seconds\": ", seconds_json(m.backward_seconds),
       ", \"step_seconds\": ", seconds_json(run.step_seconds),
@@ -80,19 +82,23 @@ void print_overlap_step(const OverlapStepReport& report, std::ostream& out) {
   out << absl::StrFormat("bound %.1f ms = max(compute %.1f, transfer %.1f, optimizer %.1f) ms\n",
                          ms(report.bound_seconds()), ms(report.compute_seconds),
                          ms(report.transfer_seconds), ms(report.optimizer_seconds));
-  out << absl::StrFormat("%-8s %10s %7s %10s %10s %10s %7s %7s %8s %7s %10s %9s\n", "config",
-                         "exposed", "vs off", "+uploads", "backward", "step", "/bound", "-uploads",
-                         "rollback", "rb cost", "early elem", "host MiB");
+  out << absl::StrFormat("%-8s %10s %7s %10s %7s %10s %10s %10s %7s %7s %8s %7s %10s %9s\n",
+                         "config", "exposed", "vs off", "landed", "vs off", "+uploads", "backward",
+                         "step", "/bound", "-uploads", "rollback", "rb cost", "early elem",
+                         "host MiB");
   for (const OverlapStepRun& run : report.runs) {
     out << absl::StrFormat(
-        "%-8s %8.2fms %7s %8.2fms %8.2fms %8.2fms %7.3f %8.3f %8.2f %7s %10d %9.1f\n", run.name,
-        ms(run.median.exposed_seconds), ratio_text(report.exposed_ratio(run)),
+        "%-8s %8.2fms %7s %8.2fms %7s %8.2fms %8.2fms %8.2fms %7.3f %8.3f %8.2f %7s %10d %9.1f\n",
+        run.name, ms(run.median.exposed_seconds), ratio_text(report.exposed_ratio(run)),
+        ms(run.median.exposed_after_landing_seconds()),
+        ratio_text(report.exposed_after_landing_ratio(run)),
         ms(run.median.exposed_with_uploads_seconds), ms(run.median.backward_seconds),
         ms(run.step_seconds), report.ratio_to_bound(run), report.ratio_to_bound_before_uploads(run),
         run.rollback_rate(), ratio_text(report.rollback_cost(run)), run.median.early_elements,
         static_cast<double>(run.median.stats.overlap_host_bytes) / (1 << 20));
   }
-  out << "exposed = step()'s time after the last gradient (last_step_ns); +uploads = until the "
+  out << "exposed = step()'s time after the last gradient (last_step_ns); landed = the same "
+         "after the last gradient has landed (less last_step_wait_ns); +uploads = until the "
          "updated weights are on the GPU; step = backward + that; -uploads = (backward + "
          "exposed) / bound, as if the uploads overlapped the next forward; rb cost = a "
          "rolled-back step's exposed time / off's; medians\n";
