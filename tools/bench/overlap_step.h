@@ -64,8 +64,8 @@ struct OverlapStepSample {
   bool rolled_back = false;
   bool skipped = false;
   double exposed_after_landing_seconds() const {
-    return static_cast<double>(stats.last_step_ns - std::min(stats.last_step_ns,
-                                                             stats.last_step_wait_ns)) *
+    return static_cast<double>(stats.last_step_ns -
+                               std::min(stats.last_step_ns, stats.last_step_wait_ns)) *
            1e-9;
   }
   uint64_t early_elements = 0;  // StepResult::early_elements
