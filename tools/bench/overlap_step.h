@@ -25,7 +25,8 @@
 //            rolled back.
 // The bound of a step: max(compute, transfer, optimizer), where compute is layers × compute,
 // transfer the busier direction of the link (the gradients down, the parameters up: the same
-// bytes) at --link-gbps, and optimizer the Adam time of the plain step (last_adam_ns of "off").
+// bytes) at --link-gbps, and optimizer the plain step's time once the last gradient has landed
+// (off's last_step_ns - last_step_wait_ns: Adam, its uploads, with states on NVMe their I/O).
 #pragma once
 
 #include <absl/status/statusor.h>
@@ -102,7 +103,7 @@ struct OverlapStepReport {
   uint64_t chunk_elements = 0;
   double compute_seconds = 0;    // layers × compute
   double transfer_seconds = 0;   // layers × layer bytes at --link-gbps; 0 when not throttled
-  double optimizer_seconds = 0;  // the plain step's Adam time (off), else the on run's
+  double optimizer_seconds = 0;  // the plain step after landing (off), else the on run's Adam
   std::vector<OverlapStepRun> runs;
   std::vector<std::string> notes;
 
