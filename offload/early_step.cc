@@ -149,6 +149,7 @@ void OffloadOptimizer::Impl::run_stepper() {
       landing_changed.SignalAll();  // the queue may be empty now: wait_for_early_steps()
       if (early_units[unit].state != Early::kQueued) continue;
       plan = early_plan;
+      early_claimed = true;  // off the queue, not running yet: wait_for_early_steps() waits
     }
     // The staging chunk is taken before the unit's gradients are claimed: the lander frees
     // staging chunks and may be waiting to write one of those gradients.
@@ -157,7 +158,11 @@ void OffloadOptimizer::Impl::run_stepper() {
     {
       MutexLock lock(&landing_mu);
       if (stopping) return;
-      if (early_units[unit].state != Early::kQueued) continue;  // a landing came in between
+      if (early_units[unit].state != Early::kQueued) {  // a landing came in between
+        early_claimed = false;
+        landing_changed.SignalAll();
+        continue;
+      }
       plan = early_plan;
       early_busy = plan->params_of_unit[unit];
       early_running = true;
@@ -181,6 +186,7 @@ void OffloadOptimizer::Impl::run_stepper() {
     }
     early_ns += ns_since(start);
     early_running = false;
+    early_claimed = false;
     early_busy = {1, 0};
     landing_changed.SignalAll();
   }

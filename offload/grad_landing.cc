@@ -354,7 +354,9 @@ void OffloadOptimizer::wait_for_early_steps() {
   Impl& s = *impl_;
   s.wait_for_landings();
   MutexLock lock(&s.landing_mu);
-  while (!s.early_queue.empty() || s.early_running) wait(&s.landing_changed, &s.landing_mu);
+  while (!s.early_queue.empty() || s.early_running || s.early_claimed) {
+    wait(&s.landing_changed, &s.landing_mu);
+  }
 }
 
 void OffloadOptimizer::set_final_micro_step(bool final) {

@@ -196,6 +196,10 @@ struct OffloadOptimizer::Impl {
   // The parameters the stepper reads right now: a landing into one of them waits.
   std::pair<uint32_t, uint32_t> early_busy ABSL_GUARDED_BY(landing_mu) = {1, 0};  // [first, last]
   bool early_running ABSL_GUARDED_BY(landing_mu) = false;
+  // A unit taken off the queue whose step has not begun (the stepper is getting its staging
+  // chunk): wait_for_early_steps() waits for it too; quiesce_stepper() need not (the unit is
+  // still kQueued, and the stepper drops it once settle_early() has reset it).
+  bool early_claimed ABSL_GUARDED_BY(landing_mu) = false;
   uint64_t early_ns ABSL_GUARDED_BY(landing_mu) = 0;  // stepper time since arming
   std::unique_ptr<Stream> early_stream;               // the stepper's acquires
   std::thread stepper;
