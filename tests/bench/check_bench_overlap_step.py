@@ -31,7 +31,8 @@ RUN_FIELDS = {"name", "overlap", "max_grad_norm", "inf_every", "steps", "rollbac
               "ratio_to_bound_before_uploads", "kept_exposed_seconds",
               "rolled_back_exposed_seconds", "rollback_cost", "early_elements",
               "overlap_host_bytes", "stats", "all_exposed_seconds", "all_step_seconds",
-              "all_rolled_back", "all_skipped", "all_early_elements"}
+              "all_rolled_back", "all_skipped", "all_early_elements", "all_redone_elements",
+              "warmup_early_elements", "warmup_redone_elements", "warmup_rolled_back"}
 STATS_FIELDS = {"last_step_ns", "last_step_wait_ns", "last_adam_ns", "last_nvme_wait_ns",
                 "last_early_elements", "last_redone_elements", "last_early_adam_ns",
                 "last_rollback_ns", "last_early_wait_ns", "overlap_early_steps",
@@ -70,12 +71,14 @@ def check_common(ov, mode, home, names, inf_every):
         assert not missing, f"{r['name']}: stats fields missing: {missing}"
         assert r["steps"] == STEPS, r
         for key in ("all_exposed_seconds", "all_step_seconds", "all_rolled_back", "all_skipped",
-                    "all_early_elements"):
+                    "all_early_elements", "all_redone_elements"):
             assert len(r[key]) == STEPS, (key, r)
         assert r["exposed_seconds"] in r["all_exposed_seconds"], r
         assert r["exposed_seconds"] > 0 and r["step_seconds"] > 0, r
         assert abs(r["exposed_seconds"] - r["stats"]["last_step_ns"] * 1e-9) < 2e-6, r
-        landed = (r["stats"]["last_step_ns"] - r["stats"]["last_step_wait_ns"]) * 1e-9
+        # (A skipped step leaves last_step_wait_ns the previous step's: the difference is
+        # clamped at 0.)
+        landed = max(0, r["stats"]["last_step_ns"] - r["stats"]["last_step_wait_ns"]) * 1e-9
         assert abs(r["exposed_after_landing_seconds"] - landed) < 2e-6, r
         assert r["rollbacks"] == sum(r["all_rolled_back"]), r
         assert abs(r["rollback_rate"] - r["rollbacks"] / STEPS) < 1e-4, r
@@ -86,8 +89,24 @@ def check_common(ov, mode, home, names, inf_every):
         assert abs(r["ratio_to_bound_before_uploads"] -
                    r["step_before_uploads_seconds"] / ov["bound_seconds"]) < 1e-3, r
         assert r["overlap"] == (r["name"] != "off"), r
+        # The warm-up step waits for every early step before step(), so its outcome does not
+        # depend on the stepper keeping up with backward: everything stepped early, then kept
+        # (rolled back and redone with clipping).
+        if r["name"] == "off":
+            assert r["warmup_early_elements"] == 0 and r["warmup_redone_elements"] == 0, r
+            assert not r["warmup_rolled_back"], r
+        elif r["name"] == "on-clip":
+            assert r["warmup_early_elements"] == 0 and r["warmup_redone_elements"] == PARAMS, r
+            assert r["warmup_rolled_back"], r
+        else:
+            assert r["warmup_early_elements"] == PARAMS and r["warmup_redone_elements"] == 0, r
+            assert not r["warmup_rolled_back"], r
         if r["name"] == "on-clip":
             assert 0 < r["max_grad_norm"] < 1e-3, r
+            # Clipping bites every step: whatever the stepper did early is rolled back and
+            # redone, nothing kept (in the measured steps that is every unit it reached).
+            assert not any(r["all_early_elements"]), r
+            assert r["all_rolled_back"] == [e > 0 for e in r["all_redone_elements"]], r
         else:
             assert r["max_grad_norm"] == 0, r
         if r["name"] == "on-inf":
@@ -133,12 +152,12 @@ def main() -> int:
     assert off["overlap_host_bytes"] == 0 and off["stats"]["overlap_early_steps"] == 0, off
     # Overlap without clipping or an inf: early work, kept, never rolled back.
     assert on["rollbacks"] == 0 and on["rollback_rate"] == 0, on
-    assert max(on["all_early_elements"]) > 0, on
+    assert not any(on["all_redone_elements"]), on
     assert on["overlap_host_bytes"] > 0 and on["stats"]["overlap_rollbacks"] == 0, on
-    # A clip threshold below the norm: every step's early work is rolled back, none kept.
-    assert clip["rollback_rate"] == 1.0 and clip["rollback_cost"] > 0, clip
-    assert not any(clip["all_early_elements"]), clip
-    assert clip["stats"]["overlap_rollbacks"] >= STEPS, clip
+    # A clip threshold below the norm: the warm-up's and every measured step's early work
+    # rolled back (checked in check_common), counted (stats: after the median step).
+    assert 1 <= clip["stats"]["overlap_rollbacks"] <= 1 + clip["rollbacks"], clip
+    assert clip["rollback_cost"] > 0 or clip["rollbacks"] == 0, clip
     # An inf every step: every step skipped, its early work rolled back.
     assert inf["rollback_rate"] == 1.0 and all(inf["all_skipped"]), inf
     assert not any(inf["all_early_elements"]), inf
@@ -149,7 +168,6 @@ def main() -> int:
     for r in runs.values():
         assert r["exposed_ratio"] == 0 and r["rollback_cost"] == 0, r
         assert r["exposed_after_landing_ratio"] == 0, r
-    assert runs["on-clip"]["rollback_rate"] == 1.0, runs["on-clip"]
     assert runs["on-inf"]["rollback_rate"] == 0.5, runs["on-inf"]
     assert runs["on"]["rollbacks"] == 0, runs["on"]
 

@@ -238,7 +238,12 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
         return with_context(st, "restoring the gradient");
       }
     }
-    if (s == 0) continue;  // the warm-up step
+    if (s == 0) {  // the warm-up step: every unit stepped early before step()
+      run.warmup_early_elements = result->early_elements;
+      run.warmup_redone_elements = stats.last_redone_elements;
+      run.warmup_rolled_back = stats.overlap_rollbacks > rollbacks_before;
+      continue;
+    }
     OverlapStepSample sample;
     sample.exposed_seconds = seconds_of(stats.last_step_ns);
     sample.backward_seconds = absl::ToDoubleSeconds(last_gradient - start);
@@ -249,6 +254,7 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
     sample.rolled_back = stats.overlap_rollbacks > rollbacks_before;
     sample.skipped = result->skipped;
     sample.early_elements = result->early_elements;
+    sample.redone_elements = stats.last_redone_elements;
     sample.stats = stats;
     run.samples.push_back(sample);
   }

@@ -69,8 +69,9 @@ struct OverlapStepSample {
                                std::min(stats.last_step_ns, stats.last_step_wait_ns)) *
            1e-9;
   }
-  uint64_t early_elements = 0;  // StepResult::early_elements
-  OffloadOptimizerStats stats;  // right after step()
+  uint64_t early_elements = 0;   // StepResult::early_elements
+  uint64_t redone_elements = 0;  // stepped early, rolled back, stepped again (last_redone_elements)
+  OffloadOptimizerStats stats;   // right after step()
 };
 
 struct OverlapStepRun {
@@ -88,6 +89,12 @@ struct OverlapStepRun {
   double rolled_back_exposed_seconds = 0;  // median over rolled-back steps; 0: none
   double kept_exposed_seconds = 0;         // median over the others; 0: none
   uint64_t rollbacks = 0;
+  // The warm-up step, which waits for every early step before step() (so, unlike the measured
+  // steps, its early work does not depend on the stepper keeping up): what it kept, redid and
+  // whether it rolled back.
+  uint64_t warmup_early_elements = 0;
+  uint64_t warmup_redone_elements = 0;
+  bool warmup_rolled_back = false;
   double rollback_rate() const {
     return samples.empty() ? 0
                            : static_cast<double>(rollbacks) / static_cast<double>(samples.size());

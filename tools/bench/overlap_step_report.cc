@@ -34,13 +34,14 @@ std::string stats_json(const OffloadOptimizerStats& s) {
 
 std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run) {
   std::vector<double> exposed, steps;
-  std::vector<std::string> rolled, skipped, early;
+  std::vector<std::string> rolled, skipped, early, redone;
   for (const OverlapStepSample& s : run.samples) {
     exposed.push_back(s.exposed_seconds);
     steps.push_back(s.step_seconds);
     rolled.push_back(json_bool(s.rolled_back));
     skipped.push_back(json_bool(s.skipped));
     early.push_back(absl::StrCat(s.early_elements));
+    redone.push_back(absl::StrCat(s.redone_elements));
   }
   const OverlapStepSample& m = run.median;
   return absl::StrCat(
@@ -68,7 +69,10 @@ std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run)
       ", \"all_exposed_seconds\": ", seconds_list_json(exposed),
       ", \"all_step_seconds\": ", seconds_list_json(steps), ", \"all_rolled_back\": [",
       absl::StrJoin(rolled, ", "), "], \"all_skipped\": [", absl::StrJoin(skipped, ", "),
-      "], \"all_early_elements\": [", absl::StrJoin(early, ", "), "]}");
+      "], \"all_early_elements\": [", absl::StrJoin(early, ", "), "], \"all_redone_elements\": [",
+      absl::StrJoin(redone, ", "), "], \"warmup_early_elements\": ", run.warmup_early_elements,
+      ", \"warmup_redone_elements\": ", run.warmup_redone_elements,
+      ", \"warmup_rolled_back\": ", json_bool(run.warmup_rolled_back), "}");
 }
 
 }  // namespace
