@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "offload/optimizer_rig.h"
@@ -63,6 +64,60 @@ TEST_CASE("Overlapped step: a landed gradient steps early while later landings w
   auto result = optimizer.step();
   REQUIRE(result.ok());
   CHECK_FALSE(result->skipped);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// A step skipped for an overflow reports its early work as any other step does: rolled_back
+// and overlap_rollbacks when early work was undone, neither when there was none, and this
+// step's figures in the last_* stats (not the previous step's).
+TEST_CASE("Overlapped step: a skipped step reports the early work it rolled back",
+          "[optimizer][overlap]") {
+  RigOptions o;
+  o.overlap.enabled = true;
+  o.shapes = {{"p0", 3000}, {"p1", 2000}};
+  Rig rig(o, {std::vector<float>(3000, 0.5F), std::vector<float>(2000, -0.25F)});
+  OffloadOptimizer& optimizer = rig.optimizer();
+  const std::vector<std::vector<float>> clean = {std::vector<float>(3000, 0.01F),
+                                                 std::vector<float>(2000, -0.02F)};
+  std::vector<std::vector<float>> overflow = clean;
+  overflow[0][17] = std::numeric_limits<float>::infinity();
+  rig.backward(clean);
+  optimizer.wait_for_early_steps();
+  REQUIRE(optimizer.step().ok());
+  const OffloadOptimizerStats first = optimizer.stats();
+  REQUIRE(first.last_early_elements == 5000);
+  REQUIRE(first.last_adam_ns == 0);  // both stepped early
+
+  SECTION("early work to undo") {
+    rig.backward(overflow);
+    optimizer.wait_for_early_steps();
+    auto result = optimizer.step();
+    REQUIRE(result.ok());
+    CHECK(result->skipped);
+    CHECK(result->rolled_back);
+    CHECK(result->early_elements == 0);
+    const OffloadOptimizerStats s = optimizer.stats();
+    CHECK(s.overlap_rollbacks == first.overlap_rollbacks + 1);
+    CHECK(s.last_early_elements == 0);
+    CHECK(s.last_redone_elements == 0);  // undone, not stepped again: the step is skipped
+    CHECK(s.last_adam_ns == 0);
+  }
+  SECTION("none: every landing announced as a micro-step that more will add to") {
+    rig.backward(overflow, GradCompletion::kMore);
+    auto result = optimizer.step();
+    REQUIRE(result.ok());
+    CHECK(result->skipped);
+    CHECK_FALSE(result->rolled_back);
+    const OffloadOptimizerStats s = optimizer.stats();
+    CHECK(s.overlap_rollbacks == first.overlap_rollbacks);
+    CHECK(s.last_early_elements == 0);
+    CHECK(s.last_early_adam_ns == 0);
+  }
 }
 
 }  // namespace
