@@ -249,9 +249,7 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
     sample.backward_seconds = absl::ToDoubleSeconds(last_gradient - start);
     sample.exposed_with_uploads_seconds = absl::ToDoubleSeconds(end - last_gradient);
     sample.step_seconds = absl::ToDoubleSeconds(end - start);
-    // The counter, not StepResult::rolled_back: a step skipped for an overflow rolls its
-    // early work back and counts it there, but does not set rolled_back.
-    sample.rolled_back = stats.overlap_rollbacks > rollbacks_before;
+    sample.rolled_back = result->rolled_back;
     sample.skipped = result->skipped;
     sample.early_elements = result->early_elements;
     sample.redone_elements = stats.last_redone_elements;

@@ -116,8 +116,6 @@ void print_overlap_step(const OverlapStepReport& report, std::ostream& out) {
                            ms_ns(s.last_early_wait_ns), ms_ns(s.last_rollback_ns),
                            ms_ns(s.last_nvme_wait_ns), ms_ns(s.last_early_adam_ns));
   }
-  out << "(a step skipped for an overflow updates only step(); its other columns are the "
-         "previous step's)\n";
   out << "goals: exposed vs off <= 0.10, step /bound <= 1.10, rb cost (a rolled-back step's "
          "exposed time vs off's) <= 2.0\n";
   for (const std::string& note : report.notes) out << note << "\n";
