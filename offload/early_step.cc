@@ -151,7 +151,7 @@ void OffloadOptimizer::Impl::run_stepper() {
         continue;
       }
       plan = early_plan;
-      early_claiming = true;  // popped, not yet running: wait_for_early_steps() waits for it
+      early_claimed = true;  // off the queue, not running yet: wait_for_early_steps() waits
     }
     // The staging chunk is taken before the unit's gradients are claimed: the lander frees
     // staging chunks and may be waiting to write one of those gradients.
@@ -159,10 +159,12 @@ void OffloadOptimizer::Impl::run_stepper() {
     StagingPool::Lease lease = cpu ? StagingPool::Lease() : pool->acquire();
     {
       MutexLock lock(&landing_mu);
-      early_claiming = false;
-      landing_changed.SignalAll();
       if (stopping) return;
-      if (early_units[unit].state != Early::kQueued) continue;  // a landing came in between
+      if (early_units[unit].state != Early::kQueued) {  // a landing came in between
+        early_claimed = false;
+        landing_changed.SignalAll();
+        continue;
+      }
       plan = early_plan;
       early_busy = plan->params_of_unit[unit];
       early_running = true;
@@ -186,6 +188,7 @@ void OffloadOptimizer::Impl::run_stepper() {
     }
     early_ns += ns_since(start);
     early_running = false;
+    early_claimed = false;
     early_busy = {1, 0};
     landing_changed.SignalAll();
   }

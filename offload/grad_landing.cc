@@ -289,20 +289,20 @@ absl::Status OffloadOptimizer::Impl::process(LandingJob& job) {
     if (status.ok()) {
       stats = grad_stats_with(options.isa, job.host, p->grad_type, p->count, 1.0F, adam_pool.get());
     }
-    if (auto st = store.release(p->grad_host, *d2h_stream); !st.ok() && status.ok()) status = st;
+    if (auto st = store.release(p->grad_host, *lander_stream); !st.ok() && status.ok()) status = st;
   } else if (status.ok()) {
     if (job.first_piece) {
       MutexLock lock(&landing_mu);
       before_grad_write(job.param);
     }
-    auto host = store.acquire(p->grad_host, TierKind::kCpu, *d2h_stream, AccessMode::kWrite);
+    auto host = store.acquire(p->grad_host, TierKind::kCpu, *lander_stream, AccessMode::kWrite);
     if (!host.ok()) {
       status = host.status();
     } else {
       const uint64_t esize = element_bytes(p->grad_type);
       stats = grad_accumulate_with(options.isa, static_cast<std::byte*>(*host) + job.offset * esize,
                                    job.lease.data(), p->grad_type, job.count, adam_pool.get());
-      if (auto st = store.release(p->grad_host, *d2h_stream); !st.ok()) status = st;
+      if (auto st = store.release(p->grad_host, *lander_stream); !st.ok()) status = st;
     }
   }
   job.lease = StagingPool::Lease();
@@ -358,7 +358,7 @@ void OffloadOptimizer::wait_for_early_steps() {
   Impl& s = *impl_;
   s.wait_for_landings();
   MutexLock lock(&s.landing_mu);
-  while (!s.early_queue.empty() || s.early_claiming || s.early_running) {
+  while (!s.early_queue.empty() || s.early_running || s.early_claimed) {
     wait(&s.landing_changed, &s.landing_mu);
   }
 }

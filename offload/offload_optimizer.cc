@@ -130,7 +130,8 @@ absl::StatusOr<std::unique_ptr<OffloadOptimizer>> OffloadOptimizer::create(
     }
   }
   impl->chunk_elements = elements;
-  for (auto* stream : {&impl->d2h_stream, &impl->h2d_stream, &impl->early_stream}) {
+  for (auto* stream :
+       {&impl->d2h_stream, &impl->h2d_stream, &impl->lander_stream, &impl->early_stream}) {
     auto created = runtime.device().create_stream();
     if (!created.ok()) return created.status();
     *stream = *std::move(created);
@@ -165,6 +166,7 @@ OffloadOptimizer::~OffloadOptimizer() {
   (void)s.runtime.device().synchronize(*s.early_stream);
   (void)s.runtime.device().synchronize(*s.h2d_stream);
   (void)s.runtime.device().synchronize(*s.d2h_stream);
+  (void)s.runtime.device().synchronize(*s.lander_stream);
   TensorStore& store = s.runtime.store();
   MutexLock lock(&s.state_mu);
   for (const Impl::Param& p : s.params) {

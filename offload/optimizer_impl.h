@@ -157,6 +157,11 @@ struct OffloadOptimizer::Impl {
   uint64_t chunk_elements = 0;
   std::unique_ptr<Stream> d2h_stream;  // gradient landings
   std::unique_ptr<Stream> h2d_stream;  // parameter updates
+  // The lander's releases and acquires of landing buffers, after it has waited for their copy:
+  // nothing is queued on it, so they are ready at once. On d2h_stream they would wait behind
+  // the landings issued since (and the trainer's compute those wait for): an early step, or
+  // an accumulating landing, that acquires the buffer would wait for the end of backward.
+  std::unique_ptr<Stream> lander_stream;
 
   // Serialises step(), save(), load(), add_param(), read_state(): they change the layout or
   // the states. Held before landing_mu/state_mu, never while waiting for them in reverse.
@@ -192,7 +197,10 @@ struct OffloadOptimizer::Impl {
   // The parameters the stepper reads right now: a landing into one of them waits.
   std::pair<uint32_t, uint32_t> early_busy ABSL_GUARDED_BY(landing_mu) = {1, 0};  // [first, last]
   bool early_running ABSL_GUARDED_BY(landing_mu) = false;
-  bool early_claiming ABSL_GUARDED_BY(landing_mu) = false;  // popped, taking its staging chunk
+  // A unit taken off the queue whose step has not begun (the stepper is getting its staging
+  // chunk): wait_for_early_steps() waits for it too; quiesce_stepper() need not (the unit is
+  // still kQueued, and the stepper drops it once settle_early() has reset it).
+  bool early_claimed ABSL_GUARDED_BY(landing_mu) = false;
   uint64_t early_ns ABSL_GUARDED_BY(landing_mu) = 0;  // stepper time since arming
   std::unique_ptr<Stream> early_stream;               // the stepper's acquires
   std::thread stepper;

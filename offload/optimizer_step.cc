@@ -429,12 +429,9 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   }
   // Early work that step() does not keep is rolled back before any return, so that the states
   // are the previous step's whenever step() does not complete.
-  bool discarded = false;  // early work was rolled back
   auto roll_back = [&]() -> absl::Status {
     auto outcome = settle_early(/*valid=*/false);
-    if (!outcome.ok()) return outcome.status();
-    discarded = outcome->rolled_back;
-    return absl::OkStatus();
+    return outcome.ok() ? absl::OkStatus() : outcome.status();
   };
   if (options.combine_grad_stats) {
     // Collective under data parallelism: every rank gets here every step, also with nothing
@@ -463,14 +460,13 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   };
   const LossScaling& ls = options.loss_scaling;
   if (non_finite && options.skip_on_overflow) {
-    absl::Status rolled = roll_back();
-    if (!rolled.ok()) return rolled;
+    auto undone = settle_early(/*valid=*/false);
+    if (!undone.ok()) return undone.status();
     clear_landings();
     arm();
     MutexLock lock(&state_mu);
     ++counters.skipped_steps;
-    if (discarded) ++counters.overlap_rollbacks;
-    result.rolled_back = discarded;
+    if (undone->rolled_back) ++counters.overlap_rollbacks;
     if (ls.dynamic) loss_scale = std::max(ls.min_scale, loss_scale * ls.backoff_factor);
     good_steps = 0;
     result.skipped = true;
@@ -478,7 +474,18 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
     result.grad_norm = std::numeric_limits<double>::infinity();
     result.step = step_count;
     result.loss_scale = loss_scale;
+    result.rolled_back = undone->rolled_back;
+    // This step's figures, as a completed step records them: nothing kept, nothing stepped
+    // again (the early work is undone and the step skipped).
     counters.last_step_ns = since_ns(start);
+    counters.last_step_wait_ns = wait_ns;
+    counters.last_adam_ns = 0;
+    counters.last_nvme_wait_ns = 0;
+    counters.last_early_elements = 0;
+    counters.last_redone_elements = 0;
+    counters.last_early_adam_ns = undone->early_ns;
+    counters.last_rollback_ns = undone->rollback_ns;
+    counters.last_early_wait_ns = early_wait_ns;
     return result;
   }
   if (updated == 0) {

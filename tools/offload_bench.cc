@@ -44,6 +44,7 @@
 #include "bench/gpu_paths.h"
 #include "bench/nvme_dirs.h"
 #include "bench/optimizer_workload.h"
+#include "bench/overlap_step.h"
 #include "bench/plot.h"
 #include "bench/report.h"
 #include "bench/store_paths.h"
@@ -115,12 +116,14 @@ std::string startup_line(Config config, const SizeSetting& nvme_bytes) {
 }
 
 // to_json's document is one object; the workload's results become its last key.
-std::string with_train_step(std::string document, const std::string& train_step) {
+std::string with_train_step(std::string document, const std::string& train_step,
+                            const std::string& overlap_step) {
   document.pop_back();  // the closing brace
-  return document + ", \"train_step\": " + train_step + "}";
+  return document + ", \"train_step\": " + train_step + ", \"overlap_step\": " + overlap_step + "}";
 }
 
-int run_train_step_workload(const TrainStepOptions& options, const std::string& json) {
+int run_train_step_workload(const TrainStepOptions& options, const OverlapStepOptions& overlap,
+                            const std::string& json) {
   auto config = Config::from_environment();
   if (!config.ok()) return fail(config.status());
   std::optional<NvmeDirs> dirs;
@@ -139,6 +142,15 @@ int run_train_step_workload(const TrainStepOptions& options, const std::string& 
   if (!report.ok()) return fail(report.status());
   human << "offload-bench on " << report->device << "\n" << render(report->config);
   if (!json_to_stdout) print_train_step(*report, std::cout);
+  std::optional<OverlapStepReport> overlapped;
+  if (overlap.mode != "none") {
+    auto run =
+        run_overlap_step(options, overlap, *config,
+                         dirs.has_value() ? dirs->paths() : std::vector<std::string>(), human);
+    if (!run.ok()) return fail(run.status());
+    overlapped = *std::move(run);
+    if (!json_to_stdout) print_overlap_step(*overlapped, std::cout);
+  }
   if (json.empty()) return 0;
   // The document's "device" is the device the runs used (a throttled HostDevice on host).
   auto device = make_train_step_device(options, report->config);
@@ -148,7 +160,9 @@ int run_train_step_workload(const TrainStepOptions& options, const std::string& 
   paths.engine_reason = report->engine_reason;
   paths.nvme_paths = report->config.nvme_paths;
   const std::string document =
-      with_train_step(to_json(paths, report->config, **device), train_step_json(*report)) + "\n";
+      with_train_step(to_json(paths, report->config, **device), train_step_json(*report),
+                      overlapped.has_value() ? overlap_step_json(*overlapped) : "null") +
+      "\n";
   if (json_to_stdout) {
     std::cout << document;
   } else if (!write_file(json, document)) {
@@ -302,6 +316,17 @@ int run(int argc, const char* const* argv) {
   for (cli::Flag* flag : add_train_step_flags(flags, &train, &policies_text)) {
     train_flags.push_back(flag);
   }
+  OverlapStepOptions overlap;
+  cli::Flag& overlap_flag = flags.add_enum(
+      "overlap-step", &overlap.mode, {"off", "on", "both", "none"},
+      "train-step: the optimizer time exposed after backward through an OffloadOptimizer, "
+      "without overlap (off), with it and forced rollbacks (on), both, or none "
+      "(bench/overlap_step.h); zero: the engine's optimizer with overlap (on) or without (off, "
+      "the default there)");
+  train_flags.push_back(&overlap_flag);
+  train_flags.push_back(&flags.add_uint64(
+      "overlap-inf-every", &overlap.inf_every,
+      "train-step: --overlap-step's on-inf configuration injects an inf every this many steps"));
   OptimizerOptions optimizer;
   std::string params_text = "32M";  // OptimizerOptions::params
   uint64_t zero_stage = 0;          // not given
@@ -350,7 +375,7 @@ int run(int argc, const char* const* argv) {
     }
     for (const cli::Flag* flag : train_flags) {
       if (flag->was_set() && flag != &layers_flag && flag != &layer_bytes_flag &&
-          flag != &steps_flag) {
+          flag != &steps_flag && flag != &overlap_flag) {
         return flags.usage_error("--" + flag->name() + " applies to --workload=train-step only");
       }
     }
@@ -358,6 +383,15 @@ int run(int argc, const char* const* argv) {
     if (layers_flag.was_set()) zero.layers = train.layers;
     if (layer_bytes_flag.was_set()) zero.layer_bytes = train.layer_bytes;
     if (steps_flag.was_set()) zero.steps = train.steps;
+    if (overlap_flag.was_set()) {
+      if (overlap.mode != "off" && overlap.mode != "on") {
+        return flags.usage_error(
+            "--overlap-step: --workload=zero runs one configuration: off or "
+            "on, not '" +
+            overlap.mode + "' (compare two runs)");
+      }
+      zero.overlap = overlap.mode == "on";
+    }
     if (zero_stage_flag.was_set()) {
       if (auto error = parse_zero3_stage(zero_stage)) return flags.usage_error(*error);
     }
@@ -436,7 +470,8 @@ int run(int argc, const char* const* argv) {
     }
     train.policies = absl::StrSplit(policies_text, ',');
     if (auto error = validate(train)) return flags.usage_error(*error);
-    return run_train_step_workload(train, options.json);
+    if (auto error = validate(overlap)) return flags.usage_error(*error);
+    return run_train_step_workload(train, overlap, options.json);
   }
   for (const cli::Flag* flag : train_flags) {
     if (flag->was_set()) {

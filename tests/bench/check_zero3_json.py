@@ -5,6 +5,7 @@ checks the document's "zero" object field by field.
 
   check_zero3_json.py STRATA_RUN BENCH RANKS HOME [auto]   under strata-run -n RANKS
   check_zero3_json.py - BENCH 1 HOME [auto]                alone
+  ... [overlap]                                             with --overlap-step=on
 
 HOME is the shards' home (gpu, cpu or nvme; nvme uses a temporary directory under TMPDIR, which
 must be gone afterwards). Without "auto" the run gives --prefetch-bytes, --max-live-bytes and
@@ -42,14 +43,16 @@ COUNT_FIELDS = {"gathers", "gathers_on_demand", "gathers_prefetched", "reuses", 
 SAMPLE_FIELDS = TIME_FIELDS | COUNT_FIELDS | {"exposed_comm_fraction", "overlap_bound_seconds",
                                               "ratio", "bound", "goal",
                                               "exposed_with_grad_waits_seconds",
-                                              "exposed_with_grad_waits_fraction"}
+                                              "exposed_with_grad_waits_fraction",
+                                              "optimizer_step_seconds", "early_elements",
+                                              "rolled_back", "early_wait_seconds"}
 ZERO_FIELDS = {"ranks", "stage", "backend", "param_home", "state_home", "layers", "layer_bytes",
                "layer_params", "padded_params", "shard_params", "gathered_layer_bytes",
                "shard_bytes", "prefetch_bytes", "max_live_bytes", "reuse_window_bytes", "steps",
                "layer_compute_seconds", "baselines", "step_seconds", "all_step_seconds",
-               "slowest_rank", "per_rank"} | SAMPLE_FIELDS
+               "slowest_rank", "per_rank", "overlap"} | SAMPLE_FIELDS
 RANK_FIELDS = {"rank", "step_seconds", "all_step_seconds", "model_state_bytes",
-               "model_state_bytes_by_tier", "mean_nvme_read_bytes"} | SAMPLE_FIELDS
+               "model_state_bytes_by_tier", "mean_nvme_read_bytes", "rollback_rate"} | SAMPLE_FIELDS
 BOUND_FIELDS = {"compute_seconds", "gather_seconds", "reduce_scatter_seconds", "comm_seconds",
                 "shard_read_seconds", "optimizer_seconds", "seconds"}
 EPS = 2e-5  # seconds: each is rounded to 1e-6 and sums of up to a dozen of them are compared
@@ -204,6 +207,15 @@ def check_zero(zero, ranks, home, auto):
         assert len(r["all_step_seconds"]) == STEPS, r
         assert r["step_seconds"] == lower_median(r["all_step_seconds"]), r
         check_sample(r, zero, where)
+        # The rank's optimizer: its step() time, and with --overlap-step=on the elements it
+        # stepped early (at most its shard) and how often it rolled them back (no clipping and
+        # no inf here, but a busy machine may land a gradient late: no count is asserted).
+        assert r["optimizer_step_seconds"] > 0, r
+        assert 0 <= r["early_elements"] <= shard_total, (r, shard_total)
+        assert 0 <= r["rollback_rate"] <= 1, r
+        if not zero["overlap"]:
+            assert r["early_elements"] == 0 and r["rolled_back"] is False, r
+            assert r["rollback_rate"] == 0 and r["early_wait_seconds"] == 0, r
         tiers = r["model_state_bytes_by_tier"]
         assert set(tiers) == {"gpu", "cpu", "nvme"}, tiers
         assert r["model_state_bytes"] == sum(tiers.values()), r
@@ -225,7 +237,9 @@ def check_zero(zero, ranks, home, auto):
 
 def main() -> int:
     strata_run, bench, ranks, home = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    auto = len(sys.argv) > 5 and sys.argv[5] == "auto"
+    extras = set(sys.argv[5:])
+    auto = "auto" in extras
+    overlap = "overlap" in extras  # --overlap-step=on
     launcher = [] if strata_run == "-" else [strata_run, "-n", str(ranks)]
     with tempfile.TemporaryDirectory(prefix="offload-bench-zero3-") as tmpdir:
         env = dict(os.environ, TMPDIR=tmpdir)
@@ -235,6 +249,8 @@ def main() -> int:
         args = [*launcher, bench, "--workload=zero", f"--layers={LAYERS}",
                 f"--layer-bytes={LAYER_BYTES}", "--layer-compute=200us", f"--steps={STEPS}",
                 f"--param-home={home}", "--json=-"]
+        if overlap:
+            args.append("--overlap-step=on")
         if not auto:
             args += [f"--prefetch-bytes={LAYER_BYTES}", f"--max-live-bytes={3 * LAYER_BYTES}",
                      f"--reuse-window-bytes={LAYER_BYTES}"]
@@ -250,6 +266,7 @@ def main() -> int:
     assert not missing, f"config fields missing: {missing}"
     assert doc["results"] == [], doc["results"]
     zero = doc["zero"]
+    assert zero["overlap"] is overlap, zero["overlap"]
     check_zero(zero, ranks, home, auto)
     # rank 0 prints the table: the job's line and one line per rank, then the goal.
     lines = run.stderr.splitlines()

@@ -8,20 +8,10 @@
 #include <string_view>
 #include <thread>
 
+#include "bench/simulated_compute.h"
+
 namespace strata::bench {
 namespace {
-
-// Simulated compute: a timed wait on the stream's worker. Sleeps to just short of the deadline
-// and yields for the rest, because a plain sleep overshoots by tens of microseconds per layer,
-// which over 2L layers would inflate every step against the bound by a fixed few percent.
-void simulate_compute(absl::Duration duration, std::atomic<int64_t>* spent_ns) {
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + duration;
-  constexpr absl::Duration kSpin = absl::Microseconds(200);
-  if (duration > kSpin) absl::SleepFor(duration - kSpin);
-  while (absl::Now() < deadline) std::this_thread::yield();
-  spent_ns->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
-}
 
 MoveStats all_moves(const StoreStats& s) {
   MoveStats total;

@@ -53,6 +53,10 @@ std::string sample_fields(const Zero3Report& report, const Zero3Sample& s) {
           whole(s.prefetch_late), whole(s.dropped_unused), whole(s.order_changes),
           whole(s.gathered_peak_bytes), whole(s.all_gather_bytes), whole(s.reduce_scatter_bytes),
           whole(s.nvme_read_bytes)),
+      absl::StrFormat(R"("optimizer_step_seconds": %s, "early_elements": %d, )"
+                      R"("rolled_back": %s, "early_wait_seconds": %s, )",
+                      seconds_json(s.optimizer_step), whole(s.early_elements),
+                      json_bool(s.rolled_back > 0), seconds_json(s.early_wait)),
       absl::StrFormat(R"("overlap_bound_seconds": %s, "ratio": %s, "bound": %s, )"
                       R"("goal": {"exposed_fraction_max": %s, "applies": %s, "met": %s})",
                       seconds_json(b.seconds), ratio_json(b.seconds > 0 ? s.step / b.seconds : 0),
@@ -65,10 +69,10 @@ std::string rank_json(const Zero3Report& report, const Zero3RankSummary& r) {
   return absl::StrFormat(
       R"({"rank": %d, "step_seconds": %s, "all_step_seconds": %s, %s, "model_state_bytes": %d, )"
       R"("model_state_bytes_by_tier": {"gpu": %d, "cpu": %d, "nvme": %d}, )"
-      R"("mean_nvme_read_bytes": %.1f})",
+      R"("mean_nvme_read_bytes": %.1f, "rollback_rate": %s})",
       r.rank, seconds_json(r.median.step), seconds_list_json(r.all_step_seconds),
       sample_fields(report, r.median), r.model_state_bytes, t[0], t[1], t[2],
-      r.mean_nvme_read_bytes);
+      r.mean_nvme_read_bytes, ratio_json(r.rollback_rate));
 }
 
 std::string baselines_json(const Zero3Report& r) {
@@ -161,6 +165,15 @@ void print_zero3(const Zero3Report& r, std::ostream& out) {
     }
     out << "\n";
   }
+  out << absl::StrFormat(
+      "optimizer step, overlap %s: step() of the rank optimizer %s in the job's median step "
+      "(rank %d), %d elements stepped early and kept, early wait %s; rollback rate",
+      o.overlap ? "on" : "off", ms(r.median.optimizer_step), r.slowest_rank,
+      whole(r.median.early_elements), ms(r.median.early_wait));
+  for (const Zero3RankSummary& rank : r.per_rank) {
+    out << absl::StrFormat(" rank %d %.2f", rank.rank, rank.rollback_rate);
+  }
+  out << "\n";
   out << "\ngoal (exposed communication <= 10% of the step where compute >= communication), "
          "the job's median step (rank "
       << r.slowest_rank << "): " << goal_text(r, r.median) << "\n";
@@ -181,14 +194,15 @@ std::string zero3_json(const Zero3Report& r) {
   for (const Zero3RankSummary& rank : r.per_rank) ranks.push_back(rank_json(r, rank));
   return absl::StrFormat(
       R"({"ranks": %d, "stage": 3, "backend": "%s", "param_home": "%s", "state_home": "cpu", )"
+      R"("overlap": %s, )"
       R"("layers": %d, "layer_bytes": %d, "layer_params": %d, "padded_params": %d, )"
       R"("shard_params": %d, "gathered_layer_bytes": %d, "shard_bytes": %d, )"
       R"("prefetch_bytes": %d, "max_live_bytes": %d, "reuse_window_bytes": %d, "steps": %d, )"
       R"("layer_compute_seconds": %s, "baselines": %s, "step_seconds": %s, )"
       R"("all_step_seconds": %s, "slowest_rank": %d, %s, "per_rank": [%s]})",
-      r.ranks, r.comm_backend, o.param_home, o.layers, o.layer_bytes, r.layer_params,
-      r.padded_params, r.shard_params, r.gathered_layer_bytes, r.shard_bytes, r.prefetch_bytes,
-      r.max_live_bytes, r.reuse_window_bytes, o.steps,
+      r.ranks, r.comm_backend, o.param_home, json_bool(o.overlap), o.layers, o.layer_bytes,
+      r.layer_params, r.padded_params, r.shard_params, r.gathered_layer_bytes, r.shard_bytes,
+      r.prefetch_bytes, r.max_live_bytes, r.reuse_window_bytes, o.steps,
       seconds_json(absl::ToDoubleSeconds(o.layer_compute)), baselines_json(r),
       seconds_json(r.step_seconds), seconds_list_json(r.all_step_seconds), r.slowest_rank,
       sample_fields(r, r.median), absl::StrJoin(ranks, ", "));

@@ -71,6 +71,7 @@ absl::StatusOr<Zero3Sample> one_step(Rig& r, Clock::time_point start) {
   const ZeroStats z0 = engine.stats();
   const CommStats c0 = r.comm.stats();
   const StoreStats t0 = r.runtime.store().stats();
+  const OffloadOptimizerStats o0 = engine.optimizer().stats();
   Zero3Sample s;
   for (const ZeroParamId& id : r.ids) {
     auto p =
@@ -152,6 +153,11 @@ absl::StatusOr<Zero3Sample> one_step(Rig& r, Clock::time_point start) {
   s.reduce_scatter_bytes =
       delta(c0[CollectiveKind::kReduceScatter].bytes, c1[CollectiveKind::kReduceScatter].bytes);
   s.nvme_read_bytes = delta(nvme_reads(t0), nvme_reads(t1));
+  const OffloadOptimizerStats o1 = engine.optimizer().stats();
+  s.optimizer_step = seconds(o1.last_step_ns);
+  s.early_elements = static_cast<double>(o1.last_early_elements);
+  s.rolled_back = o1.overlap_rollbacks > o0.overlap_rollbacks ? 1 : 0;
+  s.early_wait = seconds(o1.last_early_wait_ns);
   return s;
 }
 
@@ -197,6 +203,7 @@ absl::StatusOr<Zero3RankRecord> run_zero3_steps(const Zero3Options& o, const Zer
   options.reuse_window_bytes = plan.reuse_window_bytes;
   options.optimizer.state_home = TierKind::kCpu;
   options.optimizer.defaults = workload_hyper();
+  options.optimizer.overlap.enabled = o.overlap;
   Device& device = rt.device();
   // Declared before the engine: destroyed after it.
   auto stream = device.create_stream();

@@ -57,6 +57,10 @@ constexpr double Zero3Sample::*kFields[] = {
     &Zero3Sample::all_gather_bytes,
     &Zero3Sample::reduce_scatter_bytes,
     &Zero3Sample::nvme_read_bytes,
+    &Zero3Sample::optimizer_step,
+    &Zero3Sample::early_elements,
+    &Zero3Sample::rolled_back,
+    &Zero3Sample::early_wait,
 };
 constexpr size_t kSampleDoubles = std::size(kFields);
 // Per rank after its samples: model states by tier (3) and in all.
@@ -142,8 +146,12 @@ absl::Status combine(Communicator& comm, const Zero3RankRecord& mine, uint64_t s
       summary.all_step_seconds.push_back(samples.back().step);
     }
     summary.median = samples[lower_median_index(summary.all_step_seconds)];
-    for (const Zero3Sample& s : samples) summary.mean_nvme_read_bytes += s.nvme_read_bytes;
+    for (const Zero3Sample& s : samples) {
+      summary.mean_nvme_read_bytes += s.nvme_read_bytes;
+      summary.rollback_rate += s.rolled_back;
+    }
     summary.mean_nvme_read_bytes /= static_cast<double>(steps);
+    summary.rollback_rate /= static_cast<double>(steps);
     const double* tail = all.data() + per_rank * static_cast<size_t>(r) + steps * kSampleDoubles;
     for (size_t t = 0; t < 3; ++t) summary.model_states_by_tier[t] = static_cast<uint64_t>(tail[t]);
     summary.model_state_bytes = static_cast<uint64_t>(tail[3]);

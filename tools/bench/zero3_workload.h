@@ -56,6 +56,10 @@ struct Zero3Options {
   std::optional<uint64_t> reuse_window_bytes;             // nullopt: ZeroOptions' default
   uint64_t steps = 5;                                     // timed, after one warm-up step
   std::string json;                                       // "-": stdout; "": none
+  // --overlap-step=on: ZeroOptions.optimizer.overlap (the overlapped optimizer step: each
+  // rank's Adam on its reduced slices starts as they land, docs/optimizer.md). One run is one
+  // configuration: compare a run with on and one with off.
+  bool overlap = false;
 };
 
 // The flags only --workload=zero takes, as given (--layers, --layer-bytes, --steps, --zero-stage
@@ -115,6 +119,14 @@ struct Zero3Sample {
   double all_gather_bytes = 0;
   double reduce_scatter_bytes = 0;
   double nvme_read_bytes = 0;
+  // The rank's optimizer (ZeroEngine::optimizer(), OffloadOptimizerStats): its step() time
+  // (last_step_ns; with overlap the optimizer time exposed after the last gradient), the
+  // elements it stepped early and kept, whether it rolled early work back, and its wait for the
+  // early stepper's unit in progress.
+  double optimizer_step = 0;
+  double early_elements = 0;
+  double rolled_back = 0;  // 0 or 1
+  double early_wait = 0;
 
   double exposed() const { return fetch_wait + gather_wait + reduce_scatter_wait; }
   double exposed_fraction() const { return step > 0 ? exposed() / step : 0; }
@@ -152,6 +164,7 @@ struct Zero3RankSummary {
   // NVMe bytes read per timed step, on average: the reads the engine's prefetch hints start in
   // the background land in one step's window or the next, so one step's count varies.
   double mean_nvme_read_bytes = 0;
+  double rollback_rate = 0;  // steps whose early work was rolled back / steps
   uint64_t model_state_bytes = 0;
 };
 

@@ -1,0 +1,142 @@
+// The overlapped-step report: the text table and the "overlap_step" JSON object
+// (bench/overlap_step.h).
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+
+#include "bench/common.h"
+#include "bench/json.h"
+#include "bench/overlap_step.h"
+
+namespace strata::bench {
+namespace {
+
+double ms(double seconds) { return seconds * 1e3; }
+double ms_ns(uint64_t ns) { return static_cast<double>(ns) * 1e-6; }
+
+// "-" where a ratio has no basis in this run.
+std::string ratio_text(double value) {
+  return value > 0 ? absl::StrFormat("%.3f", value) : std::string("-");
+}
+
+std::string stats_json(const OffloadOptimizerStats& s) {
+  return absl::StrFormat(
+      "{\"last_step_ns\": %d, \"last_step_wait_ns\": %d, \"last_adam_ns\": %d, "
+      "\"last_nvme_wait_ns\": %d, \"last_early_elements\": %d, \"last_redone_elements\": %d, "
+      "\"last_early_adam_ns\": %d, \"last_rollback_ns\": %d, \"last_early_wait_ns\": %d, "
+      "\"overlap_early_steps\": %d, \"overlap_rollbacks\": %d, \"overlap_host_bytes\": %d, "
+      "\"overlap_budget_misses\": %d}",
+      s.last_step_ns, s.last_step_wait_ns, s.last_adam_ns, s.last_nvme_wait_ns,
+      s.last_early_elements, s.last_redone_elements, s.last_early_adam_ns, s.last_rollback_ns,
+      s.last_early_wait_ns, s.overlap_early_steps, s.overlap_rollbacks, s.overlap_host_bytes,
+      s.overlap_budget_misses);
+}
+
+std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run) {
+  std::vector<double> exposed, steps;
+  std::vector<std::string> rolled, skipped, early, redone;
+  for (const OverlapStepSample& s : run.samples) {
+    exposed.push_back(s.exposed_seconds);
+    steps.push_back(s.step_seconds);
+    rolled.push_back(json_bool(s.rolled_back));
+    skipped.push_back(json_bool(s.skipped));
+    early.push_back(absl::StrCat(s.early_elements));
+    redone.push_back(absl::StrCat(s.redone_elements));
+  }
+  const OverlapStepSample& m = run.median;
+  return absl::StrCat(
+      "{\"name\": ", json_string(run.name), ", \"overlap\": ", json_bool(run.overlap),
+      ", \"max_grad_norm\": ", json_general(run.max_grad_norm), ", \"inf_every\": ", run.inf_every,
+      ", \"steps\": ", run.samples.size(), ", \"rollbacks\": ", run.rollbacks,
+      ", \"rollback_rate\": ", ratio_json(run.rollback_rate()),
+      ", \"exposed_seconds\": ", seconds_json(m.exposed_seconds),
+      ", \"exposed_ratio\": ", ratio_json(report.exposed_ratio(run)),
+      ", \"exposed_after_landing_seconds\": ", seconds_json(m.exposed_after_landing_seconds()),
+      ", \"exposed_after_landing_ratio\": ", ratio_json(report.exposed_after_landing_ratio(run)),
+      ", \"exposed_with_uploads_seconds\": ", seconds_json(m.exposed_with_uploads_seconds),
+      ", \"backward_seconds\": ", seconds_json(m.backward_seconds),
+      ", \"step_seconds\": ", seconds_json(run.step_seconds),
+      ", \"ratio_to_bound\": ", ratio_json(report.ratio_to_bound(run)),
+      ", \"step_before_uploads_seconds\": ", seconds_json(run.step_before_uploads_seconds),
+      ", \"ratio_to_bound_before_uploads\": ",
+      ratio_json(report.ratio_to_bound_before_uploads(run)),
+      ", \"kept_exposed_seconds\": ", seconds_json(run.kept_exposed_seconds),
+      ", \"rolled_back_exposed_seconds\": ", seconds_json(run.rolled_back_exposed_seconds),
+      ", \"rollback_cost\": ", ratio_json(report.rollback_cost(run)),
+      ", \"early_elements\": ", m.early_elements,
+      ", \"overlap_host_bytes\": ", m.stats.overlap_host_bytes,
+      ", \"stats\": ", stats_json(m.stats),
+      ", \"all_exposed_seconds\": ", seconds_list_json(exposed),
+      ", \"all_step_seconds\": ", seconds_list_json(steps), ", \"all_rolled_back\": [",
+      absl::StrJoin(rolled, ", "), "], \"all_skipped\": [", absl::StrJoin(skipped, ", "),
+      "], \"all_early_elements\": [", absl::StrJoin(early, ", "), "], \"all_redone_elements\": [",
+      absl::StrJoin(redone, ", "), "], \"warmup_early_elements\": ", run.warmup_early_elements,
+      ", \"warmup_redone_elements\": ", run.warmup_redone_elements,
+      ", \"warmup_rolled_back\": ", json_bool(run.warmup_rolled_back), "}");
+}
+
+}  // namespace
+
+void print_overlap_step(const OverlapStepReport& report, std::ostream& out) {
+  out << absl::StrFormat(
+      "\noverlapped optimizer step: %d layers x %s fp16 (%d params), states on %s, %.3g ms "
+      "compute per layer, %d measured step(s) per configuration\n",
+      report.train.layers, format_bytes(report.train.layer_bytes), report.params, report.state_home,
+      report.train.compute_ms, report.train.steps);
+  out << absl::StrFormat("bound %.1f ms = max(compute %.1f, transfer %.1f, optimizer %.1f) ms\n",
+                         ms(report.bound_seconds()), ms(report.compute_seconds),
+                         ms(report.transfer_seconds), ms(report.optimizer_seconds));
+  out << absl::StrFormat("%-8s %10s %7s %10s %7s %10s %10s %10s %7s %7s %8s %7s %10s %9s\n",
+                         "config", "exposed", "vs off", "landed", "vs off", "+uploads", "backward",
+                         "step", "/bound", "-uploads", "rollback", "rb cost", "early elem",
+                         "host MiB");
+  for (const OverlapStepRun& run : report.runs) {
+    out << absl::StrFormat(
+        "%-8s %8.2fms %7s %8.2fms %7s %8.2fms %8.2fms %8.2fms %7.3f %8.3f %8.2f %7s %10d %9.1f\n",
+        run.name, ms(run.median.exposed_seconds), ratio_text(report.exposed_ratio(run)),
+        ms(run.median.exposed_after_landing_seconds()),
+        ratio_text(report.exposed_after_landing_ratio(run)),
+        ms(run.median.exposed_with_uploads_seconds), ms(run.median.backward_seconds),
+        ms(run.step_seconds), report.ratio_to_bound(run), report.ratio_to_bound_before_uploads(run),
+        run.rollback_rate(), ratio_text(report.rollback_cost(run)), run.median.early_elements,
+        static_cast<double>(run.median.stats.overlap_host_bytes) / (1 << 20));
+  }
+  out << "exposed = step()'s time after the last gradient (last_step_ns); landed = the same "
+         "after the last gradient has landed (less last_step_wait_ns); +uploads = until the "
+         "updated weights are on the GPU; step = backward + that; -uploads = (backward + "
+         "exposed) / bound, as if the uploads overlapped the next forward; rb cost = a "
+         "rolled-back step's exposed time / off's; medians\n";
+  out << "where the exposed time goes (the median step; ms):\n";
+  out << absl::StrFormat("%-8s %9s %9s %9s %9s %9s %9s %9s\n", "config", "step()", "grad wait",
+                         "adam", "early wait", "rollback", "nvme wait", "early adam");
+  for (const OverlapStepRun& run : report.runs) {
+    const OffloadOptimizerStats& s = run.median.stats;
+    out << absl::StrFormat("%-8s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", run.name,
+                           ms_ns(s.last_step_ns), ms_ns(s.last_step_wait_ns), ms_ns(s.last_adam_ns),
+                           ms_ns(s.last_early_wait_ns), ms_ns(s.last_rollback_ns),
+                           ms_ns(s.last_nvme_wait_ns), ms_ns(s.last_early_adam_ns));
+  }
+  out << "goals: exposed vs off <= 0.10, step /bound <= 1.10, rb cost (a rolled-back step's "
+         "exposed time vs off's) <= 2.0\n";
+  for (const std::string& note : report.notes) out << note << "\n";
+}
+
+std::string overlap_step_json(const OverlapStepReport& report) {
+  std::vector<std::string> runs;
+  for (const OverlapStepRun& run : report.runs) runs.push_back(run_json(report, run));
+  return absl::StrCat(
+      "{\"mode\": ", json_string(report.options.mode),
+      ", \"state_home\": ", json_string(report.state_home), ", \"layers\": ", report.train.layers,
+      ", \"layer_bytes\": ", report.train.layer_bytes, ", \"params\": ", report.params,
+      ", \"chunk_elements\": ", report.chunk_elements,
+      ", \"compute_ms\": ", json_general(report.train.compute_ms),
+      ", \"link_throttle_gbps\": ", json_general(report.train.link_gbps),
+      ", \"steps\": ", report.train.steps, ", \"inf_every\": ", report.options.inf_every,
+      ", \"bound_seconds\": ", seconds_json(report.bound_seconds()),
+      ", \"compute_seconds\": ", seconds_json(report.compute_seconds),
+      ", \"transfer_seconds\": ", seconds_json(report.transfer_seconds),
+      ", \"optimizer_seconds\": ", seconds_json(report.optimizer_seconds), ", \"runs\": [",
+      absl::StrJoin(runs, ", "), "], \"notes\": ", json_strings(report.notes), "}");
+}
+
+}  // namespace strata::bench
