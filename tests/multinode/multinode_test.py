@@ -136,9 +136,11 @@ def case_fault(c, args):
     if not m:
         fail(f"{kind}: node 0's ranks did not say why they failed", outs)
     message = m.group(1)
-    if not re.search(r"(all_gather|reduce_scatter|all_reduce|broadcast|barrier)", message) or \
-            not re.search(r"rank", message):
-        fail(f"{kind}: the error does not name the operation and the rank: {message}", outs)
+    # Node 1's ranks (2 and 3) are the ones at fault, named with their host.
+    if not re.search(r"(all_gather|reduce_scatter|all_reduce|broadcast|barrier) #\d+", message) \
+            or "Rank(s) at fault: 2, 3." not in message or f"(on {c.addr(1)})" not in message:
+        fail(f"{kind}: the error does not name the operation, node 1's ranks 2 and 3 at fault "
+             f"and their host: {message}", outs)
     left = c.leftovers()
     # The killed node has nothing left; the others must have stopped too.
     if left:
