@@ -209,11 +209,13 @@ class Cluster:
     def drop(self, k):
         _ip("link", "set", self.host_end(k), "nomaster")
 
-    def rate(self, k, rate, burst="16kb"):
+    def rate(self, k, rate, burst="16kb", latency="400ms"):
+        """tbf on both ends of node k's veth; `latency` bounds its queue (packets that would
+        wait longer are dropped)."""
         for args in (["-n", self.ns(k)], []):
             dev = self.node_end(k) if args else self.host_end(k)
             subprocess.run(["tc", *args, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-                            rate, "burst", burst, "latency", "400ms"], check=True,
+                            rate, "burst", burst, "latency", latency], check=True,
                            capture_output=True, text=True)
 
     def kill(self, k):
