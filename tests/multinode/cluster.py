@@ -54,12 +54,28 @@ def why_unsupported():
         return "multi-node tests need the ip command (iproute2)"
     if shutil.which("tc") is None:
         return "multi-node tests need the tc command (iproute2)"
-    probe = f"{PREFIX}{os.getpid()}-probe"
-    r = _ip("netns", "add", probe, check=False)
-    if r.returncode != 0:
-        return f"cannot make a network namespace here: {r.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
-    return None
+    # Everything a Cluster makes, once, on throw-away names: a namespace, a bridge, a veth pair
+    # and a tbf qdisc (a kernel without one of them skips the tests, saying which).
+    tag = f"{PREFIX}{os.getpid()}"
+    steps = [
+        ("a network namespace", ["ip", "netns", "add", f"{tag}-probe"]),
+        ("a bridge", ["ip", "link", "add", f"{tag}pb", "type", "bridge"]),
+        ("a veth pair", ["ip", "link", "add", f"{tag}pv", "type", "veth", "peer", "name",
+                         f"{tag}pw"]),
+        ("a veth on a bridge", ["ip", "link", "set", f"{tag}pv", "master", f"{tag}pb"]),
+        ("a tbf qdisc (tc)", ["tc", "qdisc", "add", "dev", f"{tag}pv", "root", "tbf", "rate",
+                              "1mbit", "burst", "16kb", "latency", "50ms"]),
+    ]
+    why = None
+    for what, argv in steps:
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode != 0:
+            why = f"cannot make {what} here ({' '.join(argv)}: {r.stderr.strip()})"
+            break
+    _ip("link", "del", f"{tag}pv", check=False)
+    _ip("link", "del", f"{tag}pb", check=False)
+    _ip("netns", "del", f"{tag}-probe", check=False)
+    return why
 
 
 def sweep_stale():
