@@ -265,6 +265,35 @@ case $case_name in
     [ -z "$(pids)" ] || fail "a rank started"
     ;;
 
+  nodes_duplicate)
+    # Two launchers say --node-rank=1: the second to join is told at once; the first, like node
+    # 0, waits for the node that never came and names it.
+    port=$(free_port)
+    export STRATA_COMM_TIMEOUT=1.5s
+    timeout -k 5 "$limit" "$run" --nnodes=3 --node-rank=0 --port="$port" -n 1 bash -c "$record" \
+      >"$dir/out0" 2>"$dir/err0" &
+    node0=$!
+    timeout -k 5 "$limit" "$run" --nnodes=3 --node-rank=1 --port="$port" -n 1 bash -c "$record" \
+      >"$dir/out1" 2>"$dir/err1" &
+    node1=$!
+    run_bounded --nnodes=3 --node-rank=1 --port="$port" -n 1 bash -c "$record"
+    expect_rc 1
+    wait "$node1"
+    [ $? -eq 1 ] || fail "the other node-1 launcher did not exit 1"
+    wait "$node0"
+    [ $? -eq 1 ] || fail "node 0's launcher did not exit 1"
+    told="^strata-run: node 1 of 3: another strata-run already joined the nodes' rendezvous at 127.0.0.1:$port as --node-rank=1 \(from 127.0.0.1\): give each machine its own --node-rank, from 0 to 2$"
+    waited="^strata-run: node 0 of 3: node 2 did not join"
+    if grep -Eq "$told" "$dir/err"; then other=$dir/err1; else other=$dir/err; fi
+    grep -Eq "$told" "$dir/err" "$dir/err1" || fail "no launcher was told of the duplicate: $(cat "$dir/err" "$dir/err1")"
+    # (node 0 may give up and close the rendezvous a moment before the first node 1 looks
+    # which nodes are missing)
+    grep -Eq "^strata-run: node 1 of 3: (node 2|some nodes) did not join" "$other" ||
+      fail "the first node 1 said: $(cat "$other")"
+    grep -Eq "$waited" "$dir/err0" || fail "node 0 said: $(cat "$dir/err0")"
+    [ -z "$(pids)" ] || fail "a rank started"
+    ;;
+
   *)
     echo "unknown case '$case_name'"
     exit 2

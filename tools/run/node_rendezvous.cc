@@ -101,6 +101,22 @@ absl::StatusOr<NodeAgreement> agree_with_nodes(const NodeOptions& o) {
         who(o), where, limit, store.status().message()));
   }
   TcpStore& s = **store;
+  // Two launchers given the same --node-rank would overwrite each other's entry: the second
+  // to come says so at once.
+  absl::StatusOr<int64_t> claims = s.add(absl::StrFormat("strata-run/claim/%d", o.node_rank), 1);
+  if (!claims.ok()) {
+    return absl::UnavailableError(absl::StrFormat("%s: the nodes' rendezvous at %s failed: %s",
+                                                  who(o), where, claims.status().message()));
+  }
+  if (*claims > 1) {
+    absl::StatusOr<std::string> other = s.get(node_key(o.node_rank));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: another strata-run already joined the nodes' rendezvous at %s as --node-rank=%d%s: "
+        "give each machine its own --node-rank, from 0 to %d",
+        who(o), where, o.node_rank,
+        other.ok() ? absl::StrFormat(" (from %s)", other->substr(other->find(' ') + 1)) : "",
+        o.nnodes - 1));
+  }
   const std::string mine = absl::StrFormat("%d %s", o.nproc, s.local_address());
   if (absl::Status st = s.set(node_key(o.node_rank), mine); !st.ok()) {
     return absl::UnavailableError(
