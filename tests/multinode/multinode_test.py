@@ -32,7 +32,7 @@ import cluster  # noqa: E402
 
 LOCAL = 2  # ranks per node
 PORT = 29500  # the nodes' rendezvous: node 0's namespace is the test's own, so it is free
-TIMEOUT_S = 5  # STRATA_COMM_TIMEOUT for the fault cases
+TIMEOUT_S = 4  # STRATA_COMM_TIMEOUT for the fault cases
 
 TRAINER_ENV = {
     "STRATA_BACKEND": "host",
