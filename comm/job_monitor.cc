@@ -20,6 +20,7 @@ using Clock = std::chrono::steady_clock;
 constexpr std::string_view kAbortKey = "strata/abort";
 constexpr std::string_view kLeftKey = "strata/left";
 std::string state_key(int rank) { return cat("strata/state/", rank); }
+std::string host_key(int rank) { return cat("strata/host/", rank); }
 
 // How long a failing rank waits for the others to say what they had issued: long enough for a
 // watcher's next poll, short against any timeout.
@@ -51,6 +52,15 @@ absl::StatusOr<std::unique_ptr<JobMonitor>> JobMonitor::join(const LaunchInfo& l
   absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::connect(options);
   if (!store.ok()) return store.status();
   monitor->store_ = *std::move(store);
+  // Where this rank runs, for the post-mortem: across machines a silent rank is named with its
+  // host, which tells a user which machine or link to look at.
+  if (launch.world_size > 1) {
+    if (absl::Status st =
+            monitor->store_->set(host_key(launch.rank), monitor->store_->local_address());
+        !st.ok()) {
+      return st;
+    }
+  }
   absl::StatusOr<std::unique_ptr<TcpStore>> watcher_store = TcpStore::connect(options);
   if (!watcher_store.ok()) return watcher_store.status();
   monitor->watcher_store_ = *std::move(watcher_store);
@@ -158,8 +168,20 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
 
   std::vector<int> at_fault = lost;
   std::string findings;
+  // " (on 10.77.0.2)" for ranks that ran on other hosts than this rank (server_gone: unknown).
+  const auto hosts_note = [&](const std::vector<int>& ranks) -> std::string {
+    if (server_gone) return "";
+    std::vector<std::string> hosts;
+    for (int r : ranks) {
+      absl::StatusOr<std::string> host = store.get(host_key(r), milliseconds(100));
+      if (!host.ok()) return "";
+      if (std::find(hosts.begin(), hosts.end(), *host) == hosts.end()) hosts.push_back(*host);
+    }
+    if (hosts.size() == 1 && hosts[0] == store.local_address()) return "";
+    return cat(" (on ", text::join(hosts, ", "), ")");
+  };
   for (int r : lost) {
-    findings += cat(" Rank ", r,
+    findings += cat(" Rank ", r, hosts_note({r}),
                     server_gone ? " (which serves the rendezvous) exited or was killed."
                                 : " exited or was killed (its connection closed).");
   }
@@ -191,12 +213,21 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
     findings += cat(" ", majority->second, " of ", world, " ranks were at ",
                     agreed.substr(agreed.find('\t') + 1), ".");
   }
+  std::vector<int> silent;
+  for (int r = 0; r < world; ++r) {
+    if (states.count(r) == 0 && std::find(lost.begin(), lost.end(), r) == lost.end()) {
+      silent.push_back(r);
+    }
+  }
   for (const auto& [r, state] : states) {
     if (votes.size() == 1 || (!tie && state == agreed)) continue;
     const std::string theirs = state.substr(state.find('\t') + 1);
     const uint64_t their_sequence = sequence_of(state);
     const std::string who = cat(" Rank ", r, r == launch_.rank ? " (this rank)" : "");
-    if (lost.empty()) at_fault.push_back(r);
+    // A rank that answered is at fault for being elsewhere only when no rank died and every
+    // rank answered: a silent rank (a machine or link gone, a process stuck) is the cause, and
+    // the others may just have been at different points of asynchronous collectives.
+    if (lost.empty() && silent.empty()) at_fault.push_back(r);
     if (their_sequence == agreed_sequence) {
       findings += cat(who, " issued ", theirs, ".");
     } else if (their_sequence < agreed_sequence) {
@@ -206,16 +237,11 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
       findings += cat(who, " had gone on to ", theirs, ".");
     }
   }
-  std::vector<int> silent;
-  for (int r = 0; r < world; ++r) {
-    if (states.count(r) == 0 && std::find(lost.begin(), lost.end(), r) == lost.end()) {
-      silent.push_back(r);
-    }
-  }
   if (!silent.empty()) {
-    findings += cat(" Rank(s) ", text::join(silent, ", "),
+    findings += cat(" Rank(s) ", text::join(silent, ", "), hosts_note(silent),
                     " did not answer (stuck outside strata, or their rendezvous connection "
-                    "is down).");
+                    "is down: a machine or the link to it may be gone).");
+    if (lost.empty()) at_fault.insert(at_fault.end(), silent.begin(), silent.end());
   }
   std::sort(at_fault.begin(), at_fault.end());
   if (!at_fault.empty()) {

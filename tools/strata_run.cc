@@ -15,7 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +29,7 @@
 
 #include "cli.h"
 #include "run/launcher.h"
+#include "run/node_rendezvous.h"
 #include "strata/base/system.h"
 #include "strata/base/unique_fd.h"
 
@@ -40,17 +43,28 @@ constexpr const char* kUsage =
     R"(usage: strata-run -n N [flags] PROGRAM [ARGS...]
 
 Starts N local ranks of PROGRAM, each with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT set (the rest of the environment inherited). When a rank fails, the
+GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (the rest of the environment
+inherited). With --nnodes, one strata-run per machine: they meet at --master-addr:--port, check
+that every node starts the same N, and number the ranks RANK = node rank x N + local rank. When a rank fails, the
 others get SIGTERM, then SIGKILL after the grace, and strata-run exits with the failing rank's
 status. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to every rank.
 
 flags (before PROGRAM; everything after PROGRAM is passed to it, and -- may end the flags):
-  -n N, --nproc=N
+  -n N, --nproc=N, --nproc-per-node=N
       number of local ranks, 1 to 1024 (required)
+  --nnodes=NODES
+      number of machines of the job, each running one strata-run (default: 1)
+  --node-rank=K
+      this machine's node, 0 to NODES-1; node 0 is the machine of --master-addr (required with
+      --nnodes above 1)
   --master-addr=ADDR
-      MASTER_ADDR for the ranks (default: 127.0.0.1)
-  --port=PORT
-      MASTER_PORT for the ranks, 1 to 65535 (default: a free port of MASTER_ADDR)
+      MASTER_ADDR for the ranks (default: 127.0.0.1); with --nnodes, an address of node 0 that
+      every node reaches
+  --port=PORT, --master-port=PORT
+      MASTER_PORT for the ranks, 1 to 65535 (default: a free port of MASTER_ADDR); with --nnodes,
+      the port of the nodes' rendezvous on node 0 (default: 29500), and node 0 picks the ranks'
+      MASTER_PORT
+  (torchrun's spellings with _ instead of - are accepted too)
   --grace=SECONDS
       how long stopped ranks get between SIGTERM and SIGKILL (default: 10; fractions allowed)
   --tag-output
@@ -59,7 +73,8 @@ flags (before PROGRAM; everything after PROGRAM is passed to it, and -- may end 
       print this help and exit
 
 exit status: 0 when every rank exits 0; the first failing rank's exit status, or 128 + the
-signal that killed it; 128 + signal when strata-run is signalled; 2 for a bad command line.
+signal that killed it; 128 + signal when strata-run is signalled; 1 when the nodes could not
+agree (STRATA_COMM_TIMEOUT bounds the wait); 2 for a bad command line.
 See docs/strata-run.md.
 )";
 
@@ -69,6 +84,8 @@ struct Parsed {
   std::string master_addr = "127.0.0.1";
   std::optional<std::string> port;
   std::optional<std::string> grace;
+  std::optional<std::string> nnodes;
+  std::optional<std::string> node_rank;
   bool tag_output = false;
   bool help = false;
   std::vector<std::string> program_and_args;
@@ -107,6 +124,10 @@ std::optional<UsageError> parse_args(int argc, char** argv, Parsed& p) {
       name = std::string(arg.substr(0, eq));
       if (eq != std::string_view::npos) value = std::string(arg.substr(eq + 1));
     }
+    // torchrun's spellings: --nproc-per-node, --master-port, and _ for - in every long name.
+    if (name.size() > 2 && name[1] == '-') std::replace(name.begin() + 2, name.end(), '_', '-');
+    if (name == "--nproc-per-node") name = "--nproc";
+    if (name == "--master-port") name = "--port";
     std::optional<std::string>* target = nullptr;
     std::optional<std::string> addr;
     if (name == "-n" || name == "--nproc") {
@@ -116,12 +137,17 @@ std::optional<UsageError> parse_args(int argc, char** argv, Parsed& p) {
       target = &p.port;
     } else if (name == "--grace") {
       target = &p.grace;
+    } else if (name == "--nnodes") {
+      target = &p.nnodes;
+    } else if (name == "--node-rank") {
+      target = &p.node_rank;
     } else if (name == "--master-addr") {
       target = &addr;
     } else {
       return UsageError{absl::StrFormat(
-          "unknown flag %s: strata-run's flags are -n/--nproc, --master-addr, --port, --grace "
-          "and --tag-output; a flag meant for PROGRAM goes after it (or after --)",
+          "unknown flag %s: strata-run's flags are -n/--nproc, --nnodes, --node-rank, "
+          "--master-addr, --port, --grace and --tag-output; a flag meant for PROGRAM goes after "
+          "it (or after --)",
           name)};
     }
     if (!value) {
@@ -130,6 +156,7 @@ std::optional<UsageError> parse_args(int argc, char** argv, Parsed& p) {
                                           name == "--master-addr" ? "ADDR"
                                           : name == "--port"      ? "PORT"
                                           : name == "--grace"     ? "SECONDS"
+                                          : name == "--node-rank" ? "K"
                                                                   : "N")};
       }
       value = argv[++i];
@@ -196,6 +223,44 @@ std::optional<UsageError> check_grace(const std::string& text, double* out) {
         text, kMaxGraceSeconds)};
   }
   *out = seconds;
+  return std::nullopt;
+}
+
+constexpr int kMaxNodes = 4096;
+constexpr int kDefaultNodesPort = 29500;  // torchrun's --master-port default
+
+// --nnodes and --node-rank: a whole number each, the node rank below the node count.
+std::optional<UsageError> check_nodes(const Parsed& p, int nproc, int* nnodes, int* node_rank) {
+  const auto whole = [](const std::string& t, uint64_t* v) {
+    return !t.empty() && t.find_first_not_of("0123456789") == std::string::npos &&
+           absl::SimpleAtoi(t, v);
+  };
+  uint64_t n = 1;
+  if (p.nnodes && (!whole(*p.nnodes, &n) || n == 0 || n > kMaxNodes)) {
+    return UsageError{
+        absl::StrFormat("--nnodes '%s' is not a number of nodes: give a whole number from 1 to %d",
+                        *p.nnodes, kMaxNodes)};
+  }
+  uint64_t k = 0;
+  if (p.node_rank && (!whole(*p.node_rank, &k) || k >= n)) {
+    return UsageError{absl::StrFormat(
+        "--node-rank '%s' is not a node of --nnodes=%d: give a whole number from 0 to %d (each "
+        "node's launcher gets its own)",
+        *p.node_rank, n, n - 1)};
+  }
+  if (n > 1 && !p.node_rank) {
+    return UsageError{absl::StrFormat(
+        "--nnodes=%d needs --node-rank=K on every node: 0 on the machine of --master-addr, 1 to "
+        "%d on the others",
+        n, n - 1)};
+  }
+  if (n * static_cast<uint64_t>(nproc) > (uint64_t{1} << 20)) {
+    return UsageError{
+        absl::StrFormat("--nnodes=%d x -n %d is more than the %d ranks a job may have: lower one",
+                        n, nproc, 1 << 20)};
+  }
+  *nnodes = static_cast<int>(n);
+  *node_rank = static_cast<int>(k);
   return std::nullopt;
 }
 
@@ -322,10 +387,29 @@ int run_main(int argc, char** argv) {
          "./train --steps=10"});
   }
   if (auto e = resolve_program(p.program_and_args[0], &o.program_path)) return usage_error(*e);
-  if (!p.port) {
+  if (auto e = check_nodes(p, o.nproc, &o.nnodes, &o.node_rank)) return usage_error(*e);
+  if (o.nnodes == 1 && !p.port) {
     if (auto e = free_port(o.master_addr, &o.master_port)) return usage_error(*e);
   }
   o.argv = std::move(p.program_and_args);
+  run::NodeAgreement agreement;  // node 0 serves the nodes' rendezvous until the job ends
+  if (o.nnodes > 1) {
+    absl::StatusOr<std::chrono::milliseconds> timeout = run::rendezvous_timeout();
+    if (!timeout.ok()) return usage_error({std::string(timeout.status().message())});
+    absl::StatusOr<run::NodeAgreement> agreed =
+        run::agree_with_nodes({.nnodes = o.nnodes,
+                               .node_rank = o.node_rank,
+                               .nproc = o.nproc,
+                               .master_addr = o.master_addr,
+                               .port = p.port ? o.master_port : kDefaultNodesPort,
+                               .timeout = *timeout});
+    if (!agreed.ok()) {
+      std::cerr << "strata-run: " << agreed.status().message() << "\n" << std::flush;
+      return 1;
+    }
+    agreement = *std::move(agreed);
+    o.master_port = agreement.ranks_port;
+  }
   std::fflush(stdout);
   return run::launch(o);
 }

@@ -25,7 +25,7 @@ std::vector<RankOutcome> run_job(const std::string& scenario, int faulty, int wo
                                  bool debug = false, uint16_t port = 0) {
   // A rank that stops issuing collectives sleeps until the test ends it, once the others are done.
   const std::vector<int> stuck =
-      scenario == "fewer" ? std::vector<int>{faulty} : std::vector<int>{};
+      scenario == "fewer" || scenario == "freeze" ? std::vector<int>{faulty} : std::vector<int>{};
   if (ranks.empty()) {
     for (int r = 0; r < world; ++r) ranks.push_back(r);
   }
@@ -124,6 +124,25 @@ TEST_CASE("A rank that stops issuing collectives: the others time out naming it"
     CHECK(contains(r.output, "all_reduce #4"));
     CHECK(contains(r.output, "Rank 2 had issued only up to all_reduce #3"));
     CHECK(contains(r.output, "Rank(s) at fault: 2."));
+  }
+}
+
+TEST_CASE("A rank that does not answer at all: the others time out naming it at fault",
+          "[comm][failure]") {
+  // Stopped whole (its watcher too), like the ranks of a machine whose link went down: its
+  // sockets stay open, nothing comes. It is the cause, not the ranks that did answer.
+  for (const RankOutcome& r : run_job("freeze", 2, 3, {}, "2s")) {
+    INFO("rank " << r.rank << ": " << r.output);
+    if (r.rank == 2) {
+      CHECK(r.killed_by_test);
+      continue;
+    }
+    CHECK(r.exited);
+    CHECK(r.status == 1);
+    CHECK(contains(r.output, "all_reduce #4"));
+    CHECK(contains(r.output, "Rank(s) 2 did not answer"));
+    CHECK(contains(r.output, "Rank(s) at fault: 2."));
+    CHECK_FALSE(contains(r.output, "(on "));  // one host: no address to name
   }
 }
 

@@ -2,7 +2,9 @@
 //   comm_fault_rank SCENARIO FAULTY_RANK
 // Scenarios: ok (no fault), die (FAULTY_RANK is killed while its all_reduce is in flight),
 // other-op (it issues a broadcast where the others all_reduce), other-size (its all_reduce
-// has another size), fewer (it stops issuing collectives and sleeps, as if stuck), claim-nccl
+// has another size), fewer (it stops issuing collectives and sleeps, as if stuck), freeze (it
+// stops whole, watcher thread included, with SIGSTOP: silent, like a machine whose link is gone),
+// claim-nccl
 // (it claims a GPU and NCCL for STRATA_COMM_BACKEND=auto: STRATA_TESTING_CLAIM_NCCL).
 // Prints "rank R: ok" or "rank R: error: <message>" on stderr and exits 0 or 1.
 #include <signal.h>
@@ -32,7 +34,8 @@ int report(int rank, const absl::Status& status) {
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(
-        stderr, "usage: comm_fault_rank ok|die|other-op|other-size|fewer|claim-nccl FAULTY_RANK\n");
+        stderr,
+        "usage: comm_fault_rank ok|die|other-op|other-size|fewer|freeze|claim-nccl FAULTY_RANK\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -52,6 +55,10 @@ int main(int argc, char** argv) {
   for (int step = 0; step < 6; ++step) {
     if (step == 3 && me && scenario == "fewer") {
       sleep(600);  // stuck outside strata; the test kills it
+      return 3;
+    }
+    if (step == 3 && me && scenario == "freeze") {
+      raise(SIGSTOP);  // the test kills it
       return 3;
     }
     absl::StatusOr<std::unique_ptr<strata::CollectiveWork>> work;

@@ -8,6 +8,8 @@
 //   zero_rank resume-compare IN FROM MORE REF
 //                                           load IN, train steps FROM..FROM+MORE-1, compare with
 //                                           REF/expected.bin
+//   zero_rank save-then-train OUT MORE      train 2 steps, save to OUT, then train MORE steps
+//                                           (the multi-node faults strike during those)
 //   zero_rank fault OUT                     train 2 steps, save to OUT; in step 3 the last rank
 //                                           kills itself halfway through its gradients (stage 3:
 //                                           halfway through the forward's gathers)
@@ -225,6 +227,11 @@ absl::Status run(const std::vector<std::string>& args) {
     if (auto st = job.engine->load(args[1]); !st.ok()) return st;
     if (auto st = train(job, std::stoull(args[2]), std::stoull(args[3])); !st.ok()) return st;
     return compare(job, args[4]);
+  }
+  if (what == "save-then-train" && args.size() == 3) {
+    if (auto st = train(job, 0, 2); !st.ok()) return st;
+    if (auto st = save(job, args[1]); !st.ok()) return st;
+    return train(job, 2, std::stoull(args[2]));
   }
   if (what == "fault" && args.size() == 2) {
     if (auto st = train(job, 0, 2); !st.ok()) return st;

@@ -78,6 +78,10 @@ wait_for_launcher() {
   wait "$watchdog" 2>/dev/null
 }
 
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 expect_rc() { [ "$rc" -eq "$1" ] || fail "exit status $rc, expected $1"; }
 
 expect_err() {
@@ -205,6 +209,89 @@ case $case_name in
     [ "$(sort "$dir/out")" = "$expected_out" ] || fail "stdout is not tagged line by line"
     [ "$(sort "$dir/err")" = "$(printf '[rank %s] err %s\n' 0 0 1 1)" ] || fail "stderr is not tagged"
     [ "$(tail -c 1 "$dir/out" | od -An -c | tr -d ' ')" = '\n' ] || fail "stdout does not end a line"
+    ;;
+
+  nodes_env)
+    # Two nodes' launchers on loopback (--nnodes, --node-rank, torchrun's spellings on node 1):
+    # RANK = node x 2 + local rank, every rank sees the same world and the same MASTER_PORT, which
+    # node 0 chose for the ranks (not the launchers' --port).
+    port=$(free_port)
+    prog='echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE $MASTER_ADDR $MASTER_PORT" > "$D/env.$RANK"'
+    timeout -k 5 "$limit" "$run" --nnodes=2 --node-rank=0 --port="$port" -n 2 bash -c "$record; $prog" \
+      >"$dir/out0" 2>"$dir/err0" &
+    node0=$!
+    run_bounded --nnodes 2 --node_rank 1 --master_port "$port" --nproc-per-node=2 bash -c "$record; $prog"
+    expect_rc 0
+    wait "$node0" || fail "node 0's launcher exited $?: $(cat "$dir/err0")"
+    seen=""
+    for r in 0 1 2 3; do
+      [ -f "$dir/env.$r" ] || fail "no rank saw RANK=$r"
+      read -r rank world local_rank local_world group group_world addr p <"$dir/env.$r"
+      [ "$rank $world $local_rank $local_world $group $group_world $addr" = \
+        "$r 4 $((r % 2)) 2 $((r / 2)) 2 127.0.0.1" ] || fail "rank $r saw '$(cat "$dir/env.$r")'"
+      [ -z "$seen" ] && seen=$p
+      [ "$p" = "$seen" ] && [ "$p" != "$port" ] || fail "ranks' MASTER_PORT $p (first $seen, --port $port)"
+    done
+    check_none_left 4
+    ;;
+
+  nodes_disagree)
+    # Node 1 starts 3 ranks where node 0 starts 2: both launchers name every node's count, exit 1,
+    # and no rank starts.
+    port=$(free_port)
+    timeout -k 5 "$limit" "$run" --nnodes=2 --node-rank=0 --port="$port" -n 2 bash -c "$record" \
+      >"$dir/out0" 2>"$dir/err0" &
+    node0=$!
+    run_bounded --nnodes=2 --node-rank=1 --port="$port" -n 3 bash -c "$record"
+    expect_rc 1
+    wait "$node0"
+    [ $? -eq 1 ] || fail "node 0's launcher did not exit 1"
+    pattern='the nodes disagree on the number of ranks per node: node 0 \(127.0.0.1\) -n 2, node 1 \(127.0.0.1\) -n 3'
+    expect_err "^strata-run: node 1 of 2: $pattern"
+    grep -Eq "^strata-run: node 0 of 2: $pattern" "$dir/err0" || fail "node 0 said: $(cat "$dir/err0")"
+    [ -z "$(pids)" ] || fail "a rank started"
+    ;;
+
+  nodes_unreachable)
+    # Node 1 alone: nobody serves the rendezvous; it gives up after STRATA_COMM_TIMEOUT with the
+    # address and the fix. Node 0 alone: node 1 never comes.
+    port=$(free_port)
+    STRATA_COMM_TIMEOUT=1s run_bounded --nnodes=2 --node-rank=1 --port="$port" -n 2 bash -c "$record"
+    expect_rc 1
+    expect_err "^strata-run: node 1 of 2 cannot reach the nodes' rendezvous at 127.0.0.1:$port within 1 s \(STRATA_COMM_TIMEOUT\): .*Start node 0 \(--node-rank=0\)"
+    STRATA_COMM_TIMEOUT=1s run_bounded --nnodes=3 --node-rank=0 --port="$port" -n 2 bash -c "$record"
+    expect_rc 1
+    expect_err "^strata-run: node 0 of 3: nodes 1, 2 did not join the nodes' rendezvous at 127.0.0.1:$port within 1 s \(STRATA_COMM_TIMEOUT\)"
+    [ -z "$(pids)" ] || fail "a rank started"
+    ;;
+
+  nodes_duplicate)
+    # Two launchers say --node-rank=1: the second to join is told at once; the first, like node
+    # 0, waits for the node that never came and names it.
+    port=$(free_port)
+    export STRATA_COMM_TIMEOUT=1.5s
+    timeout -k 5 "$limit" "$run" --nnodes=3 --node-rank=0 --port="$port" -n 1 bash -c "$record" \
+      >"$dir/out0" 2>"$dir/err0" &
+    node0=$!
+    timeout -k 5 "$limit" "$run" --nnodes=3 --node-rank=1 --port="$port" -n 1 bash -c "$record" \
+      >"$dir/out1" 2>"$dir/err1" &
+    node1=$!
+    run_bounded --nnodes=3 --node-rank=1 --port="$port" -n 1 bash -c "$record"
+    expect_rc 1
+    wait "$node1"
+    [ $? -eq 1 ] || fail "the other node-1 launcher did not exit 1"
+    wait "$node0"
+    [ $? -eq 1 ] || fail "node 0's launcher did not exit 1"
+    told="^strata-run: node 1 of 3: another strata-run already joined the nodes' rendezvous at 127.0.0.1:$port as --node-rank=1 \(from 127.0.0.1\): give each machine its own --node-rank, from 0 to 2$"
+    waited="^strata-run: node 0 of 3: node 2 did not join"
+    if grep -Eq "$told" "$dir/err"; then other=$dir/err1; else other=$dir/err; fi
+    grep -Eq "$told" "$dir/err" "$dir/err1" || fail "no launcher was told of the duplicate: $(cat "$dir/err" "$dir/err1")"
+    # (node 0 may give up and close the rendezvous a moment before the first node 1 looks
+    # which nodes are missing)
+    grep -Eq "^strata-run: node 1 of 3: (node 2|some nodes) did not join" "$other" ||
+      fail "the first node 1 said: $(cat "$other")"
+    grep -Eq "$waited" "$dir/err0" || fail "node 0 said: $(cat "$dir/err0")"
+    [ -z "$(pids)" ] || fail "a rank started"
     ;;
 
   *)

@@ -138,23 +138,26 @@ struct ExecArgs {
 };
 
 bool is_launch_variable(std::string_view entry) {
-  static constexpr std::array<std::string_view, 6> kNames = {
-      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  static constexpr std::array<std::string_view, 8> kNames = {
+      "RANK",       "WORLD_SIZE",       "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
+      "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
   const size_t eq = entry.find('=');
   const std::string_view name = entry.substr(0, eq);
   return std::find(kNames.begin(), kNames.end(), name) != kNames.end();
 }
 
-void build_exec_args(const LaunchOptions& o, int rank, std::vector<std::string>& argv_storage,
+void build_exec_args(const LaunchOptions& o, int local_rank, std::vector<std::string>& argv_storage,
                      ExecArgs& out) {
   out.env_storage.clear();
   for (char** e = environ; *e != nullptr; ++e) {
     if (!is_launch_variable(*e)) out.env_storage.emplace_back(*e);
   }
-  out.env_storage.push_back(absl::StrFormat("RANK=%d", rank));
-  out.env_storage.push_back(absl::StrFormat("WORLD_SIZE=%d", o.nproc));
-  out.env_storage.push_back(absl::StrFormat("LOCAL_RANK=%d", rank));
+  out.env_storage.push_back(absl::StrFormat("RANK=%d", o.node_rank * o.nproc + local_rank));
+  out.env_storage.push_back(absl::StrFormat("WORLD_SIZE=%d", o.nnodes * o.nproc));
+  out.env_storage.push_back(absl::StrFormat("LOCAL_RANK=%d", local_rank));
   out.env_storage.push_back(absl::StrFormat("LOCAL_WORLD_SIZE=%d", o.nproc));
+  out.env_storage.push_back(absl::StrFormat("GROUP_RANK=%d", o.node_rank));
+  out.env_storage.push_back(absl::StrFormat("GROUP_WORLD_SIZE=%d", o.nnodes));
   out.env_storage.push_back("MASTER_ADDR=" + o.master_addr);
   out.env_storage.push_back(absl::StrFormat("MASTER_PORT=%d", o.master_port));
   out.envp.clear();
@@ -229,12 +232,19 @@ class Job {
   std::vector<int> ranks_where(bool Rank::*field) const {
     std::vector<int> out;
     for (size_t i = 0; i < ranks_.size(); ++i) {
-      if (ranks_[i].*field) out.push_back(static_cast<int>(i));
+      if (ranks_[i].*field) out.push_back(global(i));
     }
     return out;
   }
+  // The job-wide RANK of local rank i.
+  int global(size_t i) const { return o_.node_rank * o_.nproc + static_cast<int>(i); }
   std::string killed_note() const;
   int finish();
+  // "strata-run: ", or "strata-run: node 1 of 2: " in a job of several nodes.
+  std::string prefix() const {
+    return o_.nnodes > 1 ? absl::StrFormat("strata-run: node %d of %d: ", o_.node_rank, o_.nnodes)
+                         : std::string("strata-run: ");
+  }
 
   const LaunchOptions& o_;
   std::vector<Rank> ranks_;
@@ -281,10 +291,12 @@ bool Job::start_ranks() {
     build_exec_args(o_, rank, argv_storage, args);
     TaggedOutput::ChildEnds ends;
     if (o_.tag_output) {
-      absl::StatusOr<TaggedOutput::ChildEnds> made = output_.add_rank(rank);
+      absl::StatusOr<TaggedOutput::ChildEnds> made =
+          output_.add_rank(global(static_cast<size_t>(rank)));
       if (!made.ok()) {
-        start_error_ = absl::StrFormat("cannot start rank %d of %d: %s", rank, o_.nproc,
-                                       made.status().message());
+        start_error_ =
+            absl::StrFormat("cannot start rank %d of %d: %s", global(static_cast<size_t>(rank)),
+                            o_.nnodes * o_.nproc, made.status().message());
         return false;
       }
       ends = std::move(*made);
@@ -310,7 +322,8 @@ bool Job::start_ranks() {
     }
     sigprocmask(SIG_SETMASK, &original_mask, nullptr);
     if (pid < 0) {
-      start_error_ = absl::StrFormat("cannot start rank %d of %d: fork failed: %s", rank, o_.nproc,
+      start_error_ = absl::StrFormat("cannot start rank %d of %d: fork failed: %s",
+                                     global(static_cast<size_t>(rank)), o_.nnodes * o_.nproc,
                                      sys::errno_text(fork_errno));
       return false;
     }
@@ -335,7 +348,7 @@ void Job::forward(int sig) {
   if (!stopping_) {
     first_signal_ = sig;
     for (size_t i = 0; i < ranks_.size(); ++i) {
-      if (ranks_[i].pid > 0 && !ranks_[i].exited) forwarded_to_.push_back(static_cast<int>(i));
+      if (ranks_[i].pid > 0 && !ranks_[i].exited) forwarded_to_.push_back(global(i));
     }
     begin_stop(sig);
     return;
@@ -439,13 +452,13 @@ int Job::finish() {
 
   if (!start_error_.empty()) {
     const std::vector<int> stopped = ranks_where(&Rank::stopped);
-    std::fprintf(stderr, "strata-run: %s%s%s\n", start_error_.c_str(),
+    std::fprintf(stderr, "%s%s%s%s\n", prefix().c_str(), start_error_.c_str(),
                  stopped.empty() ? "" : ("; stopped ranks " + rank_list(stopped)).c_str(),
                  killed_note().c_str());
     return 1;
   }
   if (first_signal_ != 0) {
-    std::fprintf(stderr, "strata-run: got %s (signal %d); forwarded it to ranks %s%s\n",
+    std::fprintf(stderr, "%sgot %s (signal %d); forwarded it to ranks %s%s\n", prefix().c_str(),
                  signal_name(first_signal_).c_str(), first_signal_,
                  forwarded_to_.empty() ? "(none running)" : rank_list(forwarded_to_).c_str(),
                  killed_note().c_str());
@@ -454,7 +467,8 @@ int Job::finish() {
   if (first_failure_ < 0) return 0;
   const Rank& f = ranks_[static_cast<size_t>(first_failure_)];
   std::vector<int> stopped = ranks_where(&Rank::stopped);
-  std::string line = absl::StrFormat("strata-run: rank %d (pid %d) %s", first_failure_, f.pid,
+  std::string line = absl::StrFormat("%srank %d (pid %d) %s", prefix(),
+                                     global(static_cast<size_t>(first_failure_)), f.pid,
                                      status_text(f.code, f.status));
   if (!stopped.empty()) line += "; stopped ranks " + rank_list(stopped);
   line += killed_note();

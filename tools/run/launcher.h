@@ -2,7 +2,8 @@
 // fails or when strata-run is signalled, and says in one line what happened (docs/strata-run.md).
 //
 // It only starts processes: it knows nothing of communicators, only the variables a rank reads
-// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT). Ranks are named by their job-wide RANK in every message and tag.
 #pragma once
 
 #include <string>
@@ -12,6 +13,8 @@ namespace strata::run {
 
 struct LaunchOptions {
   int nproc = 0;                  // local ranks, 1..kMaxRanks
+  int nnodes = 1;                 // nodes of the job, each starting nproc ranks
+  int node_rank = 0;              // this node: its ranks are node_rank * nproc + 0..nproc-1
   std::string master_addr;        // MASTER_ADDR as the ranks see it
   int master_port = 0;            // MASTER_PORT, 1..65535
   double grace_seconds = 10;      // SIGTERM -> SIGKILL delay when stopping the ranks
