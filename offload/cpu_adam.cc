@@ -156,6 +156,11 @@ absl::Status validate(const AdamTensors& t, const AdamParams& p) {
   if (t.master == nullptr) return invalid("master", "is null");
   if (t.exp_avg == nullptr) return invalid("exp_avg", "is null");
   if (t.exp_avg_sq == nullptr) return invalid("exp_avg_sq", "is null");
+  const int backups = (t.backup_master != nullptr) + (t.backup_exp_avg != nullptr) +
+                      (t.backup_exp_avg_sq != nullptr);
+  if (backups != 0 && backups != 3) {
+    return invalid("backup_master/backup_exp_avg/backup_exp_avg_sq", "must be all set or none");
+  }
   if (t.grad == nullptr) return invalid("grad", "is null");
   if (t.copy_type != ParamCopyType::kNone && t.param_copy == nullptr) {
     return invalid("param_copy", "is null");
@@ -254,7 +259,14 @@ absl::StatusOr<AdamResult> adam_step_with(CpuIsa isa, const AdamTensors& t, cons
   const adam_detail::StepScalars s = scalars(p);
   const uint64_t width = simd_width(*resolved);
   const CpuIsa use = *resolved;
+  const bool backup = t.backup_master != nullptr;
   return run_chunks(t.count, pool, t.master, [&](uint64_t begin, uint64_t end) {
+    if (backup) {
+      const uint64_t bytes = (end - begin) * sizeof(float);
+      std::memcpy(t.backup_master + begin, t.master + begin, bytes);
+      std::memcpy(t.backup_exp_avg + begin, t.exp_avg + begin, bytes);
+      std::memcpy(t.backup_exp_avg_sq + begin, t.exp_avg_sq + begin, bytes);
+    }
     const uint64_t vec_end = begin + (end - begin) / width * width;
     ChunkResult r{};
     if (use == CpuIsa::kAvx512) r = adam_detail::step_avx512(t, begin, vec_end, s);

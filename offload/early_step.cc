@@ -4,7 +4,8 @@
 // the hyper-parameters, loss scale and step counts of arming time, no further landing) is
 // checked by step(), which keeps the early work or rolls it back:
 //   states in the CPU tier: the unit's states are copied to its backup before Adam touches
-//     them; rolling back copies them back, and step() steps the unit again;
+//     them; rolling back swaps the backup's tensors in (no copy), and step() steps the unit
+//     again;
 //   states on NVMe: the new states went to the chunk's uncommitted slot, so rolling back is
 //     forgetting them (the same two slots that make a failed write harmless).
 // The updated parameter copy is held on the host until step() keeps it: nothing reaches the
@@ -204,7 +205,7 @@ absl::StatusOr<bool> OffloadOptimizer::Impl::overlap_buffers(uint32_t index, boo
   // With states in the CPU tier an fp32 parameter's copy is its master, kept in place.
   const uint64_t copy_bytes =
       cpu && p.param_type == ParamType::kF32 ? 0 : p.count * element_bytes(p.param_type);
-  const bool need_backup = backup && !p.backup.valid();
+  const bool need_backup = backup && !p.backup[0].valid();
   const bool need_copy = copy_bytes > 0 && !p.held_copy.valid();
   const uint64_t want = (need_backup ? 12 * p.count : 0) + (need_copy ? copy_bytes : 0);
   if (want == 0) return true;
@@ -214,23 +215,26 @@ absl::StatusOr<bool> OffloadOptimizer::Impl::overlap_buffers(uint32_t index, boo
     if (cap > 0 && counters.overlap_host_bytes + want > cap) return false;
   }
   TensorStore& store = runtime.store();
-  TensorHandle made_backup;
-  TensorHandle made_copy;
+  std::vector<TensorHandle> made;
+  auto give_back = [&] {
+    for (TensorHandle t : made) (void)store.destroy(t);
+    return false;  // the CPU tier is full: this one steps in step()
+  };
   if (need_backup) {
-    auto t = store.create(absl::StrCat(p.name, ".overlap.backup"), 12 * p.count, TierKind::kCpu);
-    if (!t.ok()) return false;  // the CPU tier is full: this one steps in step()
-    made_backup = *t;
+    for (const char* state : {".overlap.master", ".overlap.exp_avg", ".overlap.exp_avg_sq"}) {
+      auto t = store.create(absl::StrCat(p.name, state), 4 * p.count, TierKind::kCpu);
+      if (!t.ok()) return give_back();
+      made.push_back(*t);
+    }
   }
   if (need_copy) {
     auto t = store.create(absl::StrCat(p.name, ".overlap.copy"), copy_bytes, TierKind::kCpu);
-    if (!t.ok()) {
-      if (made_backup.valid()) (void)store.destroy(made_backup);
-      return false;
-    }
-    made_copy = *t;
+    if (!t.ok()) return give_back();
+    made.push_back(*t);
   }
   MutexLock lock(&state_mu);
-  if (made_backup.valid()) params[index].backup = made_backup;
+  if (need_backup) std::copy(made.begin(), made.begin() + 3, params[index].backup.begin());
+  const TensorHandle made_copy = need_copy ? made.back() : TensorHandle();
   if (made_copy.valid()) params[index].held_copy = made_copy;
   counters.overlap_host_bytes += want;
   return true;
@@ -259,25 +263,33 @@ absl::Status OffloadOptimizer::Impl::step_param_early(uint32_t index, const Earl
     if (!data.ok()) return data.status();
     states[a] = *data;
   }
-  auto backup = held.get(p->backup, TierKind::kCpu, AccessMode::kWrite);
-  if (!backup.ok()) return backup.status();
+  std::byte* backups[3];
+  for (int a = 0; a < 3; ++a) {
+    auto data = held.get(p->backup[a], TierKind::kCpu, AccessMode::kWrite);
+    if (!data.ok()) return data.status();
+    backups[a] = *data;
+  }
   void* copy = nullptr;
   if (p->held_copy.valid()) {
     auto data = held.get(p->held_copy, TierKind::kCpu, AccessMode::kWrite);
     if (!data.ok()) return data.status();
     copy = *data;
   }
-  const uint64_t bytes = p->count * 4;
-  for (int a = 0; a < 3; ++a) std::memcpy(*backup + a * bytes, states[a], bytes);
-  {
-    MutexLock lock(&landing_mu);
-    early_units[index].backed_up = true;
-  }
+
   const Piece whole{index, 0, p->count, 0};
   absl::Status status = adam_piece(
       *p, plan.groups[p->group], plan.param_steps[index] + 1, unclipped_grad_scale(plan.loss_scale),
       whole, *grad + p->grad_offset, reinterpret_cast<float*>(states[0]),
-      reinterpret_cast<float*>(states[1]), reinterpret_cast<float*>(states[2]), copy);
+      reinterpret_cast<float*>(states[1]), reinterpret_cast<float*>(states[2]), copy,
+      std::array<float*, 3>{reinterpret_cast<float*>(backups[0]),
+                            reinterpret_cast<float*>(backups[1]),
+                            reinterpret_cast<float*>(backups[2])});
+  if (status.ok()) {
+    // The kernel copied every chunk into the backups before stepping it (it refuses bad input
+    // before touching anything, so a failed call changed nothing and needs no restore).
+    MutexLock lock(&landing_mu);
+    early_units[index].backed_up = true;
+  }
   if (auto st = held.release(); !st.ok() && status.ok()) status = st;
   return status;
 }
@@ -380,20 +392,18 @@ absl::StatusOr<OffloadOptimizer::Impl::EarlyOutcome> OffloadOptimizer::Impl::set
   };
   for (uint32_t u : out.kept) out.kept_elements += unit_elements(u);
   for (uint32_t u : rolled) out.redone_elements += unit_elements(u);
+  // Restoring is swapping: the backups hold the states from before the early step, and become
+  // the states; the early-stepped ones become the backups (overwritten by the next early step).
+  // Nothing holds a state acquired now (the stepper is quiet; step_mu is held).
   const absl::Time start = absl::Now();
-  absl::Status status;
-  for (uint32_t u : restore) {
-    const Param* p = &all[u];
-    Acquired held(runtime.store(), *early_stream);
-    auto backup = held.get(p->backup, TierKind::kCpu, AccessMode::kRead);
-    if (!backup.ok()) return backup.status();
-    const TensorHandle handles[3] = {p->master, p->exp_avg, p->exp_avg_sq};
-    for (int a = 0; a < 3 && status.ok(); ++a) {
-      auto data = held.get(handles[a], TierKind::kCpu, AccessMode::kWrite);
-      if (!data.ok()) return data.status();
-      std::memcpy(*data, *backup + a * p->count * 4, p->count * 4);
+  {
+    MutexLock lock(&state_mu);
+    for (uint32_t u : restore) {
+      Param& p = params[u];
+      std::swap(p.master, p.backup[0]);
+      std::swap(p.exp_avg, p.backup[1]);
+      std::swap(p.exp_avg_sq, p.backup[2]);
     }
-    if (auto st = held.release(); !st.ok()) return st;
   }
   out.rollback_ns = ns_since(start);
   return out;

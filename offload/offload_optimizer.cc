@@ -170,7 +170,8 @@ OffloadOptimizer::~OffloadOptimizer() {
   TensorStore& store = s.runtime.store();
   MutexLock lock(&s.state_mu);
   for (const Impl::Param& p : s.params) {
-    for (TensorHandle t : {p.grad_host, p.master, p.exp_avg, p.exp_avg_sq, p.backup, p.held_copy}) {
+    for (TensorHandle t : {p.grad_host, p.master, p.exp_avg, p.exp_avg_sq, p.backup[0], p.backup[1],
+                           p.backup[2], p.held_copy}) {
       if (t.valid() && (t != p.grad_host || p.owns_grad_host)) (void)store.destroy(t);
     }
   }

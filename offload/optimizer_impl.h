@@ -7,10 +7,12 @@
 #include <absl/status/statusor.h>
 #include <absl/synchronization/mutex.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,9 +82,10 @@ struct OffloadOptimizer::Impl {
     TensorHandle exp_avg_sq;
     uint64_t steps = 0;  // steps this parameter took: its Adam bias correction
     // Overlap (early_step.cc), created on the first early step: with states in the CPU tier,
-    // [master | exp_avg | exp_avg_sq] as they were before it; the updated parameter copy
-    // (param_type; fp32 with states on NVMe) until step() validates it.
-    TensorHandle backup;
+    // master, exp_avg and exp_avg_sq as they were before it (a rollback swaps these handles
+    // with the three above: no copy); the updated parameter copy (param_type; fp32 with states
+    // on NVMe) until step() validates it.
+    std::array<TensorHandle, 3> backup;
     TensorHandle held_copy;
   };
 
@@ -282,9 +285,10 @@ struct OffloadOptimizer::Impl {
   void commit_slots(const std::vector<uint64_t>& written);
 
   // Adam over one piece (states already offset to it); writes the parameter copy to `copy`.
+  // `backup`: empty, or three arrays the states are copied into before they are stepped.
   absl::Status adam_piece(const Param& p, const AdamGroup& group, uint64_t step, float grad_scale,
                           const Piece& piece, const std::byte* grad, float* master, float* exp_avg,
-                          float* exp_avg_sq, void* copy) const;
+                          float* exp_avg_sq, void* copy, std::span<float* const> backup = {}) const;
   // The gradient scale of a step without clipping: what early steps use.
   float unclipped_grad_scale(float scale) const;
 

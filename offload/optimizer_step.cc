@@ -133,9 +133,14 @@ absl::Status adam_piece(const OffloadOptimizer::Impl& s, const StepPlan& plan, c
 absl::Status OffloadOptimizer::Impl::adam_piece(const Param& p, const AdamGroup& group,
                                                 uint64_t step, float grad_scale, const Piece& piece,
                                                 const std::byte* grad, float* master,
-                                                float* exp_avg, float* exp_avg_sq,
-                                                void* copy) const {
+                                                float* exp_avg, float* exp_avg_sq, void* copy,
+                                                std::span<float* const> backup) const {
   AdamTensors t;
+  if (backup.size() == 3) {
+    t.backup_master = backup[0];
+    t.backup_exp_avg = backup[1];
+    t.backup_exp_avg_sq = backup[2];
+  }
   t.master = master;
   t.exp_avg = exp_avg;
   t.exp_avg_sq = exp_avg_sq;
@@ -508,6 +513,7 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
     auto settled = settle_early(early_valid);
     if (!settled.ok()) return settled.status();
     outcome = *std::move(settled);
+    plan.params = params_snapshot();  // a rollback swapped state tensors
   }
   const std::vector<bool> landed = plan.landed;
   for (uint32_t u : outcome.kept) {

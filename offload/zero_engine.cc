@@ -539,7 +539,9 @@ ZeroMemory ZeroEngine::memory() const {
     add(m.grads, s.groups[g].grads);
     const std::string shard = absl::StrCat("zero.group", g, ".shard");
     add_named(m.grads, shard + ".grad.host");
-    for (const char* state : {".master", ".exp_avg", ".exp_avg_sq"}) {
+    // With the overlapped step, also its backups and held copies (created on first use).
+    for (const char* state : {".master", ".exp_avg", ".exp_avg_sq", ".overlap.master",
+                              ".overlap.exp_avg", ".overlap.exp_avg_sq", ".overlap.copy"}) {
       add_named(m.optimizer_states, shard + state);
     }
   }

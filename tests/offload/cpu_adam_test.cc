@@ -241,6 +241,45 @@ TEST_CASE("adam_step matches a double reference for every ISA and dtype combinat
   }
 }
 
+TEST_CASE("adam_step copies the states into backups first, for an exact undo", "[offload][adam]") {
+  const CpuIsa isa = GENERATE(from_range(supported_isas()));
+  INFO(isa_name(isa));
+  const uint64_t n = 100003;  // several chunks and a tail
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<float> master(n), m(n), v(n), grad(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    master[i] = normal(rng);
+    m[i] = normal(rng) * 0.1F;
+    v[i] = std::fabs(normal(rng)) * 0.01F;
+    grad[i] = normal(rng);
+  }
+  const auto master0 = master, m0 = m, v0 = v;
+  auto plain_master = master, plain_m = m, plain_v = v;
+  AdamParams p;
+  p.step = 4;
+  AdamTensors plain{plain_master.data(), plain_m.data(), plain_v.data(), grad.data()};
+  plain.count = n;
+  REQUIRE(adam_step_with(isa, plain, p).ok());
+  std::vector<float> bm(n, -1.0F), ba(n, -1.0F), bv(n, -1.0F);
+  AdamTensors t{master.data(), m.data(), v.data(), grad.data()};
+  t.count = n;
+  t.backup_master = bm.data();
+  t.backup_exp_avg = ba.data();
+  t.backup_exp_avg_sq = bv.data();
+  REQUIRE(adam_step_with(isa, t, p).ok());
+  CHECK(bm == master0);
+  CHECK(ba == m0);
+  CHECK(bv == v0);
+  CHECK(std::memcmp(master.data(), plain_master.data(), n * 4) == 0);
+  CHECK(std::memcmp(m.data(), plain_m.data(), n * 4) == 0);
+  CHECK(std::memcmp(v.data(), plain_v.data(), n * 4) == 0);
+  t.backup_exp_avg = nullptr;  // two of three: refused before anything changes
+  auto refused = adam_step_with(isa, t, p);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()), Catch::Contains("all set or none"));
+}
+
 TEST_CASE("the parameter copy rounds special master values to nearest even", "[offload][adam]") {
   const float kInf = std::numeric_limits<float>::infinity();
   const std::vector<float> specials = {0.0F,

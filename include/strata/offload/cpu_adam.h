@@ -73,6 +73,12 @@ struct AdamTensors {
   void* param_copy = nullptr;  // fp16/bf16 copy of the updated master; unused with kNone
   ParamCopyType copy_type = ParamCopyType::kNone;
   uint64_t count = 0;
+  // Optional (all three or none): the states as they were before this step are copied here,
+  // chunk by chunk just before the chunk is stepped (while its bytes are in cache), so that the
+  // step can be undone exactly (the optimizer's overlapped step).
+  float* backup_master = nullptr;
+  float* backup_exp_avg = nullptr;
+  float* backup_exp_avg_sq = nullptr;
 };
 
 struct AdamResult {
