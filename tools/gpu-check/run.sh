@@ -235,6 +235,11 @@ step_bench() {
     --json="$WORK/bench-train-step.json"
   run_check bench "offload-bench optimizer" 45 "$OUT_DIR/bench.txt" "$bench" --workload=optimizer \
     --json="$WORK/bench-optimizer.json"
+  # Issue 26: the overlapped optimizer step on CUDA (exposed time with and without overlap,
+  # forced rollbacks), with a backward long enough for the early Adam.
+  run_check bench "offload-bench overlapped step" 60 "$OUT_DIR/bench.txt" "$bench" \
+    --workload=train-step --policies=belady --steps=5 --home=cpu --layers=16 --layer-bytes=8MiB \
+    --compute-ms=16 --json="$WORK/bench-overlap-step.json"
 }
 
 step_ctest() {
