@@ -53,12 +53,6 @@ class Acquired {
 
 }  // namespace
 
-float OffloadOptimizer::Impl::unclipped_grad_scale(float scale) const {
-  // step() computes clip_coef / divisor in double and rounds once; clip_coef is then 1.
-  const double divisor = static_cast<double>(scale) * options.grad_divisor;
-  return static_cast<float>(1.0 / divisor);
-}
-
 void OffloadOptimizer::Impl::arm() {
   if (!options.overlap.enabled) return;
   auto plan = std::make_shared<EarlyPlan>();

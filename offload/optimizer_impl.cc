@@ -1,5 +1,6 @@
 // The small helpers optimizer_impl.h declares for every file of the optimizer: element sizes,
-// the fp16/bf16 conversions of master weights and parameters, and Completion.
+// the fp16/bf16 conversions of master weights and parameters, Completion, and one piece's Adam
+// call (the plain step's and the early steps').
 #include "optimizer_impl.h"
 
 #include <cstring>
@@ -65,6 +66,39 @@ absl::Status Completion::wait() {
 bool Completion::pending() const {
   MutexLock lock(&mu_);
   return !done_;
+}
+
+absl::Status OffloadOptimizer::Impl::adam_piece(const Param& p, const AdamGroup& group,
+                                                uint64_t step, float grad_scale, const Piece& piece,
+                                                const std::byte* grad, float* master,
+                                                float* exp_avg, float* exp_avg_sq, void* copy,
+                                                std::span<float* const> backup) const {
+  AdamTensors t;
+  if (backup.size() == 3) {
+    t.backup_master = backup[0];
+    t.backup_exp_avg = backup[1];
+    t.backup_exp_avg_sq = backup[2];
+  }
+  t.master = master;
+  t.exp_avg = exp_avg;
+  t.exp_avg_sq = exp_avg_sq;
+  t.grad = grad + piece.offset * element_bytes(p.grad_type);
+  t.grad_type = p.grad_type;
+  t.param_copy = copy;
+  t.copy_type = copy_type(p.param_type);
+  t.count = piece.count;
+  AdamParams a;
+  static_cast<AdamHyper&>(a) = group;
+  a.step = step;
+  a.grad_scale = grad_scale;
+  auto result = adam_step_with(options.isa, t, a, adam_pool.get());
+  return result.ok() ? absl::OkStatus() : result.status();
+}
+
+float OffloadOptimizer::Impl::unclipped_grad_scale(float scale) const {
+  // step() computes clip_coef / divisor in double and rounds once; clip_coef is then 1.
+  const double divisor = static_cast<double>(scale) * options.grad_divisor;
+  return static_cast<float>(1.0 / divisor);
 }
 
 }  // namespace strata

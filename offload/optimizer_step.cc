@@ -130,33 +130,6 @@ absl::Status adam_piece(const OffloadOptimizer::Impl& s, const StepPlan& plan, c
 
 }  // namespace
 
-absl::Status OffloadOptimizer::Impl::adam_piece(const Param& p, const AdamGroup& group,
-                                                uint64_t step, float grad_scale, const Piece& piece,
-                                                const std::byte* grad, float* master,
-                                                float* exp_avg, float* exp_avg_sq, void* copy,
-                                                std::span<float* const> backup) const {
-  AdamTensors t;
-  if (backup.size() == 3) {
-    t.backup_master = backup[0];
-    t.backup_exp_avg = backup[1];
-    t.backup_exp_avg_sq = backup[2];
-  }
-  t.master = master;
-  t.exp_avg = exp_avg;
-  t.exp_avg_sq = exp_avg_sq;
-  t.grad = grad + piece.offset * element_bytes(p.grad_type);
-  t.grad_type = p.grad_type;
-  t.param_copy = copy;
-  t.copy_type = copy_type(p.param_type);
-  t.count = piece.count;
-  AdamParams a;
-  static_cast<AdamHyper&>(a) = group;
-  a.step = step;
-  a.grad_scale = grad_scale;
-  auto result = adam_step_with(options.isa, t, a, adam_pool.get());
-  return result.ok() ? absl::OkStatus() : result.status();
-}
-
 // States in the CPU tier: chunks of landed parameters' elements; two staging chunks alternate
 // as the destination of the parameter copies, so the H2D copies of one chunk overlap the step
 // of the next.
