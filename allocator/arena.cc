@@ -343,6 +343,7 @@ void Arena::reset_peak() { counters_.peak_used = used_; }
 
 ArenaStats Arena::stats() const {
   ArenaStats s = counters_;
+  s.granularity = granularity_;
   s.used = used_;
   s.free = capacity_ - used_;
   s.largest_free = free_index_.empty() ? 0 : free_index_.rbegin()->size;

@@ -30,14 +30,14 @@ absl::StatusOr<Impl::Entry*> Impl::find(ActivationId id) {
 
 void Impl::count_in(Entry& e) {
   e.on_gpu = true;
-  counters.gpu_bytes += e.bytes;
+  counters.gpu_bytes += e.footprint;
   counters.gpu_peak_bytes = std::max(counters.gpu_peak_bytes, counters.gpu_bytes);
-  if (options.record_trace) trace.push_back(absl::StrFormat("a %s %d", e.name, e.bytes));
+  if (options.record_trace) trace.push_back(absl::StrFormat("a %s %d", e.name, e.footprint));
 }
 
 void Impl::count_out(Entry& e) {
   e.on_gpu = false;
-  counters.gpu_bytes -= e.bytes;
+  counters.gpu_bytes -= e.footprint;
   if (options.record_trace) trace.push_back(absl::StrFormat("f %s", e.name));
 }
 
@@ -51,7 +51,7 @@ void Impl::record_error(Entry& e, const absl::Status& status) {
 void Impl::queue(JobKind kind, Entry& e) {
   if (kind == JobKind::kDestroy) e.destroying = true;
   if (kind == JobKind::kMoveHome) e.phase = Phase::kMoving;
-  if (e.on_gpu) pending_gpu += e.bytes;
+  if (e.on_gpu) pending_gpu += e.footprint;
   jobs.push_back({kind, &e});
   work.Signal();
 }
@@ -95,11 +95,11 @@ std::string Impl::window_breakdown() const {
   for (const auto& [id, e] : entries) {
     if (!e->on_gpu) continue;
     if (e->phase == Phase::kWriting) {
-      writing += e->bytes;
+      writing += e->footprint;
     } else if (e->loads > 0) {
-      loaded += e->bytes;
+      loaded += e->footprint;
     } else {
-      waiting += e->bytes;
+      waiting += e->footprint;
     }
   }
   return absl::StrFormat("%s being written, %s loaded, %s kept or prefetched",
@@ -144,7 +144,7 @@ bool Impl::reclaim_one() {
     }
     if (e->phase != Phase::kKept && e->phase != Phase::kHome) continue;
     if (cancel_fetch(*e)) return true;
-    if (e->phase == Phase::kKept) kept_bytes -= std::min(kept_bytes, e->bytes);
+    if (e->phase == Phase::kKept) kept_bytes -= std::min(kept_bytes, e->footprint);
     e->prefetched = false;
     queue(JobKind::kMoveHome, *e);
     return true;
@@ -166,10 +166,10 @@ void Impl::plan_prefetch(uint64_t from_step, uint32_t from_index) {
     if (it == entries.end()) continue;
     Entry& c = *it->second;
     if (c.freed || c.phase == Phase::kWriting) continue;
-    ahead += c.bytes;
+    ahead += c.footprint;
     if (ahead > options.prefetch_bytes) break;
     if (c.on_gpu || c.phase != Phase::kHome || !c.error.ok()) continue;  // there, or moving
-    if (counters.gpu_bytes + c.bytes > options.window_bytes) {
+    if (counters.gpu_bytes + c.footprint > options.window_bytes) {
       window_cut = true;
       break;
     }
@@ -223,7 +223,7 @@ void Impl::run_mover() {
       }
     }
     --running;
-    if (was_on_gpu) pending_gpu -= e.bytes;
+    if (was_on_gpu) pending_gpu -= e.footprint;
     if (job.kind == JobKind::kMoveHome) {
       e.phase = Phase::kHome;
       if (status.ok()) {

@@ -45,8 +45,10 @@ absl::StatusOr<std::unique_ptr<ActivationStash>> ActivationStash::create(
   if (!own.ok()) return annotate(own.status(), "activation stash: creating a stream");
   auto fetch = device.create_stream();
   if (!fetch.ok()) return annotate(fetch.status(), "activation stash: creating a stream");
-  auto impl =
-      std::make_unique<Impl>(store, device, std::move(options), *std::move(own), *std::move(fetch));
+  const uint64_t granularity =
+      std::max<uint64_t>(1, store.stats().tiers[static_cast<size_t>(TierKind::kGpu)].granularity);
+  auto impl = std::make_unique<Impl>(store, device, std::move(options), granularity,
+                                     *std::move(own), *std::move(fetch));
   Impl* raw = impl.get();
   // The window at the top of the GPU arena: loads land there (Placement::kHigh), clear of the
   // model states pinned for the step, which go below it.
@@ -138,11 +140,12 @@ absl::StatusOr<ActivationStash::Buffer> ActivationStash::allocate(uint64_t bytes
   e.id = s.next_id++;
   e.name = absl::StrFormat("%s.%d", s.options.name, e.id);
   e.bytes = bytes;
+  e.footprint = (bytes + s.gpu_granularity - 1) / s.gpu_granularity * s.gpu_granularity;
   e.step = s.step;
   e.save_index = save_index;
   e.written = tier;
   if (tier == TierKind::kGpu) {
-    if (auto room = s.make_room(bytes, what); !room.ok()) return room;
+    if (auto room = s.make_room(e.footprint, what); !room.ok()) return room;
     s.count_in(e);  // reserved now: other threads see the window taken
   }
   ++e.releasing;  // not destroyable while this call works on it
@@ -222,11 +225,11 @@ absl::Status ActivationStash::offload(ActivationId id, Stream& stream) {
   if (s.options.keep_tail && e.step == s.step) {
     const auto through = s.order.bytes_through(e.save_index);
     tail = through.has_value() && *through <= s.options.prefetch_bytes &&
-           s.kept_bytes + e.bytes <= s.options.prefetch_bytes;
+           s.kept_bytes + e.footprint <= s.options.prefetch_bytes;
   }
   if (tail && e.written == TierKind::kGpu) {
     e.phase = Phase::kKept;
-    s.kept_bytes += e.bytes;
+    s.kept_bytes += e.footprint;
     ++s.counters.kept;
     return absl::OkStatus();
   }
@@ -234,8 +237,8 @@ absl::Status ActivationStash::offload(ActivationId id, Stream& stream) {
     e.phase = Phase::kHome;  // written home directly
     ++s.counters.offloaded;
     s.counters.offloaded_bytes += e.bytes;
-    if (tail && s.counters.gpu_bytes + e.bytes <= s.options.window_bytes) {
-      s.kept_bytes += e.bytes;
+    if (tail && s.counters.gpu_bytes + e.footprint <= s.options.window_bytes) {
+      s.kept_bytes += e.footprint;
       s.fetch(e);
     }
     return absl::OkStatus();
@@ -272,7 +275,7 @@ absl::StatusOr<const void*> ActivationStash::load(ActivationId id, Stream& strea
     ++s.counters.loads_on_demand;
   } else if (!e.on_gpu) {
     ++e.releasing;
-    const absl::Status room = s.make_room(e.bytes, absl::StrFormat("loading '%s'", e.name));
+    const absl::Status room = s.make_room(e.footprint, absl::StrFormat("loading '%s'", e.name));
     --e.releasing;
     if (!room.ok()) return room;
     if (e.freed)
@@ -286,7 +289,7 @@ absl::StatusOr<const void*> ActivationStash::load(ActivationId id, Stream& strea
   }
   e.prefetched = false;
   ++s.counters.loads;
-  if (e.step == s.step) s.order.on_load(e.save_index, e.bytes);
+  if (e.step == s.step) s.order.on_load(e.save_index, e.footprint);
   ++e.loads;
   ++e.releasing;
   s.plan_prefetch(e.step, e.save_index);
@@ -334,7 +337,7 @@ absl::Status ActivationStash::free(ActivationId id, Stream& stream) {
     e.phase = Phase::kHome;            // nothing to move: it goes
   }
   if (e.phase == Phase::kKept) {
-    s.kept_bytes -= std::min(s.kept_bytes, e.bytes);
+    s.kept_bytes -= std::min(s.kept_bytes, e.footprint);
     e.phase = Phase::kHome;
   }
   e.loads = 0;

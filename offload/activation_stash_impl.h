@@ -49,6 +49,9 @@ struct ActivationStash::Impl {
     TensorHandle tensor;
     std::string name;
     uint64_t bytes = 0;
+    // What it takes of the GPU tier: `bytes` rounded up to the arena's granularity. The window
+    // counts this, so that window_bytes bounds the tier's bytes and not only the trainer's.
+    uint64_t footprint = 0;
     uint64_t step = 0;
     uint32_t save_index = 0;
     TierKind written = TierKind::kGpu;  // the tier allocate() handed out
@@ -69,17 +72,19 @@ struct ActivationStash::Impl {
     Entry* entry;
   };
 
-  Impl(TensorStore& s, Device& d, ActivationStashOptions o, std::unique_ptr<Stream> own,
-       std::unique_ptr<Stream> fetch)
+  Impl(TensorStore& s, Device& d, ActivationStashOptions o, uint64_t granularity,
+       std::unique_ptr<Stream> own, std::unique_ptr<Stream> fetch)
       : store(s),
         device(d),
         options(std::move(o)),
+        gpu_granularity(granularity),
         own_stream(std::move(own)),
         fetch_stream(std::move(fetch)) {}
 
   TensorStore& store;
   Device& device;
   const ActivationStashOptions options;
+  const uint64_t gpu_granularity;              // the GPU arena rounds block sizes up to this
   const std::unique_ptr<Stream> own_stream;    // releases the trainer left at destruction
   const std::unique_ptr<Stream> fetch_stream;  // the fetcher's copies into the GPU tier
 

@@ -34,6 +34,7 @@ StoreStats TensorStore::stats() const {
       const TierStats tier_stats = (tier == TierKind::kGpu ? s.gpu : s.cpu).stats();
       usage.capacity = tier_stats.arena.capacity;
       usage.used = tier_stats.arena.used;
+      usage.granularity = tier_stats.arena.granularity;
       usage.peak_used = tier_stats.arena.peak_used;
       usage.fragmentation = tier_stats.arena.fragmentation;
     }

@@ -127,7 +127,8 @@ void backward(StashRig& rig, ActivationStash& stash, const std::vector<Saved>& s
 
 std::vector<uint64_t> draw_sizes(std::mt19937& rng, size_t n) {
   std::vector<uint64_t> sizes;
-  for (size_t i = 0; i < n; ++i) sizes.push_back((1 + rng() % 12) * 4 * kKiB);  // 4..48 KiB
+  // 4..48 KiB, most not a multiple of the arena's granularity (it rounds them up).
+  for (size_t i = 0; i < n; ++i) sizes.push_back((1 + rng() % 12) * 4 * kKiB - 4 * (rng() % 64));
   return sizes;
 }
 
@@ -433,6 +434,35 @@ TEST_CASE("ActivationStash: a window the trainer fills is an error naming the wi
   CHECK(stash->stats().window_waits == 1);
   CHECK(stash->stats().room_waiters == 0);
   CHECK(stash->stats().live == 0);
+}
+
+TEST_CASE("ActivationStash: the window counts activations as the GPU tier rounds them",
+          "[offload][activations]") {
+  StashRig rig(false);
+  const uint64_t granularity = rig.store().stats().tiers[0].granularity;
+  REQUIRE(granularity >= 8);
+  ActivationStashOptions options;
+  options.window_bytes = 4 * granularity;
+  options.prefetch_bytes = granularity;
+  auto stash = rig.stash(options);
+  const uint64_t used_before = rig.store().stats().tiers[0].used;
+  // Four activations a little over half a granule each: their bytes fill half the window, the
+  // blocks the arena gives them all of it.
+  std::vector<ActivationStash::Buffer> held;
+  for (int i = 0; i < 4; ++i) {
+    auto buffer = stash->allocate(granularity / 2 + 4, TierKind::kGpu, *rig.stream);
+    REQUIRE(buffer.ok());
+    held.push_back(*buffer);
+  }
+  CHECK(stash->stats().gpu_bytes == options.window_bytes);
+  CHECK(rig.store().stats().tiers[0].used - used_before == options.window_bytes);
+  auto over = stash->allocate(4, TierKind::kGpu, *rig.stream);
+  REQUIRE(absl::IsResourceExhausted(over.status()));
+  CHECK_THAT(std::string(over.status().message()), Catch::Contains("fill it"));
+  for (const auto& buffer : held) REQUIRE(stash->free(buffer.id, *rig.stream).ok());
+  REQUIRE(stash->synchronize().ok());
+  CHECK(stash->stats().gpu_bytes == 0);
+  CHECK(stash->stats().gpu_peak_bytes == options.window_bytes);
 }
 
 TEST_CASE("ActivationStash: a flipped byte on NVMe fails the load with DataLoss",

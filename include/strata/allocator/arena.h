@@ -47,6 +47,7 @@ struct BlockHandle {
 
 struct ArenaStats {
   uint64_t capacity = 0;
+  uint64_t granularity = 0;   // every block size and offset is a multiple of it
   uint64_t used = 0;          // bytes in live blocks (sizes rounded up to the granularity)
   uint64_t free = 0;          // capacity - used
   uint64_t largest_free = 0;  // largest free block

@@ -92,7 +92,8 @@ struct ActivationStashStats {
   bool has_order = false;
   uint64_t live = 0;  // activations not yet freed
   uint64_t live_bytes = 0;
-  uint64_t gpu_bytes = 0;       // GPU-tier bytes held by activations now (the stash's count)
+  uint64_t gpu_bytes = 0;       // GPU-tier bytes held by activations now (sizes rounded up as the
+                                // arena rounds them)
   uint64_t gpu_peak_bytes = 0;  // the most gpu_bytes has been (at most window_bytes)
   uint64_t window_waits = 0;    // allocate()/load() calls that waited for room in the window
   uint64_t window_wait_ns = 0;  // host time they waited

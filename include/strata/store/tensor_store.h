@@ -55,6 +55,7 @@ struct TierUsage {
   bool present = false;  // this store has the tier
   uint64_t capacity = 0;
   uint64_t used = 0;
+  uint64_t granularity = 0;  // gpu and cpu: block sizes are rounded up to it (in `used`)
   // The most `used` has been since the store was created or reset_peak_usage() (gpu and cpu;
   // the NVMe tier reports its current use).
   uint64_t peak_used = 0;
