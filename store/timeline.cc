@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "strata/base/mutex.h"
+#include "strata/base/text.h"
 
 namespace strata {
 
@@ -45,30 +46,6 @@ void Timeline::set_thread_track(std::string track) { current_track = std::move(t
 
 const std::string& Timeline::thread_track() { return current_track; }
 
-std::string timeline_json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char ch : text) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(ch));
-        } else {
-          out += ch;
-        }
-    }
-  }
-  return out + "\"";
-}
-
 namespace {
 
 // One timeline's events: its tracks' names, then its spans, each overlapping span of a track on
@@ -78,7 +55,7 @@ void chrome_events(const std::vector<Timeline::Span>& all, int pid, std::string_
                    int64_t shift_ns, std::vector<std::string>& out) {
   out.push_back(absl::StrFormat(
       R"({"ph": "M", "name": "process_name", "pid": %d, "tid": 0, "args": {"name": %s}})", pid,
-      timeline_json_string(process)));
+      text::json_quote(process)));
   std::vector<size_t> order(all.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -108,25 +85,25 @@ void chrome_events(const std::vector<Timeline::Span>& all, int pid, std::string_
     tid = next++;
     out.push_back(absl::StrFormat(
         R"({"ph": "M", "name": "thread_name", "pid": %d, "tid": %d, "args": {"name": %s}})", pid,
-        tid, timeline_json_string(name)));
+        tid, text::json_quote(name)));
   }
   for (size_t i : order) {
     const Timeline::Span& s = all[i];
     std::string e = absl::StrFormat(
         R"({"ph": "X", "pid": %d, "tid": %d, "name": %s, "cat": %s, "ts": %.3f, "dur": %.3f, "args": {)",
-        pid, tids[row[i]], timeline_json_string(s.name), timeline_json_string(s.category),
+        pid, tids[row[i]], text::json_quote(s.name), text::json_quote(s.category),
         static_cast<double>(s.start_ns + shift_ns) * 1e-3,
         static_cast<double>(s.end_ns - s.start_ns) * 1e-3);
     bool first = true;
     auto arg = [&](std::string_view key, const std::string& value) {
       if (!first) e += ", ";
       first = false;
-      e += timeline_json_string(key) + ": " + value;
+      e += text::json_quote(key) + ": " + value;
     };
     if (s.id != 0) arg("id", absl::StrFormat("%d", s.id));
     if (s.ref != 0) arg("ref", absl::StrFormat("%d", s.ref));
     for (const Timeline::Arg& a : s.args) {
-      arg(a.key, a.number ? a.value : timeline_json_string(a.value));
+      arg(a.key, a.number ? a.value : text::json_quote(a.value));
     }
     out.push_back(e + "}}");
   }

@@ -19,6 +19,7 @@
 #include "cli.h"
 #include "strata/base/cpu_topology.h"
 #include "strata/base/size.h"
+#include "strata/base/text.h"
 #include "strata/comm/nccl_library.h"
 #include "strata/config/config.h"
 #include "strata/config/machine_info.h"
@@ -205,42 +206,15 @@ void print_text(const MachineInfo& m, const ResolvedConfig* config, const CpuPoo
   std::cout << out.str();
 }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
 // A JSON object built field by field.
 class JsonObject {
  public:
   JsonObject& raw(std::string_view key, const std::string& value) {
-    text_ += absl::StrFormat("%s%s: %s", text_.empty() ? "" : ", ", json_string(key), value);
+    text_ += absl::StrFormat("%s%s: %s", text_.empty() ? "" : ", ", text::json_quote(key), value);
     return *this;
   }
   JsonObject& str(std::string_view key, std::string_view value) {
-    return raw(key, json_string(value));
+    return raw(key, text::json_quote(value));
   }
   JsonObject& num(std::string_view key, uint64_t value) { return raw(key, std::to_string(value)); }
   JsonObject& flag(std::string_view key, bool value) { return raw(key, value ? "true" : "false"); }
@@ -263,9 +237,9 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSett
   if (!error.empty()) root.str("error", error);
   if (c != nullptr) {
     std::vector<std::string> paths;
-    for (const std::string& p : c->nvme_paths) paths.push_back(json_string(p));
+    for (const std::string& p : c->nvme_paths) paths.push_back(text::json_quote(p));
     std::vector<std::string> warnings;
-    for (const std::string& w : c->warnings) warnings.push_back(json_string(w));
+    for (const std::string& w : c->warnings) warnings.push_back(text::json_quote(w));
     root.raw("config", JsonObject()
                            .str("backend", to_string(c->backend))
                            .str("backend_reason", c->backend_reason)
@@ -315,8 +289,9 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSett
   machine.str("backend", to_string(m.backend))
       .str("backend_reason", m.backend_reason)
       .num("gpu_count", static_cast<uint64_t>(m.gpu_count))
-      .raw("cuda_visible_devices",
-           m.cuda_visible_devices ? json_string(*m.cuda_visible_devices) : std::string("null"));
+      .raw("cuda_visible_devices", m.cuda_visible_devices
+                                       ? text::json_quote(*m.cuda_visible_devices)
+                                       : std::string("null"));
   if (m.gpu) {
     machine.raw("gpu", JsonObject()
                            .num("ordinal", static_cast<uint64_t>(m.gpu->ordinal))
@@ -365,7 +340,8 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSett
   }
   const LibraryLines libraries = library_lines();
   std::vector<std::string> searched;
-  for (const std::string& step : libraries.nccl_searched) searched.push_back(json_string(step));
+  for (const std::string& step : libraries.nccl_searched)
+    searched.push_back(text::json_quote(step));
   root.raw("libraries", JsonObject()
                             .str("cuda_runtime", libraries.cuda_runtime)
                             .str("cuda_driver", libraries.cuda_driver)

@@ -7,36 +7,6 @@
 
 namespace cpp_trainer {
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        } else {
-          out += c;  // UTF-8 passes through
-        }
-    }
-  }
-  return out + "\"";
-}
-
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   return absl::StrFormat("%.9g", v);
@@ -54,7 +24,7 @@ std::string json_number(float v) {
 std::string json_number(uint64_t v) { return absl::StrFormat("%d", v); }
 
 JsonObject& JsonObject::raw(std::string_view key, std::string value) {
-  fields_.emplace_back(json_string(key), std::move(value));
+  fields_.emplace_back(strata::text::json_quote(key), std::move(value));
   return *this;
 }
 

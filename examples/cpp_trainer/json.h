@@ -1,5 +1,5 @@
 // A small JSON writer for cpp_trainer's --json report: one object, written field by field.
-// (The tools have their own; an example links only the library.)
+// Strings are quoted by the library's strata::text::json_quote.
 #pragma once
 
 #include <cstdint>
@@ -7,10 +7,10 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/base/text.h"
+
 namespace cpp_trainer {
 
-// `s` as a JSON string literal, quotes included.
-std::string json_string(std::string_view s);
 // A number as JSON: integers exactly, floating point with 9 significant digits (a float's
 // round trip); NaN and infinities, which JSON lacks, as null.
 std::string json_number(double v);
@@ -23,9 +23,11 @@ class JsonObject {
  public:
   JsonObject& raw(std::string_view key, std::string value);
   JsonObject& add(std::string_view key, std::string_view value) {
-    return raw(key, json_string(value));
+    return raw(key, strata::text::json_quote(value));
   }
-  JsonObject& add(std::string_view key, const char* value) { return raw(key, json_string(value)); }
+  JsonObject& add(std::string_view key, const char* value) {
+    return raw(key, strata::text::json_quote(value));
+  }
   JsonObject& add(std::string_view key, double value) { return raw(key, json_number(value)); }
   JsonObject& add(std::string_view key, float value) { return raw(key, json_number(value)); }
   JsonObject& add(std::string_view key, uint64_t value) { return raw(key, json_number(value)); }

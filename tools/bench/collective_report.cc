@@ -36,7 +36,7 @@ std::string collective_json(const CollectiveReport& report) {
         R"({"op": %s, "bytes": %d, "calls_per_sample": %d, "time_s": %s, "algbw_gbps": %s, )"
         R"("busbw_gbps": %s, "baseline_time_s": %s, "baseline_algbw_gbps": %s, )"
         R"("baseline_busbw_gbps": %s, "ratio": %s, "samples_s": %s, "baseline_samples_s": %s})",
-        json_string(r.op), r.bytes, r.calls_per_sample, json_general(r.time_s),
+        json_quote(r.op), r.bytes, r.calls_per_sample, json_general(r.time_s),
         json_general(r.algbw_gbps), json_general(r.busbw_gbps), json_general(r.baseline_time_s),
         json_general(r.baseline_algbw_gbps), json_general(r.baseline_busbw_gbps),
         json_general(r.ratio), json_general_list(r.samples_s),
@@ -45,8 +45,8 @@ std::string collective_json(const CollectiveReport& report) {
   return absl::StrFormat(
       R"({"backend": %s, "ranks": %d, "description": %s, "baseline": %s, "repeat": %d, )"
       R"("warmups": %d, "time": "median over samples of the slowest rank's time", "rows": [%s]})",
-      json_string(report.backend), report.ranks, json_string(report.description),
-      json_string(report.baseline), report.repeat, report.warmups, absl::StrJoin(rows, ", "));
+      json_quote(report.backend), report.ranks, json_quote(report.description),
+      json_quote(report.baseline), report.repeat, report.warmups, absl::StrJoin(rows, ", "));
 }
 
 }  // namespace strata::bench

@@ -6,25 +6,10 @@
 
 namespace strata::bench {
 
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 std::string json_strings(const std::vector<std::string>& items) {
   std::vector<std::string> quoted;
   quoted.reserve(items.size());
-  for (const std::string& item : items) quoted.push_back(json_string(item));
+  for (const std::string& item : items) quoted.push_back(text::json_quote(item));
   return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
 }
 

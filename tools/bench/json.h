@@ -1,4 +1,5 @@
-// The JSON pieces every offload-bench workload writes, in one place: strings (escaped), numbers
+// The JSON pieces every offload-bench workload writes, in one place: strings (escaped by
+// strata::text::json_quote, re-exported here), numbers
 // at the precision each kind of figure needs, lists and booleans. Each workload's report builds
 // its document from these, so a fix to the escaping or a format lands once.
 #pragma once
@@ -7,11 +8,12 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/base/text.h"
+
 namespace strata::bench {
 
-// A JSON string literal: quotes, backslashes and control characters escaped.
-std::string json_string(std::string_view text);
-// ["a", "b"]: each item a json_string.
+using text::json_quote;
+// ["a", "b"]: each item a json_quote.
 std::string json_strings(const std::vector<std::string>& items);
 
 // A number with `digits` decimals ("%.*f").

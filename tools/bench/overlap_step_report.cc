@@ -45,7 +45,7 @@ std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run)
   }
   const OverlapStepSample& m = run.median;
   return absl::StrCat(
-      "{\"name\": ", json_string(run.name), ", \"overlap\": ", json_bool(run.overlap),
+      "{\"name\": ", json_quote(run.name), ", \"overlap\": ", json_bool(run.overlap),
       ", \"max_grad_norm\": ", json_general(run.max_grad_norm), ", \"inf_every\": ", run.inf_every,
       ", \"steps\": ", run.samples.size(), ", \"rollbacks\": ", run.rollbacks,
       ", \"rollback_rate\": ", ratio_json(run.rollback_rate()),
@@ -125,8 +125,8 @@ std::string overlap_step_json(const OverlapStepReport& report) {
   std::vector<std::string> runs;
   for (const OverlapStepRun& run : report.runs) runs.push_back(run_json(report, run));
   return absl::StrCat(
-      "{\"mode\": ", json_string(report.options.mode),
-      ", \"state_home\": ", json_string(report.state_home), ", \"layers\": ", report.train.layers,
+      "{\"mode\": ", json_quote(report.options.mode),
+      ", \"state_home\": ", json_quote(report.state_home), ", \"layers\": ", report.train.layers,
       ", \"layer_bytes\": ", report.train.layer_bytes, ", \"params\": ", report.params,
       ", \"chunk_elements\": ", report.chunk_elements,
       ", \"compute_ms\": ", json_general(report.train.compute_ms),

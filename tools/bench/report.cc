@@ -87,27 +87,27 @@ std::string to_json(const Report& report, const ResolvedConfig& config, const De
         R"("baseline_bytes": %d, "ratio": %s, "baseline_gbps_min": %s, "baseline_gbps_max": %s, )"
         R"("link": %s, "link_gbps": %s, "link_rechecks": %d, "link_limit_gbps": %s, )"
         R"("staging": %s, "fetches_in_flight_peak": %s})",
-        json_string(r.path), r.tensor_bytes, r.total_bytes, r.repeats, gbps_json(r.runtime.median),
+        json_quote(r.path), r.tensor_bytes, r.total_bytes, r.repeats, gbps_json(r.runtime.median),
         gbps_json(r.runtime.min), gbps_json(r.runtime.max),
         has_baseline ? gbps_json(r.baseline->median) : "null", r.baseline_bytes,
         has_baseline ? gbps_json(r.runtime.median / r.baseline->median) : "null",
         has_baseline ? gbps_json(r.baseline->min) : "null",
         has_baseline ? gbps_json(r.baseline->max) : "null",
-        has_baseline ? json_string(r.nvme_link ? "nvme" : "gpu") : "null",
+        has_baseline ? json_quote(r.nvme_link ? "nvme" : "gpu") : "null",
         has_baseline ? gbps_json(std::max(r.link_gbps, r.baseline->max)) : "null", r.link_rechecks,
         has_baseline ? gbps_json(link_limit_gbps(r)) : "null", staging_json(r.nvme_use),
         r.nvme_use.has_value() ? absl::StrCat(r.nvme_use->fetches_in_flight_peak) : "null"));
   }
   std::vector<std::string> paths;
-  for (const std::string& path : report.nvme_paths) paths.push_back(json_string(path));
+  for (const std::string& path : report.nvme_paths) paths.push_back(json_quote(path));
   return absl::StrFormat(
       R"({"version": %s, "backend": %s, "device": %s, "config": {"gpu_bytes": %d, )"
       R"("cpu_bytes": %d, "io_engine": %s, "engine": %s, "engine_reason": %s, )"
       R"("io_block": %d, "io_depth": %d, "verify": %s, "nvme_paths": [%s]}, "results": [%s]})",
-      json_string(STRATA_VERSION), json_string(to_string(config.backend)),
-      json_string(device.description()), config.gpu_bytes, config.cpu_bytes,
-      json_string(to_string(config.io_engine)), json_string(report.engine),
-      json_string(report.engine_reason), config.io_block, config.io_depth, json_bool(config.verify),
+      json_quote(STRATA_VERSION), json_quote(to_string(config.backend)),
+      json_quote(device.description()), config.gpu_bytes, config.cpu_bytes,
+      json_quote(to_string(config.io_engine)), json_quote(report.engine),
+      json_quote(report.engine_reason), config.io_block, config.io_depth, json_bool(config.verify),
       absl::StrJoin(paths, ", "), absl::StrJoin(results, ", "));
 }
 

@@ -220,14 +220,14 @@ std::string step_timeline_json(const StepTimelineSummary& s) {
   std::vector<std::string> causes;
   for (const auto& [cause, ms] : s.idle_ms_by_cause) {
     causes.push_back(
-        absl::StrFormat(R"({"cause": %s, "ms": %s})", json_string(cause), json_fixed(ms, 3)));
+        absl::StrFormat(R"({"cause": %s, "ms": %s})", json_quote(cause), json_fixed(ms, 3)));
   }
   std::vector<std::string> moves;
   for (const StepTimelineSummary::Moves& k : s.moves) {
     moves.push_back(
         absl::StrFormat(R"({"kind": %s, "count": %d, "mean_ms": %s, "issue_ms": %s, "io_ms": %s, )"
                         R"("completion_lag_ms": %s, "reads_beside": %s, "writes_beside": %s})",
-                        json_string(k.kind), k.count, json_fixed(k.mean_ms, 3),
+                        json_quote(k.kind), k.count, json_fixed(k.mean_ms, 3),
                         json_fixed(k.issue_ms, 3), json_fixed(k.io_ms, 3), json_fixed(k.lag_ms, 3),
                         json_fixed(k.reads_beside, 2), json_fixed(k.writes_beside, 2)));
   }

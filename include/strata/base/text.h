@@ -1,4 +1,4 @@
-// String helpers for the configuration code that take std::string_view.
+// String helpers that take std::string_view (configuration, reports).
 //
 // Debian's Abseil is built with its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0),
 // so absl::StrCat, StripAsciiWhitespace, SimpleAtoi, ... do not accept std::string_view.
@@ -49,6 +49,9 @@ inline std::string_view ltrim(std::string_view s) {
 inline std::string_view rtrim(std::string_view s) {
   return to_std(absl::StripTrailingAsciiWhitespace(to_absl(s)));
 }
+
+// A JSON string literal: quotes, backslashes and control characters escaped, UTF-8 as is.
+std::string json_quote(std::string_view text);
 
 inline std::string lower(std::string_view s) { return absl::AsciiStrToLower(to_absl(s)); }
 inline std::string upper(std::string_view s) { return absl::AsciiStrToUpper(to_absl(s)); }

@@ -72,7 +72,5 @@ class Timeline {
   std::vector<Span> spans_ ABSL_GUARDED_BY(mu_);
 };
 
-// A JSON string literal of `text` (quotes, backslashes, control characters escaped).
-std::string timeline_json_string(std::string_view text);
 
 }  // namespace strata
