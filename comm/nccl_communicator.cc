@@ -80,6 +80,12 @@ class NcclCommunicator final : public CommunicatorBase {
       const CollectiveCall& call, const CollectiveOptions& options) override;
   void abort_transport() override;
   void on_broken(const absl::Status& error) override;
+  // A group's own NCCL communicator, from a unique id exchanged through the group's rendezvous
+  // (any NCCL version; ncclCommSplit, which could share the parent's resources, is not used).
+  absl::StatusOr<std::unique_ptr<Communicator>> create_split(
+      const CommOptions& options, std::unique_ptr<JobMonitor> monitor) override {
+    return create_nccl_communicator(options, std::move(monitor));
+  }
 
  private:
   struct Pending {
