@@ -326,6 +326,8 @@ absl::Status ZeroEngine::Impl::drop_host_copies() {
       for (TierKind tier : {TierKind::kCpu, TierKind::kGpu}) {
         if (tier == options.param_home) continue;
         if (auto st = runtime.store().evict(g.shard_params, tier); !st.ok()) return st;
+        if (!g.secondary.valid()) continue;  // hpZ's slice: also home until a gather writes it
+        if (auto st = runtime.store().evict(g.secondary, tier); !st.ok()) return st;
       }
     } else if (whole_home() != TierKind::kCpu) {
       if (auto st = runtime.store().evict(g.params, TierKind::kCpu); !st.ok()) return st;

@@ -408,6 +408,7 @@ absl::Status ZeroEngine::Impl::bound_live_limit() {
   for (const Group& g : groups) {
     add(g.params);
     add(g.shard_params);
+    add(g.secondary);
   }
   for (TensorHandle t : buckets) add(t);
   // A quarter is left for block alignment and for the holes that pinned blocks (groups in use,

@@ -170,7 +170,8 @@ struct ZeroTensorView {
 // (TensorStore::info), indexed by TierKind: parameters, gradients (stage 1's full gradients or
 // the reduced shard), optimizer states (master and moments) and stage 2's buckets.
 struct ZeroMemory {
-  std::array<uint64_t, 3> params{};  // stage 3: the shards and the persistent parameters
+  // Stage 3: the shards and the persistent parameters (and hpZ's secondary slices).
+  std::array<uint64_t, 3> params{};
   std::array<uint64_t, 3> grads{};
   std::array<uint64_t, 3> optimizer_states{};
   std::array<uint64_t, 3> buckets{};
@@ -187,8 +188,9 @@ struct ZeroStats {
   uint64_t reduce_scatters = 0;  // issued since create()
   uint64_t all_gathers = 0;
   // Communicator bytes (nccl-tests' sizes) from the end of the step before to the end of the
-  // last one: its backward's reduce-scatters, the statistics all-reduce, the all-gathers (and
-  // whatever else the trainer ran on the same Communicator meanwhile).
+  // last one: its backward's reduce-scatters, the statistics all-reduce, the all-gathers (hpZ:
+  // the node communicator's too), and whatever else the trainer ran on the same Communicator
+  // meanwhile.
   uint64_t last_step_comm_bytes = 0;
   uint64_t last_step_ns = 0;       // step() wall time
   uint64_t last_step_wait_ns = 0;  // of which waiting for reduce-scatters still running
