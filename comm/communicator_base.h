@@ -119,8 +119,10 @@ class CommunicatorBase : public Communicator {
   // split(): the engine's communicator over the group that `monitor` (the group's rendezvous,
   // already joined) and `options.launch` (the group's rank and size) describe. The default: this
   // engine cannot split (Unimplemented).
+  // `color` and `key` are the split's arguments (an engine that splits its own communicator, as
+  // ncclCommSplit does, uses them).
   virtual absl::StatusOr<std::unique_ptr<Communicator>> create_split(
-      const CommOptions& options, std::unique_ptr<JobMonitor> monitor);
+      const CommOptions& options, std::unique_ptr<JobMonitor> monitor, int color, int key);
 
   // For the backends.
   const CommOptions& options() const { return options_; }

@@ -48,7 +48,7 @@ absl::StatusOr<Member> parse_member(std::string_view value, int rank) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorBase::create_split(
-    const CommOptions&, std::unique_ptr<JobMonitor>) {
+    const CommOptions&, std::unique_ptr<JobMonitor>, int, int) {
   return absl::UnimplementedError(
       to_absl(cat("Communicator::split: the ", engine(), " backend cannot split")));
 }
@@ -153,7 +153,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorBase::split(int color,
     }
     monitor = *std::move(joined);
   }
-  absl::StatusOr<std::unique_ptr<Communicator>> made = create_split(sub, std::move(monitor));
+  absl::StatusOr<std::unique_ptr<Communicator>> made =
+      create_split(sub, std::move(monitor), color, key);
   if (!made.ok()) {
     return absl::Status(made.status().code(), to_absl(cat(what, ": ", made.status().message())));
   }
