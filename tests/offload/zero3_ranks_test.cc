@@ -386,23 +386,28 @@ TEST_CASE("Stage 3: (4+K)Ψ/N model-state bytes, 3Ψ per step, NVMe reads of the
 // and 3, nodes of one rank (each keeps the whole group as its secondary). Engines with and
 // without hpZ train side by side on randomized layouts: every value read and every state equal
 // the one-rank reference's, bitwise, so each other's; from the second step on (the first has no
-// recorded order yet) each step's gathered bytes follow the formulas: without hpZ two global
-// gathers per group (forward, backward), with it one global and one inside the node, the node
-// communicator's statistics counting the latter; and the secondary costs padded/L per group.
+// recorded order yet) each step's gathered bytes follow the formulas: without hpZ every use
+// gathers over every rank, with it only the step's first gather of each group does and the
+// rest stay inside the node, the node communicator's statistics counting them; and the
+// secondary costs padded/L per group.
+// Shards in the GPU, CPU and NVMe tiers, the last through bounce buffers.
 TEST_CASE("Stage 3 with hpZ: bitwise the same as without, backward's gathers inside the node",
           "[zero3][hpz]") {
   const uint32_t n = ranks();
   const uint32_t node = n % 2 == 0 && n > 2 ? 2 : 1;
   std::mt19937_64 rng(20261126);
   const ZeroModel model = testing::zero_model();
-  for (int trial = 0; trial < 3; ++trial) {
+  for (int trial = 0; trial < 4; ++trial) {
     ZeroOptions o;
     o.stage = 3;
     o.param_type = trial == 1 ? ParamType::kF32 : ParamType::kF16;
     o.grad_type = testing::as_grad_type(o.param_type);
     o.bucket_bytes = (2 + rng() % 9) << 10;
     o.alignment = static_cast<uint32_t>(1 + rng() % 8);
-    o.param_home = trial == 2 ? TierKind::kCpu : TierKind::kGpu;
+    // Trial 2: shards (and the secondary slices) in the CPU tier; 3: on NVMe, through bounce
+    // buffers (zero_testing.h) as Gloo on a CUDA device.
+    o.param_home = trial == 2 ? TierKind::kCpu : trial == 3 ? TierKind::kNvme : TierKind::kGpu;
+    const bool bounce = trial == 3;
     o.persist_below_bytes = 128;
     o.prefetch_bytes = (4 + rng() % 16) << 10;
     o.reuse_window_bytes = 0;  // every use gathers: two gathers per group and step
@@ -415,13 +420,16 @@ TEST_CASE("Stage 3 with hpZ: bitwise the same as without, backward's gathers ins
     h.hpz_node_ranks = node;
     INFO("trial " << trial << " at " << n << " ranks, nodes of " << node << ", bucket_bytes "
                   << o.bucket_bytes << ", alignment " << o.alignment);
-    auto runtime_a = testing::zero_runtime("");
-    auto runtime_b = testing::zero_runtime("");
+    TempDir nvme_a("strata-hpz-a"), nvme_b("strata-hpz-b");
+    auto runtime_a = testing::zero_runtime(bounce ? nvme_a.path() : "");
+    auto runtime_b = testing::zero_runtime(bounce ? nvme_b.path() : "");
     REQUIRE(runtime_a.ok());
     REQUIRE(runtime_b.ok());
+    testing::set_zero_bounce_for_testing(bounce);
     auto plain = ZeroEngine::create(**runtime_a, comm3(), model.params, o);
-    REQUIRE(plain.ok());
     auto hpz = ZeroEngine::create(**runtime_b, comm3(), model.params, h);
+    testing::set_zero_bounce_for_testing(false);
+    REQUIRE(plain.ok());
     INFO(hpz.status().ToString());
     REQUIRE(hpz.ok());
     Communicator* node_comm = (*hpz)->node_communicator();
@@ -446,6 +454,13 @@ TEST_CASE("Stage 3 with hpZ: bitwise the same as without, backward's gathers ins
       secondary += g.padded / node * element;
     }
     REQUIRE(sigma > 0);
+    // This trainer acquires parameter by parameter and nothing is kept (reuse window 0): every
+    // acquire of a partitioned parameter gathers its group, twice per micro-step.
+    uint64_t per_pass = 0;
+    for (uint32_t p = 0; p < model.params.size(); ++p) {
+      const ZeroFlatGroup& g = layout.groups()[layout.param_segment(p).group];
+      if (!g.persistent) per_pass += g.padded * element;
+    }
     const auto params_total = [](const ZeroMemory& m) {
       return m.params[0] + m.params[1] + m.params[2];
     };
@@ -478,14 +493,14 @@ TEST_CASE("Stage 3 with hpZ: bitwise the same as without, backward's gathers ins
       const uint64_t node_now = node_comm->stats()[CollectiveKind::kAllGather].bytes;
       CHECK(b.node_gather_bytes - before_b.node_gather_bytes == node_now - node_before);
       if (step > 0) {
-        // With hpZ only the step's first gather of each group (the first micro-step's
-        // forward) is global; the others, as many as without hpZ, stay inside the node. One
-        // micro-step: forward and backward gather every group once.
+        // Without hpZ every gather is global; with it only the step's first gather of each
+        // group is, the others stay inside the node.
         const uint64_t a_global = a.global_gather_bytes - before_a.global_gather_bytes;
+        CHECK(a_global == 2 * o.accumulation_steps * per_pass);
         CHECK(a.node_gather_bytes == 0);
         CHECK(b.global_gather_bytes - before_b.global_gather_bytes == sigma);
-        CHECK(b.node_gather_bytes - before_b.node_gather_bytes == a_global - sigma);
-        if (o.accumulation_steps == 1) CHECK(a_global == 2 * sigma);
+        CHECK(b.node_gather_bytes - before_b.node_gather_bytes ==
+              2 * o.accumulation_steps * per_pass - sigma);
       }
       CHECK(a.gathers_dropped_unused == 0);
       CHECK(b.gathers_dropped_unused == 0);
