@@ -94,9 +94,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorBase::split(int color,
   std::vector<Member> group;
   for (int r = 0; r < size(); ++r) {
     absl::StatusOr<std::string> value = store.get(keys[r]);
-    if (!value.ok())
+    if (!value.ok()) {
       return absl::Status(value.status().code(),
                           to_absl(cat(what, ": ", value.status().message())));
+    }
     absl::StatusOr<Member> m = parse_member(*value, r);
     if (!m.ok()) return m.status();
     if (m->color == color) group.push_back(*m);

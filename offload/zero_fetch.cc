@@ -52,7 +52,10 @@ absl::Status ZeroEngine::Impl::start_gather(uint32_t group, bool prefetch) {
     ++(prefetch ? counters.gathers_prefetched : counters.gathers_on_demand);
   }
   g.prefetched = prefetch;
-  // hpZ: once the node's slices hold the current parameters, the node's ranks gather them.
+  // hpZ: once the node's slices hold the current parameters, the node's ranks gather them. A
+  // node gather follows, on gather_stream, only collectives issued before it (every one is
+  // issued from the trainer's thread in program order), so the two communicators' queues
+  // cannot wait on each other in a cycle.
   const bool hpz = groups[group].secondary.valid();
   const bool in_node = hpz && secondary_fresh[group];
   const TensorHandle source = in_node ? groups[group].secondary : groups[group].shard_params;
