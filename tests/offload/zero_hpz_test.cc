@@ -66,7 +66,7 @@ TEST_CASE("STRATA_ZERO_HPZ takes the node size from LOCAL_WORLD_SIZE", "[zero][h
 }
 
 TEST_CASE(
-    "hpZ: a node size that does not divide the ranks is refused; one node or stage 2 "
+    "hpZ: a node size that does not divide the ranks is refused, one node or stage 2 "
     "leaves it off",
     "[zero][hpz]") {
   auto comm = Communicator::from_environment();  // a job of one rank
