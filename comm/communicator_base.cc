@@ -56,7 +56,8 @@ CommStats CommunicatorBase::stats() const {
 std::string CommunicatorBase::description() const {
   return cat(engine(), ", rank ", rank(), " of ", size(), ", rendezvous at ",
              options_.launch.master_addr, ":", options_.launch.master_port, ", timeout ",
-             format_duration(settings().timeout), settings().debug ? ", signatures checked" : "");
+             format_duration(settings().timeout), settings().debug ? ", signatures checked" : "",
+             split_note_.empty() ? "" : " ", split_note_);
 }
 
 absl::StatusOr<std::unique_ptr<CollectiveWork>> CommunicatorBase::all_gather(
@@ -126,6 +127,9 @@ absl::Status CommunicatorBase::fail_with(absl::Status verdict) {
 }
 
 absl::Status CommunicatorBase::finish_failure(absl::Status error) {
+  if (!split_note_.empty() && !error.ok()) {
+    error = absl::Status(error.code(), to_absl(cat(error.message(), " ", split_note_)));
+  }
   health_->set_verdict(std::move(error));
   const absl::Status verdict = health_->verdict();
   on_broken(verdict);

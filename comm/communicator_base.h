@@ -102,6 +102,9 @@ class CommunicatorBase : public Communicator {
       const CollectiveOptions& options = {}) final;
   absl::StatusOr<std::unique_ptr<CollectiveWork>> barrier(
       const CollectiveOptions& options = {}) final;
+  // communicator_split.cc: agrees on the groups through this communicator's rendezvous, starts
+  // the group's own (served by its rank 0) and has the backend connect the group on it.
+  absl::StatusOr<std::unique_ptr<Communicator>> split(int color, int key) final;
 
  protected:
   // The hooks (see the top of this file).
@@ -113,6 +116,13 @@ class CommunicatorBase : public Communicator {
       const CollectiveCall& call, const CollectiveOptions& options) = 0;
   virtual void abort_transport() = 0;
   virtual void on_broken(const absl::Status& error) = 0;
+  // split(): the engine's communicator over the group that `monitor` (the group's rendezvous,
+  // already joined) and `options.launch` (the group's rank and size) describe. The default: this
+  // engine cannot split (Unimplemented).
+  // `color` and `key` are the split's arguments (an engine that splits its own communicator, as
+  // ncclCommSplit does, uses them).
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> create_split(
+      const CommOptions& options, std::unique_ptr<JobMonitor> monitor, int color, int key);
 
   // For the backends.
   const CommOptions& options() const { return options_; }
@@ -139,12 +149,16 @@ class CommunicatorBase : public Communicator {
   absl::Status finish_failure(absl::Status error);
 
   CommOptions options_;
+  // A split's: which split of which communicator this is, and the parent's ranks of its own
+  // ranks, appended to its errors (empty for a job's communicator).
+  std::string split_note_;
   // Destroyed after the backend's members (base members go last): the engine's connections
   // close before the job's rendezvous does.
   std::unique_ptr<JobMonitor> monitor_;
   const std::shared_ptr<Health> health_ = std::make_shared<Health>();
   mutable absl::Mutex mutex_;  // the issue lock
   uint64_t sequence_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t splits_ ABSL_GUARDED_BY(mutex_) = 0;  // split() calls so far
   CommStats stats_ ABSL_GUARDED_BY(mutex_);
 };
 

@@ -258,6 +258,13 @@ class GlooCommunicator final : public CommunicatorBase {
   void abort_transport() override {}  // Gloo's calls end by themselves (bounded by the timeout)
   void on_broken(const absl::Status&) override {}  // each queued task checks health() first
 
+  // A group's own Gloo context: its pairs connect through the group's rendezvous.
+  absl::StatusOr<std::unique_ptr<Communicator>> create_split(const CommOptions& options,
+                                                             std::unique_ptr<JobMonitor> monitor,
+                                                             int, int) override {
+    return create_gloo_communicator(options, std::move(monitor));
+  }
+
  private:
   struct Task {
     Operation op;

@@ -39,6 +39,8 @@ absl::StatusOr<NcclApi> resolve() {
   get(api.AllReduce, "ncclAllReduce");
   get(api.Reduce, "ncclReduce");
   get(api.Broadcast, "ncclBroadcast");
+  // Optional: Communicator::split makes a new communicator from a unique id without it.
+  api.CommSplit = reinterpret_cast<decltype(api.CommSplit)>(dlsym(library.handle, "ncclCommSplit"));
   if (!missing.empty()) {
     return absl::FailedPreconditionError(
         to_absl(cat(library.path, " (NCCL ", nccl_version_text(library.version), ") lacks ",

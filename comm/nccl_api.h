@@ -24,6 +24,8 @@ struct NcclApi {
   decltype(&::ncclAllReduce) AllReduce;
   decltype(&::ncclReduce) Reduce;
   decltype(&::ncclBroadcast) Broadcast;
+  // Optional (NCCL 2.18 and newer): null where the library lacks it.
+  decltype(&::ncclCommSplit) CommSplit;
 };
 
 // The table, resolved once on first call; an error says what was searched and the fix, or

@@ -80,6 +80,12 @@ class NcclCommunicator final : public CommunicatorBase {
       const CollectiveCall& call, const CollectiveOptions& options) override;
   void abort_transport() override;
   void on_broken(const absl::Status& error) override;
+  // A group's own NCCL communicator: split off this one by ncclCommSplit where the library has
+  // it (NCCL 2.18+; under mutex_, so no other call on comm_ runs meanwhile), else from a unique
+  // id exchanged through the group's rendezvous.
+  absl::StatusOr<std::unique_ptr<Communicator>> create_split(const CommOptions& options,
+                                                             std::unique_ptr<JobMonitor> monitor,
+                                                             int color, int key) override;
 
  private:
   struct Pending {
@@ -437,10 +443,39 @@ NcclCommunicator::~NcclCommunicator() {
   signatures_.reset();
 }
 
+// The communicator on `options.device`, its ncclComm_t from `make_comm` (null: a unique id
+// through the rendezvous).
+absl::StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
+    const CommOptions& options, std::unique_ptr<JobMonitor> monitor,
+    const std::function<absl::StatusOr<ncclComm_t>()>& make_comm);
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(
     const CommOptions& options, std::unique_ptr<JobMonitor> monitor) {
+  return make_nccl_communicator(options, std::move(monitor), nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::create_split(
+    const CommOptions& options, std::unique_ptr<JobMonitor> monitor, int color, int key) {
+  if (nccl().CommSplit == nullptr) return create_nccl_communicator(options, std::move(monitor));
+  return make_nccl_communicator(options, std::move(monitor), [&]() -> absl::StatusOr<ncclComm_t> {
+    MutexLock lock(&mutex_);
+    if (comm_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "the communicator being split has failed or is closing: split a working one");
+    }
+    return nccl_split(comm_, color, key, settings(),
+                      cat("rank ", options.launch.rank, " of ", options.launch.world_size,
+                          " (rank ", rank(), " of ", size(), " before the split)"));
+  });
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
+    const CommOptions& options, std::unique_ptr<JobMonitor> monitor,
+    const std::function<absl::StatusOr<ncclComm_t>()>& make_comm) {
   const LaunchInfo& launch = options.launch;
   Device* device = options.device;
   if (device == nullptr || device->backend() != Backend::kCuda) {
@@ -477,7 +512,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(
   TcpStore& store = parts.monitor->store();
 
   const GpuIdentity gpu = GpuIdentity::on_this_machine(device->pci_bus_id(), parts.ordinal);
-  absl::StatusOr<ncclComm_t> comm = nccl_rendezvous(launch, options.settings, store, gpu);
+  absl::StatusOr<ncclComm_t> comm =
+      make_comm ? make_comm() : nccl_rendezvous(launch, options.settings, store, gpu);
   if (!comm.ok()) return comm.status();
   parts.comm = *comm;
   (void)nccl().GetVersion(&parts.version);
@@ -485,5 +521,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> create_nccl_communicator(
   STRATA_LOG(kInfo, "%s", communicator->description());
   return communicator;
 }
+
+}  // namespace
 
 }  // namespace strata::comm_internal

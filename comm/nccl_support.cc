@@ -169,4 +169,36 @@ absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommS
   return comm;
 }
 
+absl::StatusOr<ncclComm_t> nccl_split(ncclComm_t parent, int color, int key,
+                                      const CommSettings& settings, std::string_view who) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t child = nullptr;
+  ncclResult_t result = nccl().CommSplit(parent, color, key, &child, &config);
+  const auto deadline = Clock::now() + settings.timeout;
+  Backoff backoff;
+  // A non-blocking split is in progress on both communicators until the child is ready.
+  while (result == ncclInProgress && Clock::now() < deadline) {
+    backoff.pause();
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = nccl().CommGetAsyncError(parent, &async);
+    if (r == ncclSuccess && async != ncclInProgress && async != ncclSuccess) r = async;
+    if (r == ncclSuccess && child != nullptr) {
+      r = nccl().CommGetAsyncError(child, &async);
+      if (r == ncclSuccess) r = async;
+    }
+    result = r;
+  }
+  if (result != ncclSuccess) {
+    if (child != nullptr) (void)nccl().CommAbort(child);
+    if (result == ncclInProgress) {
+      return absl::DeadlineExceededError(
+          to_absl(cat(who, ": ncclCommSplit did not finish within STRATA_COMM_TIMEOUT (",
+                      format_duration(settings.timeout), "): a rank of the parent did not split")));
+    }
+    return absl::UnavailableError(to_absl(cat(who, ": ", nccl_error(result, "ncclCommSplit"))));
+  }
+  return child;
+}
+
 }  // namespace strata::comm_internal

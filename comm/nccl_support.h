@@ -108,4 +108,11 @@ class NcclWork final : public CollectiveWork {
 absl::StatusOr<ncclComm_t> nccl_rendezvous(const LaunchInfo& launch, const CommSettings& settings,
                                            TcpStore& store, const GpuIdentity& gpu);
 
+// Communicator::split where NCCL has ncclCommSplit: the group's communicator split off `parent`
+// (every rank of the parent calls it, with its color and key), non-blocking and polled until
+// ready within the timeout (else aborted). `who` names the rank in errors. The caller keeps
+// other calls on `parent` out meanwhile.
+absl::StatusOr<ncclComm_t> nccl_split(ncclComm_t parent, int color, int key,
+                                      const CommSettings& settings, std::string_view who);
+
 }  // namespace strata::comm_internal

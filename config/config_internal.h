@@ -36,10 +36,12 @@ inline constexpr std::string_view kAdamThreads = "STRATA_ADAM_THREADS";
 inline constexpr std::string_view kAdamReserveCores = "STRATA_ADAM_RESERVE";
 inline constexpr std::string_view kAdamPin = "STRATA_ADAM_PIN";
 inline constexpr std::string_view kPrefix = "STRATA_";
-// Read where they are used, not by Config: the NCCL loader's (comm/nccl_library.cc) and the
-// auto agreement's test hook (comm/backend_agreement.cc). Known, so never "not a strata variable".
+// Read where they are used, not by Config: the NCCL loader's (comm/nccl_library.cc), the
+// auto agreement's test hook (comm/backend_agreement.cc) and ZeRO's hpZ switch
+// (offload/zero_collectives.cc). Known, so never "not a strata variable".
 inline constexpr std::string_view kLoaderVariables[] = {
-    "STRATA_NCCL_LIBRARY", "STRATA_NCCL_SEARCH_PATH", "STRATA_TESTING_CLAIM_NCCL"};
+    "STRATA_NCCL_LIBRARY", "STRATA_NCCL_SEARCH_PATH", "STRATA_TESTING_CLAIM_NCCL",
+    "STRATA_ZERO_HPZ"};
 
 // Collects every error; the combined status carries the first error's code.
 class Errors {

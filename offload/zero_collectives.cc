@@ -13,14 +13,18 @@
 //     stream serves every collective in turn.
 //
 // Where the host still waits is listed in docs/zero.md ("Where the trainer's thread waits").
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "strata/base/log.h"
 #include "strata/base/mutex.h"
+#include "strata/config/config.h"
 #include "strata/testing/zero_testing.h"
 #include "zero_engine_impl.h"
 
@@ -134,28 +138,90 @@ absl::Status ZeroEngine::Impl::order_after(std::unique_ptr<CollectiveWork> work,
 
 absl::Status ZeroEngine::Impl::gather(const void* send, void* recv, uint64_t count,
                                       std::shared_ptr<std::atomic<bool>> done) {
+  return gather_on(comm, rank, send, recv, count, std::move(done));
+}
+
+absl::Status ZeroEngine::Impl::gather_on(Communicator& c, uint32_t c_rank, const void* send,
+                                         void* recv, uint64_t count,
+                                         std::shared_ptr<std::atomic<bool>> done) {
   Device& device = runtime.device();
   Stream& stream = *gather_stream;
   const DataType type = comm_type(options.param_type);
   if (!bounce) {
     auto work = issue(stream, [&](const CollectiveOptions& co) {
-      return comm.all_gather(send, recv, count, type, co);
+      return c.all_gather(send, recv, count, type, co);
     });
     if (!work.ok()) return work.status();
     return order_after(*std::move(work), stream, std::move(done));
   }
   const uint64_t slice = count * param_bytes;
   auto* all = static_cast<std::byte*>(gather_bounce->data());
-  std::byte* own = all + static_cast<uint64_t>(rank) * slice;
+  std::byte* own = all + static_cast<uint64_t>(c_rank) * slice;
   if (auto st = device.copy_async(own, send, slice, CopyKind::kDeviceToHost, stream); !st.ok()) {
     return st;
   }
-  auto work = issue(stream, [&](const CollectiveOptions& co) {
-    return comm.all_gather(own, all, count, type, co);
-  });
+  auto work = issue(
+      stream, [&](const CollectiveOptions& co) { return c.all_gather(own, all, count, type, co); });
   if (!work.ok()) return work.status();
   if (auto st = order_after(*std::move(work), stream, std::move(done)); !st.ok()) return st;
-  return device.copy_async(recv, all, ranks * slice, CopyKind::kHostToDevice, stream);
+  return device.copy_async(recv, all, static_cast<uint64_t>(c.size()) * slice,
+                           CopyKind::kHostToDevice, stream);
+}
+
+absl::Status ZeroEngine::Impl::start_hpz() {
+  const uint32_t l = options.hpz_node_ranks;
+  if (l == 0) return absl::OkStatus();
+  if (options.stage != 3) {
+    log::warn_once(absl::StrFormat(
+        "ZeroEngine: hpz_node_ranks = %d is ignored at stage %d: hpZ partitions stage 3's "
+        "parameter gathers (stages 1-2 gather each group once per step, after the optimizer)",
+        l, options.stage));
+    return absl::OkStatus();
+  }
+  if (ranks % l != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ZeroEngine: hpz_node_ranks = %d does not divide the job's %d ranks; give the ranks per "
+        "node (LOCAL_WORLD_SIZE), the same on every node, or 0 for no hpZ",
+        l, ranks));
+  }
+  if (l >= ranks) {
+    STRATA_LOG(kInfo,
+               "ZeroEngine: hpZ is off: all %d ranks are on one node (hpz_node_ranks = %d), so no "
+               "gather crosses nodes",
+               ranks, l);
+    return absl::OkStatus();
+  }
+  // Nodes of l consecutive ranks; a node's ranks in the job's order (its slices in group order).
+  auto node = comm.split(static_cast<int>(rank / l), static_cast<int>(rank));
+  if (!node.ok()) {
+    return absl::Status(
+        node.status().code(),
+        absl::StrCat("ZeroEngine: hpZ: the node's communicator: ", node.status().message()));
+  }
+  node_comm = *std::move(node);
+  node_rank = static_cast<uint32_t>(node_comm->rank());
+  node_ranks = static_cast<uint32_t>(node_comm->size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> hpz_node_ranks_from_environment() {
+  const char* value = std::getenv("STRATA_ZERO_HPZ");
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "0" || v == "off" || v == "false") return 0;
+  if (v != "1" && v != "on" && v != "true") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("STRATA_ZERO_HPZ='", v,
+                     "' is not a switch: use 1 (on: nodes of LOCAL_WORLD_SIZE ranks) "
+                     "or 0 (off)"));
+  }
+  absl::StatusOr<Config> config = Config::from_environment();
+  if (!config.ok()) return config.status();
+  if (!config->local.world_size.has_value()) {
+    return absl::InvalidArgumentError(
+        "STRATA_ZERO_HPZ=1 needs LOCAL_WORLD_SIZE, the ranks per node (torchrun and strata-run set "
+        "it): set it, or STRATA_ZERO_HPZ=0");
+  }
+  return static_cast<uint32_t>(*config->local.world_size);
 }
 
 }  // namespace strata

@@ -195,7 +195,9 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
     MutexLock lock(&s.fetch_mu);
     s.gathered.resize(s.layout.groups().size());
     s.param_users.assign(params.size(), 0);
+    s.secondary_fresh.assign(s.layout.groups().size(), false);
   }
+  if (auto st = s.start_hpz(); !st.ok()) return st;
   auto engine = std::make_unique<ZeroEngine>(std::move(impl));
   if (s.gloo) s.completer = std::thread([raw] { raw->run_completer(); });
   if (auto st = engine->impl_->create_tensors(params); !st.ok()) return st;
@@ -204,7 +206,8 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
   }
   {
     MutexLock lock(&s.mu);
-    s.comm_mark = comm.stats().total_bytes();
+    s.comm_mark = comm.stats().total_bytes() +
+                  (s.node_comm != nullptr ? s.node_comm->stats().total_bytes() : 0);
   }
   engine->impl_->reducer = std::thread([raw] { raw->run_reducer(); });
   return engine;
@@ -234,6 +237,12 @@ absl::Status ZeroEngine::Impl::create_tensors(std::span<const ZeroParam> params)
                                       fg.padded * param_bytes, whole_home());
     if (!p.ok()) return p.status();
     (group.partitioned ? group.shard_params : group.params) = *p;
+    if (group.partitioned && node_comm != nullptr) {
+      auto secondary = make(absl::StrCat("zero.group", g, ".secondary_params"),
+                            fg.padded / node_ranks * param_bytes, options.param_home);
+      if (!secondary.ok()) return secondary.status();
+      group.secondary = *secondary;
+    }
     groups.push_back(group);
     const TensorHandle written = *p;
     const uint64_t first = group.partitioned ? static_cast<uint64_t>(rank) * fg.shard : 0;
@@ -317,6 +326,8 @@ absl::Status ZeroEngine::Impl::drop_host_copies() {
       for (TierKind tier : {TierKind::kCpu, TierKind::kGpu}) {
         if (tier == options.param_home) continue;
         if (auto st = runtime.store().evict(g.shard_params, tier); !st.ok()) return st;
+        if (!g.secondary.valid()) continue;  // hpZ's slice: also home until a gather writes it
+        if (auto st = runtime.store().evict(g.secondary, tier); !st.ok()) return st;
       }
     } else if (whole_home() != TierKind::kCpu) {
       if (auto st = runtime.store().evict(g.params, TierKind::kCpu); !st.ok()) return st;
@@ -350,7 +361,7 @@ ZeroEngine::~ZeroEngine() {
   s.optimizer.reset();
   TensorStore& store = s.runtime.store();
   for (const Impl::Group& g : s.groups) {
-    for (TensorHandle t : {g.params, g.grads, g.shard_params}) {
+    for (TensorHandle t : {g.params, g.grads, g.shard_params, g.secondary}) {
       if (t.valid()) (void)store.destroy(t);
     }
   }
@@ -373,6 +384,7 @@ const ZeroLayout& ZeroEngine::layout() const { return impl_->layout; }
 const ZeroOptions& ZeroEngine::options() const { return impl_->options; }
 OffloadOptimizer& ZeroEngine::optimizer() { return *impl_->optimizer; }
 Communicator& ZeroEngine::communicator() { return impl_->comm; }
+Communicator* ZeroEngine::node_communicator() { return impl_->node_comm.get(); }
 Runtime& ZeroEngine::runtime() { return impl_->runtime; }
 
 absl::StatusOr<ZeroTensorView> ZeroEngine::param_view(ZeroParamId id) const {
@@ -512,7 +524,8 @@ absl::StatusOr<StepResult> ZeroEngine::step() {
   for (Impl::Group& g : s.groups) g.completed = 0;
   ++s.counters.steps;
   s.counters.micro_steps = 0;
-  const uint64_t comm_now = s.comm.stats().total_bytes();
+  const uint64_t comm_now = s.comm.stats().total_bytes() +
+                            (s.node_comm != nullptr ? s.node_comm->stats().total_bytes() : 0);
   s.counters.last_step_comm_bytes = comm_now - s.comm_mark;
   s.comm_mark = comm_now;
   s.counters.last_step_ns = since_ns(start);
@@ -536,6 +549,7 @@ ZeroMemory ZeroEngine::memory() const {
   for (uint32_t g = 0; g < s.groups.size(); ++g) {
     add(m.params, s.groups[g].params);
     add(m.params, s.groups[g].shard_params);
+    add(m.params, s.groups[g].secondary);
     add(m.grads, s.groups[g].grads);
     const std::string shard = absl::StrCat("zero.group", g, ".shard");
     add_named(m.grads, shard + ".grad.host");

@@ -29,6 +29,7 @@ struct ZeroEngine::Impl {
     TensorHandle params;  // flat, padded, param_type: stages 1–2, stage 3's persistent groups
     TensorHandle grads;   // stage 1: flat, padded, grad_type
     TensorHandle shard_params;  // stage 3's partitioned groups: this rank's slice of params
+    TensorHandle secondary;     // hpZ: this rank's slice of params among its node's ranks
     bool partitioned = false;   // stage 3, not persistent: gathered on use
     ParamId shard;              // the optimizer's parameter: this rank's slice
     uint32_t members = 0;
@@ -90,6 +91,11 @@ struct ZeroEngine::Impl {
 
   Runtime& runtime;
   Communicator& comm;
+  // hpZ (stage 3): the node's ranks, split from `comm` at creation; destroyed last, after the
+  // collectives issued on it have ended (~ZeroEngine stops the completer first).
+  std::unique_ptr<Communicator> node_comm;
+  uint32_t node_rank = 0;
+  uint32_t node_ranks = 1;
   const ZeroOptions options;
   ZeroLayout layout;
   uint32_t rank = 0;
@@ -165,6 +171,9 @@ struct ZeroEngine::Impl {
   uint64_t live_bytes ABSL_GUARDED_BY(fetch_mu) = 0;
   std::deque<Retiree> retiring ABSL_GUARDED_BY(fetch_mu);
   uint64_t gathers_started ABSL_GUARDED_BY(fetch_mu) = 0;
+  // hpZ: by group, whether its secondary slice holds the current parameters (set by a global
+  // gather, cleared when the parameters are about to change: drop_all_gathered).
+  std::vector<bool> secondary_fresh ABSL_GUARDED_BY(fetch_mu);
   uint64_t retiring_bytes ABSL_GUARDED_BY(fetch_mu) = 0;
   // max_live_bytes, bounded by what the comm tier can hold beside the engine's own tensors
   // homed there (set at creation; the same on every rank of a job configured alike).
@@ -202,6 +211,11 @@ struct ZeroEngine::Impl {
   // stream-ordered on gather_stream: its users wait on the stream, the host does not.
   absl::Status gather(const void* send, void* recv, uint64_t count,
                       std::shared_ptr<std::atomic<bool>> done);
+  // The same over `c` (the job's or the node's communicator), this rank being `c_rank` there.
+  absl::Status gather_on(Communicator& c, uint32_t c_rank, const void* send, void* recv,
+                         uint64_t count, std::shared_ptr<std::atomic<bool>> done);
+  // hpZ: splits the node's communicator off `comm` (create()).
+  absl::Status start_hpz();
   void run_completer();
 
   // Where stage 3's persistent groups and the buckets live when shards may be on NVMe.

@@ -52,9 +52,20 @@ absl::Status ZeroEngine::Impl::start_gather(uint32_t group, bool prefetch) {
     ++(prefetch ? counters.gathers_prefetched : counters.gathers_on_demand);
   }
   g.prefetched = prefetch;
+  // hpZ: once the node's slices hold the current parameters, the node's ranks gather them. A
+  // node gather follows, on gather_stream, only collectives issued before it (every one is
+  // issued from the trainer's thread in program order), so the two communicators' queues
+  // cannot wait on each other in a cycle.
+  const bool hpz = groups[group].secondary.valid();
+  const bool in_node = hpz && secondary_fresh[group];
+  const TensorHandle source = in_node ? groups[group].secondary : groups[group].shard_params;
+  {
+    MutexLock lock(&mu);
+    (in_node ? counters.node_gather_bytes : counters.global_gather_bytes) += gathered_bytes(group);
+  }
   auto out = store.acquire(g.tensor, comm_tier, *gather_stream, AccessMode::kWrite);
   if (!out.ok()) return out.status();
-  auto in = store.acquire(groups[group].shard_params, comm_tier, *gather_stream, AccessMode::kRead);
+  auto in = store.acquire(source, comm_tier, *gather_stream, AccessMode::kRead);
   if (!in.ok()) {
     (void)store.release(g.tensor, *gather_stream);
     return in.status();
@@ -62,8 +73,25 @@ absl::Status ZeroEngine::Impl::start_gather(uint32_t group, bool prefetch) {
   // Ordered on gather_stream, and both tensors released at once: the store keeps their memory
   // until the gather has ended, and the group's users wait for it on their streams.
   if (gloo) g.done = std::make_shared<std::atomic<bool>>(false);
-  absl::Status status = gather(*in, *out, fg.shard, g.done);
-  for (TensorHandle t : {groups[group].shard_params, g.tensor}) {
+  absl::Status status =
+      in_node ? gather_on(*node_comm, node_rank, *in, *out, fg.padded / node_ranks, g.done)
+              : gather(*in, *out, fg.shard, g.done);
+  if (status.ok() && hpz && !in_node) {
+    // Keep this rank's node slice of what was gathered, copied after the gather on its stream.
+    const uint64_t slice = fg.padded / node_ranks * param_bytes;
+    auto kept =
+        store.acquire(groups[group].secondary, comm_tier, *gather_stream, AccessMode::kWrite);
+    status = kept.ok() ? runtime.device().copy_async(
+                             *kept, static_cast<std::byte*>(*out) + node_rank * slice, slice,
+                             CopyKind::kDeviceToDevice, *gather_stream)
+                       : kept.status();
+    if (kept.ok()) {
+      if (auto st = store.release(groups[group].secondary, *gather_stream); !st.ok() && status.ok())
+        status = st;
+    }
+    if (status.ok()) secondary_fresh[group] = true;
+  }
+  for (TensorHandle t : {source, g.tensor}) {
     if (auto st = store.release(t, *gather_stream); !st.ok() && status.ok()) status = st;
   }
   return status;
@@ -350,6 +378,8 @@ absl::Status ZeroEngine::Impl::drop_all_gathered(std::string_view caller) {
   for (uint32_t g = 0; g < gathered.size(); ++g) {
     if (auto st = drop_gathered(g, /*now=*/true); !st.ok() && status.ok()) status = st;
   }
+  // The parameters are about to change: the next gather of each group is global again.
+  secondary_fresh.assign(secondary_fresh.size(), false);
   if (auto st = reap(kAllRetired); !st.ok() && status.ok()) status = st;
   return status;
 }
@@ -381,6 +411,7 @@ absl::Status ZeroEngine::Impl::bound_live_limit() {
   for (const Group& g : groups) {
     add(g.params);
     add(g.shard_params);
+    add(g.secondary);
   }
   for (TensorHandle t : buckets) add(t);
   // A quarter is left for block alignment and for the holes that pinned blocks (groups in use,

@@ -375,6 +375,8 @@ py::dict stats_dict(const ZeroStats& s) {
   d["gathered_peak_bytes"] = s.gathered_peak_bytes;
   d["fetch_wait_ns"] = s.fetch_wait_ns;
   d["bucket_wait_ns"] = s.bucket_wait_ns;
+  d["global_gather_bytes"] = s.global_gather_bytes;
+  d["node_gather_bytes"] = s.node_gather_bytes;
   return d;
 }
 

@@ -348,6 +348,7 @@ max_grad_norm, loss_scaling (LossScaling), overlap (OverlapOptions), ...).)doc")
   size_field(zero, "ZeroOptions", "reuse_window_bytes", &ZeroOptions::reuse_window_bytes, true);
   number_field(zero, "ZeroOptions", "accumulation_steps", &ZeroOptions::accumulation_steps,
                uint32_t{1});
+  number_field(zero, "ZeroOptions", "hpz_node_ranks", &ZeroOptions::hpz_node_ranks, uint32_t{0});
   zero.def_property(
       "groups", [](const ZeroOptions& o) { return py::cast(o.groups); },
       [](ZeroOptions& o, const py::handle& v) {
@@ -368,7 +369,7 @@ max_grad_norm, loss_scaling (LossScaling), overlap (OverlapOptions), ...).)doc")
         self, "ZeroOptions",
         {"stage", "param_dtype", "grad_dtype", "bucket_bytes", "gradient_buckets", "alignment",
          "param_home", "persist_below_bytes", "prefetch_bytes", "max_live_bytes",
-         "reuse_window_bytes", "accumulation_steps", "groups", "optimizer"});
+         "reuse_window_bytes", "accumulation_steps", "hpz_node_ranks", "groups", "optimizer"});
   });
 }
 

@@ -112,7 +112,8 @@ int usage(const std::string& why) {
                "[--max-loss=X] [--tolerance=X] [--zero-stage=0|1|2|3] [--bucket-bytes=SIZE] "
                "[--accumulation=K] [--overlap-step] [--json=FILE|-]\n"
                "  stage 3: [--param-home=gpu|cpu|nvme] [--prefetch-bytes=SIZE] "
-               "[--max-live-bytes=SIZE] [--persist-below-bytes=SIZE] [--reuse-window-bytes=SIZE]\n"
+               "[--max-live-bytes=SIZE] [--persist-below-bytes=SIZE] [--reuse-window-bytes=SIZE] "
+               "[--hpz]\n"
                "  stage 0: [--offload-activations] [--activation-home=cpu|nvme] "
                "[--activation-window-bytes=SIZE] [--activation-prefetch-bytes=SIZE] "
                "[--activation-trace=FILE] [--variable-batches]\n"
@@ -213,12 +214,15 @@ JsonObject report_json(const Args& args, const RunResult& r, double worst) {
         .add("gathers_prefetched", z.gathers_prefetched)
         .add("reuses", z.reuses)
         .add("gathers_dropped_unused", z.gathers_dropped_unused)
-        .add("order_changes", z.order_changes);
+        .add("order_changes", z.order_changes)
+        .add("global_gather_bytes", z.global_gather_bytes)
+        .add("node_gather_bytes", z.node_gather_bytes);
     doc.add("param_home", std::string(strata::to_string(args.param_home)))
         .add("prefetch_bytes", args.prefetch_bytes)
         .add("max_live_bytes", args.max_live_bytes)
         .add("persist_below_bytes", args.persist_below_bytes)
         .add("reuse_window_bytes", args.reuse_window_bytes)
+        .add("hpz_node_ranks", static_cast<uint64_t>(args.hpz_node_ranks))
         .add("partitioned_groups", r.partitioned_groups)
         .add("gathered_peak_bytes", z.gathered_peak_bytes)
         .add("exposed_comm_seconds", static_cast<double>(r.exposed_comm_ns) * 1e-9)
@@ -311,6 +315,15 @@ int main(int argc, char** argv) {
       args.accumulation = static_cast<uint32_t>(k);
     } else if (a == "--offload-activations") {
       args.offload_activations = true;
+    } else if (a == "--hpz") {
+      // Nodes of LOCAL_WORLD_SIZE ranks, as strata-run, torchrun and Slurm set it.
+      const char* local = std::getenv("LOCAL_WORLD_SIZE");
+      const unsigned long n = local == nullptr ? 0 : std::strtoul(local, &end, 10);
+      if (local == nullptr || *end != '\0' || n == 0) {
+        return usage("--hpz needs LOCAL_WORLD_SIZE (the ranks per node; strata-run sets it)");
+      }
+      args.hpz_node_ranks = static_cast<uint32_t>(n);
+      if (args.stage3_flag.empty()) args.stage3_flag = "--hpz";
     } else if (a == "--overlap-step") {
       args.overlap_step = true;
     } else if (a == "--variable-batches") {
@@ -343,6 +356,11 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (args.hpz_node_ranks == 0) {
+    absl::StatusOr<uint32_t> hpz = strata::hpz_node_ranks_from_environment();
+    if (!hpz.ok()) return usage(std::string(hpz.status().message()));
+    args.hpz_node_ranks = *hpz;
+  }
   if (!args.stage3_flag.empty() && args.zero_stage != 3) {
     return usage(absl::StrFormat(
         "%s applies to --zero-stage=3 only, the stage that partitions the parameters (this run is "
@@ -526,6 +544,12 @@ int main(int argc, char** argv) {
                  static_cast<double>(z.gathered_peak_bytes) / 1024,
                  static_cast<double>(args.max_live_bytes) / 1024,
                  static_cast<double>(r.exposed_comm_ns) * 1e-9);
+    std::fprintf(human,
+                 "stage 3 gathers: %.1f KiB over every rank, %.1f KiB within a node of %u "
+                 "ranks (hpZ %s)\n",
+                 static_cast<double>(z.global_gather_bytes) / 1024,
+                 static_cast<double>(z.node_gather_bytes) / 1024, args.hpz_node_ranks,
+                 args.hpz_node_ranks > 0 ? "on" : "off");
   }
   // Where the tensors must pass through the GPU arena, they must have moved: the example
   // computes in the GPU tier on the host backend (on CUDA it computes on CPU-tier copies), with

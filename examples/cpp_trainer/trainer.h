@@ -47,6 +47,9 @@ struct Args {
   uint64_t max_live_bytes = 640 << 10;
   uint64_t persist_below_bytes = 2 << 10;
   uint64_t reuse_window_bytes = 256 << 10;
+  // hpZ (ZeroOptions::hpz_node_ranks): --hpz takes LOCAL_WORLD_SIZE; without it,
+  // STRATA_ZERO_HPZ=1 does (strata::hpz_node_ranks_from_environment); 0: off.
+  uint32_t hpz_node_ranks = 0;
   std::string stage3_flag;  // the first stage-3 flag given ("" none): only --zero-stage=3 has them
   // Activation offload (--zero-stage=0): the layer outputs saved for backward go through an
   // ActivationStash (ActivationStashOptions of the same names).

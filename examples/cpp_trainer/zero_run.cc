@@ -104,6 +104,7 @@ strata::ZeroOptions zero_options(const Args& args) {
   options.max_live_bytes = args.max_live_bytes;
   options.persist_below_bytes = args.persist_below_bytes;
   options.reuse_window_bytes = args.reuse_window_bytes;
+  options.hpz_node_ranks = args.hpz_node_ranks;
   options.optimizer.state_home = args.states;
   options.optimizer.defaults.lr = kLr;
   options.optimizer.defaults.weight_decay = kWeightDecay;

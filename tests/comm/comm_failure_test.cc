@@ -146,6 +146,47 @@ TEST_CASE("A rank that does not answer at all: the others time out naming it at 
   }
 }
 
+TEST_CASE("A split that one rank does not call: a timeout naming it, not a hang",
+          "[comm][failure][split]") {
+  for (const RankOutcome& r : run_job("split-fewer", 2, 4, {}, "2s")) {
+    INFO("rank " << r.rank << ": " << r.output);
+    CHECK_FALSE(r.killed_by_test);
+    CHECK(r.exited);
+    if (r.rank == 2) {
+      CHECK(r.status == 0);  // it called split #1 only, and left
+      continue;
+    }
+    CHECK(r.status == 1);
+    CHECK(contains(r.output, "Communicator::split #2 (color 0, key " + std::to_string(r.rank) +
+                                 ") on rank " + std::to_string(r.rank) + " of 4"));
+    CHECK(contains(r.output, "rank(s) 2 did not call split #2 within STRATA_COMM_TIMEOUT"));
+  }
+}
+
+TEST_CASE("A rank killed inside its split group's collective: its group fails naming it",
+          "[comm][failure][split]") {
+  // Groups {0, 1} and {2, 3}; rank 3 (rank 1 of its group) dies. The other group finishes.
+  for (const RankOutcome& r : run_job("split-die", 3, 4, {}, "10s")) {
+    INFO("rank " << r.rank << ": " << r.output);
+    CHECK_FALSE(r.killed_by_test);
+    if (r.rank == 3) {
+      CHECK_FALSE(r.exited);
+      continue;
+    }
+    CHECK(r.exited);
+    if (r.rank < 2) {
+      CHECK(r.status == 0);
+      continue;
+    }
+    CHECK(r.status == 1);
+    CHECK((contains(r.output, "all_reduce #2") || contains(r.output, "all_reduce #3")));
+    CHECK(contains(r.output, "Rank 1 exited or was killed"));
+    CHECK(contains(r.output,
+                   "[split #1 color 1 of a communicator of 4 ranks: its ranks 0..1 are "
+                   "that one's ranks 2, 3]"));
+  }
+}
+
 TEST_CASE("A rank that never arrives: the rendezvous times out naming it", "[comm][failure]") {
   for (const RankOutcome& r : run_job("ok", -1, 3, {0, 1}, "1s")) {
     INFO("rank " << r.rank << ": " << r.output);

@@ -4,7 +4,8 @@
 // other-op (it issues a broadcast where the others all_reduce), other-size (its all_reduce
 // has another size), fewer (it stops issuing collectives and sleeps, as if stuck), freeze (it
 // stops whole, watcher thread included, with SIGSTOP: silent, like a machine whose link is gone),
-// claim-nccl
+// split-fewer (it calls Communicator::split once where the others call it twice), split-die (it is
+// killed inside its split group's all_reduce), claim-nccl
 // (it claims a GPU and NCCL for STRATA_COMM_BACKEND=auto: STRATA_TESTING_CLAIM_NCCL).
 // Prints "rank R: ok" or "rank R: error: <message>" on stderr and exits 0 or 1.
 #include <signal.h>
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(
         stderr,
-        "usage: comm_fault_rank ok|die|other-op|other-size|fewer|freeze|claim-nccl FAULTY_RANK\n");
+        "usage: comm_fault_rank "
+        "ok|die|other-op|other-size|fewer|freeze|split-fewer|split-die|claim-nccl FAULTY_RANK\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -52,6 +54,30 @@ int main(int argc, char** argv) {
   const bool me = rank == faulty;
   constexpr uint64_t kCount = 4 << 20;  // 16 MiB of float32: long enough to be killed inside
   std::vector<float> data(kCount, 1.0f);
+  if (scenario == "split-fewer" || scenario == "split-die") {
+    // Groups of two consecutive ranks. split-fewer: FAULTY_RANK calls split once, the others
+    // twice. split-die: FAULTY_RANK is killed inside its group's all_reduce.
+    auto group = comm.split(rank / 2, rank);
+    if (!group.ok()) return report(rank, group.status());
+    if (scenario == "split-fewer") {
+      if (me) return report(rank, absl::OkStatus());
+      auto again = comm.split(0, rank);
+      return report(rank, again.status());
+    }
+    // The faulty rank dies inside the group's second all_reduce; its peer fails in that one or
+    // a later one (if its part of the second was done before the kill landed).
+    for (int step = 0; step < 4; ++step) {
+      auto work = (*group)->all_reduce(data.data(), data.data(), kCount, strata::DataType::kFloat32,
+                                       strata::ReduceOp::kSum);
+      if (!work.ok()) return report(rank, work.status());
+      if (me && step == 1) {
+        usleep(20000);
+        raise(SIGKILL);
+      }
+      if (absl::Status s = (*work)->wait(); !s.ok()) return report(rank, s);
+    }
+    return report(rank, absl::OkStatus());
+  }
   for (int step = 0; step < 6; ++step) {
     if (step == 3 && me && scenario == "fewer") {
       sleep(600);  // stuck outside strata; the test kills it

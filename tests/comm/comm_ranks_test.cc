@@ -473,5 +473,69 @@ TEST_CASE("Bad arguments are errors on the calling rank and do not consume a seq
   CHECK((*barrier)->sequence() == (*first)->sequence() + 1);
 }
 
+// Sub-communicators: the ranks split into blocks of two consecutive ranks (a 4-rank job: 2 nodes
+// × 2), each block ranked in reverse by its key; collectives inside a group give that group's
+// results while the parent keeps working. A second split puts every rank in one group.
+TEST_CASE("split: groups of consecutive ranks, ranked by key, each with its own collectives",
+          "[comm][ranks][split]") {
+  Job* j = job();
+  if (j == nullptr) return;
+  Communicator& c = *j->comm;
+  testing::DeviceCopier& copy = *j->copier;
+  const int world = c.size(), rank = c.rank();
+  const int color = rank / 2;
+  auto group = c.split(color, /*key=*/-rank);
+  REQUIRE(group.ok());
+  Communicator& g = **group;
+  // The group's members, in group-rank order: key -rank puts the highest parent rank first.
+  std::vector<int> members;
+  for (int r = world - 1; r >= 0; --r) {
+    if (r / 2 == color) members.push_back(r);
+  }
+  REQUIRE(g.size() == static_cast<int>(members.size()));
+  REQUIRE(members[static_cast<size_t>(g.rank())] == rank);
+  CHECK(g.backend() == c.backend());
+  CHECK(g.description().find("split #1 color " + std::to_string(color)) != std::string::npos);
+
+  // all_gather of each member's parent rank: the members in group order.
+  constexpr uint64_t kPer = 5;
+  std::vector<int32_t> mine(kPer, rank);
+  auto mine_d = copy.copy_of(std::vector<uint8_t>(reinterpret_cast<uint8_t*>(mine.data()),
+                                                  reinterpret_cast<uint8_t*>(mine.data() + kPer)));
+  auto all_d = copy.allocate(kPer * members.size() * sizeof(int32_t));
+  REQUIRE(finished(g.all_gather(mine_d->data(), all_d->data(), kPer, DataType::kInt32)));
+  const std::vector<uint8_t> got = copy.download(all_d->data(), all_d->size());
+  for (size_t i = 0; i < kPer * members.size(); ++i) {
+    int32_t v;
+    std::memcpy(&v, got.data() + i * sizeof(int32_t), sizeof v);
+    REQUIRE(v == members[i / kPer]);
+  }
+  // all_reduce: the sum over the group only, and the parent's over every rank, interleaved.
+  const auto sum_of = [&](Communicator& comm, int expected) {
+    const int32_t one = rank + 1;
+    auto d = copy.copy_of(std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(&one),
+                                               reinterpret_cast<const uint8_t*>(&one + 1)));
+    REQUIRE(finished(comm.all_reduce(d->data(), d->data(), 1, DataType::kInt32, ReduceOp::kSum)));
+    int32_t v;
+    std::memcpy(&v, copy.download(d->data(), sizeof v).data(), sizeof v);
+    CHECK(v == expected);
+  };
+  int group_sum = 0;
+  for (int m : members) group_sum += m + 1;
+  sum_of(g, group_sum);
+  sum_of(c, world * (world + 1) / 2);
+  sum_of(g, group_sum);
+  REQUIRE(finished(g.barrier()));
+  CHECK(g.stats()[CollectiveKind::kAllReduce].calls == 2);
+
+  // A second split of the same parent: everyone in one group, in the parent's order.
+  auto whole = c.split(7, rank);
+  REQUIRE(whole.ok());
+  CHECK((*whole)->size() == world);
+  CHECK((*whole)->rank() == rank);
+  sum_of(**whole, world * (world + 1) / 2);
+  CHECK(c.split(-1, 0).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace strata

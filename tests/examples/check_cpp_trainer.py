@@ -71,9 +71,11 @@ FIELDS = {"ranks": int, "stage": int, "steps": int, "accumulation": int, "losses
 STAGE3_FIELDS = {"param_home": str, "prefetch_bytes": int, "max_live_bytes": int,
                  "persist_below_bytes": int, "reuse_window_bytes": int,
                  "partitioned_groups": int, "gathered_peak_bytes": int,
-                 "exposed_comm_seconds": NUMBER, "prefetch_late": int, "fetch": dict}
+                 "exposed_comm_seconds": NUMBER, "prefetch_late": int, "fetch": dict,
+                 "hpz_node_ranks": int}
 FETCH_FIELDS = {"fetches", "gathers_on_demand", "gathers_prefetched", "reuses",
-                "gathers_dropped_unused", "order_changes"}
+                "gathers_dropped_unused", "order_changes", "global_gather_bytes",
+                "node_gather_bytes"}
 
 
 def check_json(strata_run, trainer, ranks, stage, extra, env=None, base_env=None):
@@ -226,6 +228,9 @@ def check_stage3(doc, ranks, extra):
         assert fetch["gathers_prefetched"] == 0, fetch
     if doc["reuse_window_bytes"] == 0:
         assert fetch["reuses"] == 0, fetch
+    # One node here (hpZ off): every gather is over every rank.
+    assert doc["hpz_node_ranks"] == 0 and fetch["node_gather_bytes"] == 0, doc
+    assert fetch["global_gather_bytes"] > 0, fetch
 
     # Model states per rank: a 1/RANKS shard of each partitioned parameter with its gradient
     # and (CPU) optimizer states, 4 + 4 + 12 bytes an element; the persistent parameters whole

@@ -12,6 +12,11 @@ its own network namespace with its own address and NVMe directory.
       within STRATA_COMM_TIMEOUT (plus a margin) with the Communicator's error naming the
       operation and the rank(s) at fault, no process may be left in any namespace, and the
       checkpoint must load, bitwise equal, on the surviving node's 2 ranks.
+  multinode_test.py hpz --strata-run=P --trainer=P
+      ZeRO stage 3 over 2 nodes x 2 ranks without and with hpZ (cpp_trainer --hpz: nodes of
+      LOCAL_WORLD_SIZE ranks): the same losses and weights bit for bit; with hpZ the gathers
+      that stay inside a node are the ones no longer made over every rank (the engine's
+      counters), and fewer bytes cross node 1's link (its veth's counters, reported).
   multinode_test.py bandwidth [MBIT] --strata-run=P --bench=P
       offload-bench --workload=collective over 2 nodes x 1 rank with a tbf rate of MBIT (default
       400) Mbit/s on node 1's link: the bus bandwidth of each 16 MiB collective against that rate
@@ -25,6 +30,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -173,6 +179,54 @@ def case_fault(c, args):
     print(f"{kind}: the checkpoint of 4 ranks loaded on the surviving {LOCAL}, bitwise equal")
 
 
+def link_bytes(c, k):
+    """Bytes through node k's veth so far, both ways (its traffic with the other nodes)."""
+    total = 0
+    for way in ("rx_bytes", "tx_bytes"):
+        with open(f"/sys/class/net/{c.host_end(k)}/statistics/{way}") as f:
+            total += int(f.read())
+    return total
+
+
+def case_hpz(c, args):
+    env = base_env({})
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="strata-hpz-") as tmp:
+        for hpz in (False, True):
+            report = os.path.join(tmp, f"hpz{int(hpz)}.json")
+            program = [args.trainer, "--zero-stage=3", "--states=cpu", "--steps=4",
+                       "--max-loss=10", f"--json={report}", *(["--hpz"] if hpz else [])]
+            before = link_bytes(c, 1)
+            results = finish(launch(c, args.strata_run, program, env), 120)
+            crossed = link_bytes(c, 1) - before
+            outs = [(f"node {k}", out) for k, (_, out, _) in enumerate(results)]
+            for k, (rc, out, _) in enumerate(results):
+                if rc != 0 or "FAIL" in out:
+                    fail(f"hpZ {hpz}: node {k}'s strata-run exited {rc}", outs)
+            with open(report) as f:
+                runs[hpz] = (json.load(f), crossed, outs)
+    (plain, plain_link, _), (hier, hier_link, outs) = runs[False], runs[True]
+    if hier["hpz_node_ranks"] != LOCAL or plain["hpz_node_ranks"] != 0:
+        fail(f"hpz_node_ranks {plain['hpz_node_ranks']} / {hier['hpz_node_ranks']}, "
+             f"expected 0 / {LOCAL}", outs)
+    if plain["losses"] != hier["losses"] or plain["weights_checksum"] != hier["weights_checksum"]:
+        fail(f"hpZ changed the results: losses {plain['losses']} / {hier['losses']}, weights "
+             f"{plain['weights_checksum']} / {hier['weights_checksum']}", outs)
+    g0, g1, n1 = (plain["fetch"]["global_gather_bytes"], hier["fetch"]["global_gather_bytes"],
+                  hier["fetch"]["node_gather_bytes"])
+    if plain["fetch"]["node_gather_bytes"] != 0 or n1 == 0 or g1 + n1 != g0:
+        fail(f"gathered bytes: without hpZ {g0} global, with it {g1} global + {n1} in the node "
+             f"(the two must add up to {g0})", outs)
+    world = c.n * LOCAL
+    print(f"hpZ over {c.n} nodes x {LOCAL} ranks: the same losses and weights; rank 0 gathered "
+          f"{g0} B over every rank without hpZ, {g1} B + {n1} B within its node with it, so "
+          f"{g0 * (world - LOCAL) // world} B vs {g1 * (world - LOCAL) // world} B from the other "
+          f"node; node 1's link carried {plain_link} B vs {hier_link} B "
+          f"({hier_link / plain_link:.2f})")
+    if hier_link >= plain_link:
+        fail("hpZ did not lower the bytes across node 1's link", outs)
+
+
 def case_bandwidth(c, args):
     """The figure is reported, not asserted (tests never assert a speed: the machine may be
     busy); what is asserted is physics: no bus bandwidth above the link's rate (a tbf burst of
@@ -207,7 +261,7 @@ def case_bandwidth(c, args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["zero", "fault", "bandwidth"])
+    parser.add_argument("case", choices=["zero", "fault", "hpz", "bandwidth"])
     parser.add_argument("what", nargs="?")
     parser.add_argument("--strata-run", required=True)
     parser.add_argument("--trainer")
@@ -221,7 +275,8 @@ def main():
     nodes = int(args.what) if args.case == "zero" else 2
     began = time.monotonic()
     with cluster.Cluster(nodes) as c:
-        {"zero": case_zero, "fault": case_fault, "bandwidth": case_bandwidth}[args.case](c, args)
+        {"zero": case_zero, "fault": case_fault, "hpz": case_hpz,
+         "bandwidth": case_bandwidth}[args.case](c, args)
         left = c.leftovers()
     if left:
         fail(f"processes left: {left}")

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "offload/zero_rig.h"
@@ -377,6 +378,144 @@ TEST_CASE("Stage 3: (4+K)Ψ/N model-state bytes, 3Ψ per step, NVMe reads of the
       }
       INFO("nvme read " << read << " bytes, own shard " << own_shard_bytes);
       CHECK(read == own_shard_bytes);
+    }
+  }
+}
+
+// hpZ (ZeroOptions::hpz_node_ranks): at 4 ranks, 2 nodes × 2 (LOCAL_WORLD_SIZE=2's split); at 2
+// and 3, nodes of one rank (each keeps the whole group as its secondary). Engines with and
+// without hpZ train side by side on randomized layouts: every value read and every state equal
+// the one-rank reference's, bitwise, so each other's; from the second step on (the first has no
+// recorded order yet) each step's gathered bytes follow the formulas: without hpZ every use
+// gathers over every rank, with it only the step's first gather of each group does and the
+// rest stay inside the node, the node communicator's statistics counting them; and the
+// secondary costs padded/L per group.
+// Shards in the GPU, CPU and NVMe tiers, the last through bounce buffers.
+TEST_CASE("Stage 3 with hpZ: bitwise the same as without, backward's gathers inside the node",
+          "[zero3][hpz]") {
+  const uint32_t n = ranks();
+  const uint32_t node = n % 2 == 0 && n > 2 ? 2 : 1;
+  std::mt19937_64 rng(20261126);
+  const ZeroModel model = testing::zero_model();
+  for (int trial = 0; trial < 4; ++trial) {
+    ZeroOptions o;
+    o.stage = 3;
+    o.param_type = trial == 1 ? ParamType::kF32 : ParamType::kF16;
+    o.grad_type = testing::as_grad_type(o.param_type);
+    o.bucket_bytes = (2 + rng() % 9) << 10;
+    o.alignment = static_cast<uint32_t>(1 + rng() % 8);
+    // Trial 2: shards (and the secondary slices) in the CPU tier; 3: on NVMe, through bounce
+    // buffers (zero_testing.h) as Gloo on a CUDA device.
+    o.param_home = trial == 2 ? TierKind::kCpu : trial == 3 ? TierKind::kNvme : TierKind::kGpu;
+    const bool bounce = trial == 3;
+    o.persist_below_bytes = 128;
+    o.prefetch_bytes = (4 + rng() % 16) << 10;
+    o.reuse_window_bytes = 0;  // every use gathers: two gathers per group and step
+    o.max_live_bytes = 1 << 20;
+    o.accumulation_steps = trial == 2 ? 2 : 1;
+    o.groups = {AdamGroup{.lr = 1e-2F, .weight_decay = 0.01F},
+                AdamGroup{.lr = 3e-3F, .beta1 = 0.8F, .weight_decay = 0.0F}};
+    o.optimizer.state_home = TierKind::kCpu;
+    ZeroOptions h = o;
+    h.hpz_node_ranks = node;
+    INFO("trial " << trial << " at " << n << " ranks, nodes of " << node << ", bucket_bytes "
+                  << o.bucket_bytes << ", alignment " << o.alignment);
+    TempDir nvme_a("strata-hpz-a"), nvme_b("strata-hpz-b");
+    auto runtime_a = testing::zero_runtime(bounce ? nvme_a.path() : "");
+    auto runtime_b = testing::zero_runtime(bounce ? nvme_b.path() : "");
+    REQUIRE(runtime_a.ok());
+    REQUIRE(runtime_b.ok());
+    testing::set_zero_bounce_for_testing(bounce);
+    auto plain = ZeroEngine::create(**runtime_a, comm3(), model.params, o);
+    auto hpz = ZeroEngine::create(**runtime_b, comm3(), model.params, h);
+    testing::set_zero_bounce_for_testing(false);
+    REQUIRE(plain.ok());
+    INFO(hpz.status().ToString());
+    REQUIRE(hpz.ok());
+    Communicator* node_comm = (*hpz)->node_communicator();
+    REQUIRE(node_comm != nullptr);
+    CHECK(node_comm->size() == static_cast<int>(node));
+    CHECK(node_comm->rank() == static_cast<int>(my_rank() % node));
+    CHECK((*plain)->node_communicator() == nullptr);
+    auto ref_a = ZeroReference::create(model, o, "", n);
+    auto ref_b = ZeroReference::create(model, h, "", n);
+    REQUIRE(ref_a.ok());
+    REQUIRE(ref_b.ok());
+    auto stream_a = (*runtime_a)->device().create_stream();
+    auto stream_b = (*runtime_b)->device().create_stream();
+    REQUIRE(stream_a.ok());
+    REQUIRE(stream_b.ok());
+    const ZeroLayout& layout = (*hpz)->layout();
+    const uint64_t element = o.param_type == ParamType::kF32 ? 4 : 2;
+    uint64_t sigma = 0, secondary = 0;  // gathered bytes of every partitioned group, its slices
+    for (const ZeroFlatGroup& g : layout.groups()) {
+      if (g.persistent) continue;
+      sigma += g.padded * element;
+      secondary += g.padded / node * element;
+    }
+    REQUIRE(sigma > 0);
+    // This trainer acquires parameter by parameter and nothing is kept (reuse window 0): every
+    // acquire of a partitioned parameter gathers its group, twice per micro-step.
+    uint64_t per_pass = 0;
+    for (uint32_t p = 0; p < model.params.size(); ++p) {
+      const ZeroFlatGroup& g = layout.groups()[layout.param_segment(p).group];
+      if (!g.persistent) per_pass += g.padded * element;
+    }
+    const auto params_total = [](const ZeroMemory& m) {
+      return m.params[0] + m.params[1] + m.params[2];
+    };
+    CHECK(params_total((*hpz)->memory()) - params_total((*plain)->memory()) == secondary);
+
+    std::vector<uint32_t> forward;
+    for (uint32_t p = 0; p < model.params.size(); ++p) forward.push_back(p);
+    Stage3Step trainer_a{**plain, **stream_a, model, **ref_a};
+    Stage3Step trainer_b{**hpz, **stream_b, model, **ref_b};
+    ZeroStats before_a = (*plain)->stats(), before_b = (*hpz)->stats();
+    uint64_t node_before = node_comm->stats()[CollectiveKind::kAllGather].bytes;
+    for (int step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      REQUIRE(
+          trainer_a.run(forward, static_cast<uint64_t>(step), o.accumulation_steps, false).ok());
+      REQUIRE(
+          trainer_b.run(forward, static_cast<uint64_t>(step), o.accumulation_steps, false).ok());
+      auto got_a = (*plain)->step();
+      auto got_b = (*hpz)->step();
+      REQUIRE(got_a.ok());
+      REQUIRE(got_b.ok());
+      REQUIRE((*ref_a)->step().ok());
+      REQUIRE((*ref_b)->step().ok());
+      CHECK(got_a->grad_norm == got_b->grad_norm);
+      CHECK(got_a->loss_scale == got_b->loss_scale);
+      CHECK(got_a->skipped == got_b->skipped);
+      CHECK(trainer_a.mismatched == 0);
+      CHECK(trainer_b.mismatched == 0);
+      const ZeroStats a = (*plain)->stats(), b = (*hpz)->stats();
+      const uint64_t node_now = node_comm->stats()[CollectiveKind::kAllGather].bytes;
+      CHECK(b.node_gather_bytes - before_b.node_gather_bytes == node_now - node_before);
+      if (step > 0) {
+        // Without hpZ every gather is global; with it only the step's first gather of each
+        // group is, the others stay inside the node.
+        const uint64_t a_global = a.global_gather_bytes - before_a.global_gather_bytes;
+        CHECK(a_global == 2 * o.accumulation_steps * per_pass);
+        CHECK(a.node_gather_bytes == 0);
+        CHECK(b.global_gather_bytes - before_b.global_gather_bytes == sigma);
+        CHECK(b.node_gather_bytes - before_b.node_gather_bytes ==
+              2 * o.accumulation_steps * per_pass - sigma);
+      }
+      CHECK(a.gathers_dropped_unused == 0);
+      CHECK(b.gathers_dropped_unused == 0);
+      before_a = a;
+      before_b = b;
+      node_before = node_now;
+    }
+    for (uint32_t p = 0; p < model.params.size(); ++p) {
+      const size_t count = model.initial[p].size();
+      std::vector<float> ma(count), va(count), sa(count), mb(count), vb(count), sb(count);
+      REQUIRE((*plain)->read_state(ZeroParamId{p}, ma, va, sa).ok());
+      REQUIRE((*hpz)->read_state(ZeroParamId{p}, mb, vb, sb).ok());
+      CHECK(differing(ma, mb) == 0);
+      CHECK(differing(va, vb) == 0);
+      CHECK(differing(sa, sb) == 0);
     }
   }
 }

@@ -366,6 +366,23 @@ def test_zero_stage3_errors(runtime, comm):
         grad.release()
 
 
+def test_zero_hpz_option_and_counters(runtime, comm):
+    # hpZ (ZeroOptions.hpz_node_ranks) is multi-rank (zero_ranks_test, multinode.zero_hpz); alone
+    # the option is read back, a node size that does not divide the ranks raises, one node of
+    # one rank leaves it off, and the stats count every gather over every rank.
+    assert strata.ZeroOptions().hpz_node_ranks == 0
+    assert strata.ZeroOptions(hpz_node_ranks=8).hpz_node_ranks == 8
+    assert "hpz_node_ranks=8" in repr(strata.ZeroOptions(hpz_node_ranks=8))
+    with pytest.raises(ValueError, match=r"hpz_node_ranks"):
+        strata.ZeroOptions(hpz_node_ranks=-1)
+    with pytest.raises(strata.InvalidArgumentError, match=r"hpz_node_ranks = 2 does not divide"):
+        tiny_engine(runtime, comm, stage=3, hpz_node_ranks=2)
+    engine = tiny_engine(runtime, comm, stage=3, hpz_node_ranks=1)
+    engine.acquire_param("layer.weight").release()
+    stats = engine.stats()
+    assert stats["global_gather_bytes"] > 0 and stats["node_gather_bytes"] == 0
+
+
 def test_acquire_for_a_consumer_stream_is_ordered_by_the_engine(runtime, comm):
     # acquire_param/acquire_grad(stream=s): the engine orders s after its gather (or the
     # bucket's previous reduce-scatter) itself, no event, no host wait. Every other stream is

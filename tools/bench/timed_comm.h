@@ -53,6 +53,9 @@ class AllReduceTimer final : public Communicator {
       const CollectiveOptions& options) override {
     return inner_.barrier(options);
   }
+  absl::StatusOr<std::unique_ptr<Communicator>> split(int color, int key) override {
+    return inner_.split(color, key);
+  }
 
  private:
   Communicator& inner_;

@@ -127,6 +127,18 @@ class Communicator {
 
   virtual absl::StatusOr<std::unique_ptr<CollectiveWork>> barrier(
       const CollectiveOptions& options = {}) = 0;
+
+  // A sub-communicator (MPI_Comm_split, ncclCommSplit, torch's new_group): the ranks that pass
+  // the same `color` (>= 0) form one group, ranked by `key` (ties: by this communicator's rank).
+  // Every rank of this communicator must call split, the same number of times and in the same
+  // order (the n-th split of each rank is the same split); a rank that does not is named in a
+  // DeadlineExceeded error within the timeout, on every rank that waited for it. Splitting takes
+  // no sequence number here: the parent's collectives and the group's are independent (issue
+  // them from one thread, in the same order on every rank of the group). The group has its own
+  // rendezvous (served by its rank 0), watcher and post-mortem; its errors name its ranks and
+  // the parent's ranks they are. Same backend, device and settings (timeout) as this one. It
+  // must be destroyed before this communicator.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> split(int color, int key) = 0;
 };
 
 }  // namespace strata

@@ -134,6 +134,17 @@ struct ZeroOptions {
   // Stage 3: a released group stays gathered when the order uses it again within this many
   // gathered bytes (0: always dropped, every use gathers).
   uint64_t reuse_window_bytes = 64ULL << 20;
+  // Stage 3: ZeRO++'s hierarchical partitioning (hpZ). 0: off. L > 0: the job's ranks are
+  // nodes of L consecutive ranks (rank / L: torchrun's and strata-run's numbering); a group's
+  // first gather after the parameters changed (forward's) is global and each rank keeps its
+  // node's slice of it (padded / L elements, a secondary shard homed with the shards); the
+  // group's later gathers until the next step() (backward's, the next micro-step's) run over
+  // a communicator of the node's ranks (Communicator::split). Costs Ψ/L parameters per rank;
+  // halves the gathers' cross-node bytes; the gathered values are the same, bitwise. L must
+  // divide the ranks; L >= ranks (one node) leaves it off, as do stages 1-2 (a warning says
+  // so). Every rank must pass the same. hpz_node_ranks_from_environment() reads
+  // STRATA_ZERO_HPZ and LOCAL_WORLD_SIZE.
+  uint32_t hpz_node_ranks = 0;
   // Micro-steps per step (gradient accumulation): step() expects every parameter's gradient
   // this many times.
   uint32_t accumulation_steps = 1;
@@ -159,7 +170,8 @@ struct ZeroTensorView {
 // (TensorStore::info), indexed by TierKind: parameters, gradients (stage 1's full gradients or
 // the reduced shard), optimizer states (master and moments) and stage 2's buckets.
 struct ZeroMemory {
-  std::array<uint64_t, 3> params{};  // stage 3: the shards and the persistent parameters
+  // Stage 3: the shards and the persistent parameters (and hpZ's secondary slices).
+  std::array<uint64_t, 3> params{};
   std::array<uint64_t, 3> grads{};
   std::array<uint64_t, 3> optimizer_states{};
   std::array<uint64_t, 3> buckets{};
@@ -176,8 +188,9 @@ struct ZeroStats {
   uint64_t reduce_scatters = 0;  // issued since create()
   uint64_t all_gathers = 0;
   // Communicator bytes (nccl-tests' sizes) from the end of the step before to the end of the
-  // last one: its backward's reduce-scatters, the statistics all-reduce, the all-gathers (and
-  // whatever else the trainer ran on the same Communicator meanwhile).
+  // last one: its backward's reduce-scatters, the statistics all-reduce, the all-gathers (hpZ:
+  // the node communicator's too), and whatever else the trainer ran on the same Communicator
+  // meanwhile.
   uint64_t last_step_comm_bytes = 0;
   uint64_t last_step_ns = 0;       // step() wall time
   uint64_t last_step_wait_ns = 0;  // of which waiting for reduce-scatters still running
@@ -202,7 +215,17 @@ struct ZeroStats {
   // Stages 2-3, since create(): acquire_grad() waiting for a bucket to come back from its
   // reduce-scatter (exposed communication too).
   uint64_t bucket_wait_ns = 0;
+  // Stage 3, since create(): gathered bytes (nccl-tests' all_gather size, padding included) of
+  // the partitioned groups' gathers over the job's communicator, and (hpZ) over the node's.
+  // Of a global gather, (N - L)/N of the bytes cross nodes (docs/zero.md); none of a node's.
+  uint64_t global_gather_bytes = 0;
+  uint64_t node_gather_bytes = 0;
 };
+
+// ZeroOptions::hpz_node_ranks from the environment: STRATA_ZERO_HPZ=1 (on, true) takes the
+// node's rank count from LOCAL_WORLD_SIZE (as torchrun and strata-run set it); unset, 0, off or
+// false: 0. InvalidArgument names a bad value.
+absl::StatusOr<uint32_t> hpz_node_ranks_from_environment();
 
 class ZeroEngine {
  public:
@@ -275,6 +298,8 @@ class ZeroEngine {
   // it).
   void wait_for_gradients();
   Communicator& communicator();
+  // hpZ: the node's communicator (its ranks' gathers); null without hpZ.
+  Communicator* node_communicator();
   Runtime& runtime();
 
   struct Impl;
