@@ -216,8 +216,11 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
     }
     return timed_out;
   };
-  // The ranks the waits lead to from this rank's suspects (and from `extra`), and those of them
-  // that wait on nobody (the chain's ends; a chain that closes on itself has none).
+  // The ranks the waits lead to from this rank's suspects (and from `extra`), and the chain's
+  // ends: ranks that wait on nobody, and ranks on another host that wait on this one (among
+  // others: a named host's ranks are all candidates): the two ends of a link wait on each other,
+  // and that rank's other candidates are only possible. Within this host such a loop says
+  // nothing (a chain that closes on itself has no ends).
   const auto follow = [&](const std::vector<int>& extra, std::vector<int>* ends) {
     std::vector<int> queue = start();
     queue.insert(queue.end(), extra.begin(), extra.end());
@@ -229,6 +232,13 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
       const auto it = waits.find(r);
       if (it == waits.end() || it->second.empty()) {
         if (ends != nullptr) ends->push_back(r);
+        continue;
+      }
+      if (contains(it->second, me)) {
+        const std::optional<std::string> there = host_of(r);
+        if (ends != nullptr && there && *there != host_of(me).value_or(store.local_address())) {
+          ends->push_back(r);
+        }
         continue;
       }
       queue.insert(queue.end(), it->second.begin(), it->second.end());

@@ -256,5 +256,34 @@ TEST_CASE("Two ranks that timed out waiting on each other across hosts: the othe
   CHECK_THAT(rank2_says, Catch::EndsWith("Rank(s) at fault: 1."));
 }
 
+TEST_CASE("Both ends of a slow link time out on each other's host: each names the other host",
+          "[comm][blame]") {
+  // Halving-doubling reduce-scatter over a slow link: rank 1 read from 10.77.0.2 (ranks 2, 3)
+  // and timed out; rank 2 read from this host (ranks 0, 1) and timed out too. Rank 2's wait
+  // includes rank 1: the two wait on each other, and rank 0 (healthy, on rank 1's host) is not
+  // at fault for being a candidate of rank 2's.
+  Job job;
+  const CollectiveCall scatter = call_of(CollectiveKind::kReduceScatter, 5, 4);
+  job.issued(scatter);
+  std::string rank2_says;
+  std::jthread rank2([&] {
+    rank2_says = text(job.ranks[2]->post_mortem(
+        scatter, "[./gloo/transport/tcp/buffer.cc:73] Read timeout [127.0.0.1]:4740"));
+  });
+  for (int i = 0; i < 5000; ++i) {
+    auto posted = job.ranks[1]->store().check({"strata/waiting/2"});
+    if (posted.ok() && *posted) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  const std::string message = text(job.ranks[1]->post_mortem(
+      scatter, "[./gloo/transport/tcp/buffer.cc:73] Read timeout [10.77.0.2]:58053"));
+  rank2.join();
+  INFO(message);
+  INFO(rank2_says);
+  CHECK_THAT(message, Catch::Contains("Rank 2 had timed out itself, waiting on rank(s) 0, 1."));
+  CHECK_THAT(message, Catch::EndsWith("Rank(s) at fault: 2, 3."));
+  CHECK_THAT(rank2_says, Catch::EndsWith("Rank(s) at fault: 0, 1."));
+}
+
 }  // namespace
 }  // namespace strata
