@@ -378,9 +378,8 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
     // Every rank answered and none issued another collective: the transport is the evidence.
     // Ranks that had gone on are not at fault (collectives run asynchronously); the blame
     // follows the waits to their ends: a rank that never issued this call, else a rank waited
-    // on that waits on nobody; when the waits close on themselves (every rank waiting on
-    // another: a slow link both ways), the ranks they reach on other hosts than this one (none
-    // there: the waits say nothing, and the ranks out of step are named as without them).
+    // on that waits on nobody (or, on another host, on this rank); when the waits close on
+    // themselves, the ranks they reach on other hosts than this one.
     if (wait) {
       const bool send = wait->direction == TransportDirection::kSend;
       findings +=
@@ -401,17 +400,23 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
                         text::join(it->second, ", "), ".");
       }
     }
-    std::vector<int> blamed;
-    for (int r : ends) {
-      if (contains(behind, r)) blamed.push_back(r);
-    }
-    if (blamed.empty()) blamed = ends;
-    if (blamed.empty()) {
-      for (int r : reached) {
-        const std::optional<std::string> there = host_of(r);
-        if (there && *there != here) blamed.push_back(r);
+    // Only ranks on other hosts are blamed on the transport's word (a machine or the link to
+    // it); within this host the ranks' states decide, as without it.
+    const auto remote = [&](const std::vector<int>& ranks) {
+      std::vector<int> there;
+      for (int r : ranks) {
+        const std::optional<std::string> host = host_of(r);
+        if (host && *host != here) there.push_back(r);
       }
+      return there;
+    };
+    std::vector<int> behind_ends;
+    for (int r : ends) {
+      if (contains(behind, r)) behind_ends.push_back(r);
     }
+    std::vector<int> blamed = remote(behind_ends);
+    if (blamed.empty()) blamed = remote(ends);
+    if (blamed.empty()) blamed = remote(reached);
     std::sort(blamed.begin(), blamed.end());
     if (!blamed.empty()) {
       if (blamed != first) {
@@ -420,8 +425,6 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
       }
       at_fault = blamed;
     } else {
-      // The waits close on themselves within this host: they say nothing of who began it, and
-      // the ranks that are out of step are named as without them.
       at_fault = out_of_step;
     }
   } else if (lost.empty() && silent.empty()) {

@@ -47,7 +47,8 @@ class JobMonitor {
   // gathers what they had issued (a bounded wait), and returns the error for the user. A rank
   // that died, then ranks that did not answer, are at fault; when every rank answered, a Gloo
   // send or receive that timed out (gloo_peers.h) is pinned on the peer it waited on, followed
-  // through peers that timed out in turn; otherwise the ranks out of step are.
+  // through peers that timed out in turn, where that leads to other hosts; otherwise the ranks
+  // out of step are.
   absl::Status post_mortem(const CollectiveCall& call, std::string_view local);
 
  private:
