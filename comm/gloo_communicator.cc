@@ -296,6 +296,8 @@ class GlooCommunicator final : public CommunicatorBase {
     return absl::OkStatus();
   }
 
+  // Which of Gloo's algorithms runs each call: comm/gloo_peers.cc (the post-mortem's peers)
+  // follows this choice.
   void transport(const Operation& op) {
     const CollectiveCall& c = op.call;
     switch (c.kind) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <thread>
 
+#include "gloo_peers.h"
 #include "strata/base/log.h"
 #include "strata/base/text.h"
 
@@ -21,6 +22,24 @@ constexpr std::string_view kAbortKey = "strata/abort";
 constexpr std::string_view kLeftKey = "strata/left";
 std::string state_key(int rank) { return cat("strata/state/", rank); }
 std::string host_key(int rank) { return cat("strata/host/", rank); }
+// The peers a failing rank's timed-out transport operation waited on ("2,3"), for the chains.
+std::string waiting_key(int rank) { return cat("strata/waiting/", rank); }
+
+std::vector<int> parse_ranks(std::string_view text) {
+  std::vector<int> ranks;
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    int r = 0;
+    if (absl::SimpleAtoi(to_absl(text.substr(0, comma)), &r)) ranks.push_back(r);
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return ranks;
+}
+
+bool contains(const std::vector<int>& ranks, int r) {
+  return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+}
 
 // How long a failing rank waits for the others to say what they had issued: long enough for a
 // watcher's next poll, short against any timeout.
@@ -128,8 +147,8 @@ void JobMonitor::watch() {
 
 absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_view local) {
   const int world = launch_.world_size;
-  std::string message =
-      cat(call.describe(), " failed on rank ", launch_.rank, " of ", world, ": ", local);
+  const int me = launch_.rank;
+  std::string message = cat(call.describe(), " failed on rank ", me, " of ", world, ": ", local);
   if (world == 1) return absl::InternalError(to_absl(message));
   // The post-mortem has its own connection use: the watcher may be in a get on the other one.
   {
@@ -137,10 +156,96 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
     state_posted_ = true;  // this rank's state is the failing call
   }
   TcpStore& store = *store_;
-  (void)store.set(state_key(launch_.rank), cat(call.sequence, "\t", call.describe()));
-  (void)store.set(kAbortKey, cat(launch_.rank));
+  const std::string mine = cat(call.sequence, "\t", call.describe());
+  // Each rank's host, read once; after a failed read none is tried again (the store may be out
+  // of reach, and each read waits).
+  std::map<int, std::string> host_cache;
+  bool hosts_unreadable = false;
+  const auto host_of = [&](int r) -> std::optional<std::string> {
+    if (const auto it = host_cache.find(r); it != host_cache.end()) return it->second;
+    if (hosts_unreadable) return std::nullopt;
+    absl::StatusOr<std::string> host = store.get(host_key(r), milliseconds(100));
+    if (!host.ok()) {
+      hosts_unreadable = true;
+      return std::nullopt;
+    }
+    return host_cache[r] = *host;
+  };
+  // A timed-out send or receive names the peers it waited on (narrowed to the host Gloo's words
+  // name), posted before the abort so that the other ranks can follow a chain through this one.
+  std::vector<int> suspects;
+  const std::optional<TransportWait> wait = gloo_transport_wait(call, world, me, local);
+  if (wait) {
+    suspects = wait->peers;
+    if (!wait->address.empty()) {
+      std::vector<int> there;
+      for (int r : suspects) {
+        if (host_of(r) == wait->address) there.push_back(r);
+      }
+      if (!there.empty()) suspects = std::move(there);
+    }
+    (void)store.set(waiting_key(me), text::join(suspects, ","));
+  }
+  // A rank whose own send or receive timed out closes all its pairs, and its peers see their
+  // connections closed: the ranks on the host Gloo's words name that say they timed out (their
+  // waiting keys) start the chain instead.
+  std::vector<int> closers;
+  const std::optional<std::string> closed_by = wait ? std::nullopt : gloo_closed_by(local);
+  if (closed_by) {
+    for (int r = 0; r < world; ++r) {
+      if (r != me && (closed_by->empty() || host_of(r) == *closed_by)) closers.push_back(r);
+    }
+  }
+  const bool transport = wait.has_value() || !closers.empty();
+  (void)store.set(state_key(me), mine);
+  (void)store.set(kAbortKey, cat(me));
 
-  std::map<int, std::string> states;  // rank → "<sequence>\t<describe>"
+  const auto sequence_of = [](const std::string& state) {
+    uint64_t sequence = 0;
+    (void)absl::SimpleAtoi(to_absl(std::string_view(state).substr(0, state.find('\t'))), &sequence);
+    return sequence;
+  };
+  std::map<int, std::string> states;      // rank → "<sequence>\t<describe>"
+  std::map<int, std::vector<int>> waits;  // rank → the peers its own timed-out operation waited on
+  // Where the chain starts: this rank's suspects, or the closers that timed out.
+  const auto start = [&] {
+    if (wait) return suspects;
+    std::vector<int> timed_out;
+    for (int r : closers) {
+      if (waits.count(r) != 0) timed_out.push_back(r);
+    }
+    return timed_out;
+  };
+  // The ranks the waits lead to from this rank's suspects (and from `extra`), and the chain's
+  // ends: ranks that wait on nobody, and ranks on another host that wait on this one (among
+  // others: a named host's ranks are all candidates): the two ends of a link wait on each other,
+  // and that rank's other candidates are only possible. Within this host such a loop says
+  // nothing (a chain that closes on itself has no ends).
+  const auto follow = [&](const std::vector<int>& extra, std::vector<int>* ends) {
+    std::vector<int> queue = start();
+    queue.insert(queue.end(), extra.begin(), extra.end());
+    std::vector<int> reached{me};
+    for (size_t i = 0; i < queue.size(); ++i) {
+      const int r = queue[i];
+      if (contains(reached, r)) continue;
+      reached.push_back(r);
+      const auto it = waits.find(r);
+      if (it == waits.end() || it->second.empty()) {
+        if (ends != nullptr) ends->push_back(r);
+        continue;
+      }
+      if (contains(it->second, me)) {
+        const std::optional<std::string> there = host_of(r);
+        if (ends != nullptr && there && *there != host_of(me).value_or(store.local_address())) {
+          ends->push_back(r);
+        }
+        continue;
+      }
+      queue.insert(queue.end(), it->second.begin(), it->second.end());
+    }
+    reached.erase(reached.begin());
+    return reached;
+  };
   std::vector<int> lost;
   bool server_gone = false;
   const auto deadline = Clock::now() + kPostMortemWait;
@@ -153,15 +258,40 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
     }
     lost = *now_lost;
     for (int r = 0; r < world; ++r) {
-      if (r == launch_.rank || states.count(r) != 0) continue;
-      if (std::find(lost.begin(), lost.end(), r) != lost.end()) continue;
-      absl::StatusOr<bool> present = store.check({state_key(r)});
-      if (present.ok() && *present) {
-        absl::StatusOr<std::string> value = store.get(state_key(r), milliseconds(100));
-        if (value.ok()) states[r] = *value;
+      if (r == me || contains(lost, r)) continue;
+      if (states.count(r) == 0) {
+        absl::StatusOr<bool> present = store.check({state_key(r)});
+        if (present.ok() && *present) {
+          absl::StatusOr<std::string> value = store.get(state_key(r), milliseconds(100));
+          if (value.ok()) states[r] = *value;
+        }
+      }
+      if (transport && waits.count(r) == 0) {
+        absl::StatusOr<bool> present = store.check({waiting_key(r)});
+        if (present.ok() && *present) {
+          absl::StatusOr<std::string> value = store.get(waiting_key(r), milliseconds(100));
+          if (value.ok()) waits[r] = parse_ranks(*value);
+        }
       }
     }
-    if (static_cast<int>(states.size() + lost.size()) >= world - 1) break;
+    bool complete = static_cast<int>(states.size() + lost.size()) >= world - 1;
+    // A rank the waits lead to that is in this collective too may time out in turn and say on
+    // whom it waits: its answer moves the blame along the chain (bounded by the same wait).
+    // Not needed when a rank died or issued another collective as this one's number (below).
+    const bool other_call = std::any_of(states.begin(), states.end(), [&](const auto& entry) {
+      return sequence_of(entry.second) == call.sequence && entry.second != mine;
+    });
+    if (complete && transport && lost.empty() && !other_call) {
+      if (start().empty()) complete = false;  // no closer has said yet that it timed out
+      for (int r : follow({}, nullptr)) {
+        const auto state = states.find(r);
+        if (waits.count(r) == 0 && state != states.end() &&
+            sequence_of(state->second) >= call.sequence) {
+          complete = false;
+        }
+      }
+    }
+    if (complete) break;
     if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(milliseconds(20));
   }
@@ -169,15 +299,16 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
   std::vector<int> at_fault = lost;
   std::string findings;
   // " (on 10.77.0.2)" for ranks that ran on other hosts than this rank (server_gone: unknown).
+  const std::string here = server_gone ? "" : host_of(me).value_or(store.local_address());
   const auto hosts_note = [&](const std::vector<int>& ranks) -> std::string {
     if (server_gone) return "";
     std::vector<std::string> hosts;
     for (int r : ranks) {
-      absl::StatusOr<std::string> host = store.get(host_key(r), milliseconds(100));
-      if (!host.ok()) return "";
+      const std::optional<std::string> host = host_of(r);
+      if (!host) return "";
       if (std::find(hosts.begin(), hosts.end(), *host) == hosts.end()) hosts.push_back(*host);
     }
-    if (hosts.size() == 1 && hosts[0] == store.local_address()) return "";
+    if (hosts.size() == 1 && hosts[0] == here) return "";
     return cat(" (on ", text::join(hosts, ", "), ")");
   };
   for (int r : lost) {
@@ -189,7 +320,7 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
   // fault (on a tie every differing rank is named, this one included). When a rank died, it is
   // the cause: the others may just have been at different points of asynchronous collectives
   // in flight (ZeRO's reduce-scatters overlapping backward), which is still worth reporting.
-  states[launch_.rank] = cat(call.sequence, "\t", call.describe());
+  states[me] = mine;
   std::map<std::string, int> votes;
   for (const auto& [r, state] : states) ++votes[state];
   auto majority = votes.begin();
@@ -202,11 +333,6 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
       tie = true;
     }
   }
-  const auto sequence_of = [](const std::string& state) {
-    uint64_t sequence = 0;
-    (void)absl::SimpleAtoi(to_absl(std::string_view(state).substr(0, state.find('\t'))), &sequence);
-    return sequence;
-  };
   const std::string& agreed = majority->first;
   const uint64_t agreed_sequence = sequence_of(agreed);
   if (votes.size() > 1) {
@@ -215,19 +341,15 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
   }
   std::vector<int> silent;
   for (int r = 0; r < world; ++r) {
-    if (states.count(r) == 0 && std::find(lost.begin(), lost.end(), r) == lost.end()) {
-      silent.push_back(r);
-    }
+    if (states.count(r) == 0 && !contains(lost, r)) silent.push_back(r);
   }
+  std::vector<int> out_of_step;  // ranks whose state differs from the majority's
   for (const auto& [r, state] : states) {
     if (votes.size() == 1 || (!tie && state == agreed)) continue;
     const std::string theirs = state.substr(state.find('\t') + 1);
     const uint64_t their_sequence = sequence_of(state);
-    const std::string who = cat(" Rank ", r, r == launch_.rank ? " (this rank)" : "");
-    // A rank that answered is at fault for being elsewhere only when no rank died and every
-    // rank answered: a silent rank (a machine or link gone, a process stuck) is the cause, and
-    // the others may just have been at different points of asynchronous collectives.
-    if (lost.empty() && silent.empty()) at_fault.push_back(r);
+    const std::string who = cat(" Rank ", r, r == me ? " (this rank)" : "");
+    out_of_step.push_back(r);
     if (their_sequence == agreed_sequence) {
       findings += cat(who, " issued ", theirs, ".");
     } else if (their_sequence < agreed_sequence) {
@@ -242,6 +364,74 @@ absl::Status JobMonitor::post_mortem(const CollectiveCall& call, std::string_vie
                     " did not answer (stuck outside strata, or their rendezvous connection "
                     "is down: a machine or the link to it may be gone).");
     if (lost.empty()) at_fault.insert(at_fault.end(), silent.begin(), silent.end());
+  }
+  // Against this rank's own call: a rank that issued another collective as its number is a
+  // program error (the majority above names it); one that never issued it holds it up.
+  bool other_call = false;
+  std::vector<int> behind;
+  for (const auto& [r, state] : states) {
+    if (sequence_of(state) < call.sequence) behind.push_back(r);
+    if (sequence_of(state) == call.sequence && state != mine) other_call = true;
+  }
+  const std::vector<int> first = start();
+  if (!first.empty() && lost.empty() && silent.empty() && !other_call) {
+    // Every rank answered and none issued another collective: the transport is the evidence.
+    // Ranks that had gone on are not at fault (collectives run asynchronously); the blame
+    // follows the waits to their ends: a rank that never issued this call, else a rank waited
+    // on that waits on nobody (or, on another host, on this rank); when the waits close on
+    // themselves, the ranks they reach on other hosts than this one.
+    if (wait) {
+      const bool send = wait->direction == TransportDirection::kSend;
+      findings +=
+          cat(" Rank ", me, " (this rank) timed out ", send ? "sending to" : "receiving from",
+              " rank(s) ", text::join(suspects, ", "), hosts_note(suspects),
+              send ? ": they, or the link to them, did not take the data."
+                   : ": nothing came from them, or over the link from them.");
+    } else {
+      findings += cat(" Rank(s) ", text::join(first, ", "), hosts_note(first),
+                      " closed their connections to this rank after timing out themselves.");
+    }
+    std::vector<int> ends;
+    const std::vector<int> reached = follow(behind, &ends);
+    for (int r : reached) {
+      const auto it = waits.find(r);
+      if (it != waits.end() && !it->second.empty()) {
+        findings += cat(" Rank ", r, " had timed out itself, waiting on rank(s) ",
+                        text::join(it->second, ", "), ".");
+      }
+    }
+    // Only ranks on other hosts are blamed on the transport's word (a machine or the link to
+    // it); within this host the ranks' states decide, as without it.
+    const auto remote = [&](const std::vector<int>& ranks) {
+      std::vector<int> there;
+      for (int r : ranks) {
+        const std::optional<std::string> host = host_of(r);
+        if (host && *host != here) there.push_back(r);
+      }
+      return there;
+    };
+    std::vector<int> behind_ends;
+    for (int r : ends) {
+      if (contains(behind, r)) behind_ends.push_back(r);
+    }
+    std::vector<int> blamed = remote(behind_ends);
+    if (blamed.empty()) blamed = remote(ends);
+    if (blamed.empty()) blamed = remote(reached);
+    std::sort(blamed.begin(), blamed.end());
+    if (!blamed.empty()) {
+      if (blamed != first) {
+        findings +=
+            cat(" The waits lead to rank(s) ", text::join(blamed, ", "), hosts_note(blamed), ".");
+      }
+      at_fault = blamed;
+    } else {
+      at_fault = out_of_step;
+    }
+  } else if (lost.empty() && silent.empty()) {
+    // A rank that answered is at fault for being elsewhere only when no rank died and every
+    // rank answered: a silent rank (a machine or link gone, a process stuck) is the cause, and
+    // the others may just have been at different points of asynchronous collectives.
+    at_fault.insert(at_fault.end(), out_of_step.begin(), out_of_step.end());
   }
   std::sort(at_fault.begin(), at_fault.end());
   if (!at_fault.empty()) {

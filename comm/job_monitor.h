@@ -4,7 +4,9 @@
 // fault. Backend-neutral: Gloo and NCCL communicators both own one.
 //
 // Store keys: strata/abort (set by the first rank that fails), strata/state/<rank> (what each
-// rank had issued when it learned of the failure), strata/left (ranks that left cleanly).
+// rank had issued when it learned of the failure), strata/waiting/<rank> (the peers a failing
+// rank's timed-out send or receive waited on), strata/host/<rank>, strata/left (ranks that left
+// cleanly).
 #pragma once
 
 #include <absl/status/status.h>
@@ -42,7 +44,11 @@ class JobMonitor {
   void issued(const CollectiveCall& call);
 
   // A collective failed on this rank with `local` (the engine's words): tells the other ranks,
-  // gathers what they had issued (a bounded wait), and returns the error for the user.
+  // gathers what they had issued (a bounded wait), and returns the error for the user. A rank
+  // that died, then ranks that did not answer, are at fault; when every rank answered, a Gloo
+  // send or receive that timed out (gloo_peers.h) is pinned on the peer it waited on, followed
+  // through peers that timed out in turn, where that leads to other hosts; otherwise the ranks
+  // out of step are.
   absl::Status post_mortem(const CollectiveCall& call, std::string_view local);
 
  private:
