@@ -23,6 +23,13 @@ namespace {
 
 std::string node_key(int node) { return absl::StrFormat("strata-run/node/%d", node); }
 constexpr const char* kRanksPortKey = "strata-run/ranks-port";
+// Set by each node once it read the agreement: all of them set, the job's ranks run.
+std::string read_key(int node) { return absl::StrFormat("strata-run/read/%d", node); }
+std::vector<std::string> read_keys(int nnodes) {
+  std::vector<std::string> keys;
+  for (int n = 0; n < nnodes; ++n) keys.push_back(read_key(n));
+  return keys;
+}
 
 // A free port of `addr`: bind port 0, read what the kernel chose, close (as for -n alone).
 absl::StatusOr<int> free_port_of(const std::string& addr) {
@@ -110,11 +117,24 @@ absl::StatusOr<NodeAgreement> agree_with_nodes(const NodeOptions& o) {
   }
   if (*claims > 1) {
     absl::StatusOr<std::string> other = s.get(node_key(o.node_rank));
+    const std::string address = other.ok() ? other->substr(other->find(' ') + 1) : "";
+    // Every node read the agreement: the ranks run. The claim is then most likely a node whose
+    // strata-run or machine died and was started again, which cannot join (no elastic restart).
+    absl::StatusOr<bool> running = s.check(read_keys(o.nnodes));
+    if (running.ok() && *running) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: the job whose nodes met at %s is already running with node %d%s: a node cannot "
+          "rejoin a running job (strata has no elastic restart). If node %d's strata-run or "
+          "machine failed, the other nodes end the job with an error within STRATA_COMM_TIMEOUT; "
+          "then restart every node's strata-run, loading the last checkpoint (resharding allows "
+          "fewer nodes)",
+          who(o), where, o.node_rank,
+          address.empty() ? "" : absl::StrFormat(" (which joined from %s)", address), o.node_rank));
+    }
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s: another strata-run already joined the nodes' rendezvous at %s as --node-rank=%d%s: "
         "give each machine its own --node-rank, from 0 to %d",
-        who(o), where, o.node_rank,
-        other.ok() ? absl::StrFormat(" (from %s)", other->substr(other->find(' ') + 1)) : "",
+        who(o), where, o.node_rank, address.empty() ? "" : absl::StrFormat(" (from %s)", address),
         o.nnodes - 1));
   }
   const std::string mine = absl::StrFormat("%d %s", o.nproc, s.local_address());
@@ -171,15 +191,13 @@ absl::StatusOr<NodeAgreement> agree_with_nodes(const NodeOptions& o) {
   agreement.ranks_port = ranks_port;
   // Every node has read what it needs: node 0's store may go (it waits, bounded, so that a node
   // that is still reading sees the disagreement too, not a lost rendezvous).
-  if (absl::Status st = s.set(absl::StrFormat("strata-run/read/%d", o.node_rank), "");
-      !st.ok() && o.node_rank != 0) {
+  if (absl::Status st = s.set(read_key(o.node_rank), ""); !st.ok() && o.node_rank != 0) {
     return absl::UnavailableError(
         absl::StrFormat("%s: the nodes' rendezvous at %s failed: %s", who(o), where, st.message()));
   }
   if (o.node_rank == 0) {
-    std::vector<std::string> read;
-    for (int n = 0; n < o.nnodes; ++n) read.push_back(absl::StrFormat("strata-run/read/%d", n));
-    (void)s.wait(read, o.timeout);  // a node lost now fails on its own, with its ranks
+    // A node lost now fails on its own, with its ranks.
+    (void)s.wait(read_keys(o.nnodes), o.timeout);
   }
   for (int n = 0; n < o.nnodes; ++n) {
     if (counts[static_cast<size_t>(n)] == counts[0]) continue;

@@ -39,7 +39,10 @@ struct NodeAgreement {
 
 // Meets the other nodes' launchers. Errors (FailedPrecondition, naming this node, the address
 // and the fix): node 0 cannot serve --master-addr:--port; this node cannot reach it within
-// `timeout`; nodes that did not come within `timeout`; nodes whose -n differs.
+// `timeout`; nodes that did not come within `timeout`; nodes whose -n differs; a --node-rank
+// another launcher already claimed — at once, and, when the job already runs (a node restarted
+// after a crash), saying that a node cannot rejoin and that every node restarts from the last
+// checkpoint.
 absl::StatusOr<NodeAgreement> agree_with_nodes(const NodeOptions& options);
 
 // "STRATA_COMM_TIMEOUT" from the environment (default 5 min), or an error naming its value.
