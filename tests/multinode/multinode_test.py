@@ -8,10 +8,12 @@ its own network namespace with its own address and NVMe directory.
       prints PASS.
   multinode_test.py fault KIND --strata-run=P --zero-rank=P
       2 nodes x 2 ranks train (zero_rank save-then-train), save a checkpoint, and keep training;
-      then node 1 suffers KIND (link-down, kill, drop, slow). Node 0's launcher must exit non-zero
-      within STRATA_COMM_TIMEOUT (plus a margin) with the Communicator's error naming the
-      operation and the rank(s) at fault, no process may be left in any namespace, and the
-      checkpoint must load, bitwise equal, on the surviving node's 2 ranks.
+      then node 1 suffers KIND (link-down, kill, drop, slow; restart: killed, and its strata-run
+      started again with the same --node-rank, which must be refused at once with what to do).
+      Node 0's launcher must exit non-zero within STRATA_COMM_TIMEOUT (plus a margin) with the
+      Communicator's error naming the operation and the rank(s) at fault, no process may be left
+      in any namespace, and the checkpoint must load, bitwise equal, on the surviving node's 2
+      ranks.
   multinode_test.py hpz --strata-run=P --trainer=P
       ZeRO stage 3 over 2 nodes x 2 ranks without and with hpZ (cpp_trainer --hpz: nodes of
       LOCAL_WORLD_SIZE ranks): the same losses and weights bit for bit; with hpZ the gathers
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -58,14 +61,15 @@ def fail(message, outputs=()):
     sys.exit(1)
 
 
+def node_argv(c, k, run, program, local=LOCAL, extra=()):
+    """Node k's strata-run command line."""
+    return [run, f"--nnodes={c.n}", f"--node-rank={k}", f"--master-addr={c.addr(0)}",
+            f"--port={PORT}", f"-n{local}", *extra, *program]
+
+
 def launch(c, run, program, env, local=LOCAL, extra=()):
     """One strata-run per node; returns the processes."""
-    procs = []
-    for k in range(c.n):
-        argv = [run, f"--nnodes={c.n}", f"--node-rank={k}", f"--master-addr={c.addr(0)}",
-                f"--port={PORT}", f"-n{local}", *extra, *program]
-        procs.append(c.start(k, argv, env=env))
-    return procs
+    return [c.start(k, node_argv(c, k, run, program, local, extra), env=env) for k in range(c.n)]
 
 
 def finish(procs, limit, since=None):
@@ -118,32 +122,32 @@ def case_zero(c, args):
               f"({time.monotonic() - began:.1f} s)")
 
 
-def case_fault(c, args):
-    kind = args.what
+def start_checkpointed(c, args, env):
+    """The fault cases' job: 2 nodes x 2 ranks train (zero_rank save-then-train), save a
+    checkpoint and keep training; returns (processes, checkpoint) once it is saved."""
     ckpt = os.path.join(c.nvme[0], "ckpt")
-    env = base_env({"STRATA_COMM_TIMEOUT": f"{TIMEOUT_S}s"})
     procs = launch(c, args.strata_run, [args.zero_rank, "save-then-train", ckpt, "100000"], env,
                    extra=["--tag-output"])
-    # The checkpoint is written, training goes on: then the fault.
     deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(ckpt, "expected.bin")):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
             fail("the job did not save its checkpoint", [(f"node {k}", p.communicate()[0])
                                                          for k, p in enumerate(procs)])
         time.sleep(0.05)
-    time.sleep(0.3)
-    injected = time.monotonic()
-    {"link-down": lambda: c.link_down(1), "kill": lambda: c.kill(1), "drop": lambda: c.drop(1),
-     "slow": lambda: c.rate(1, "4kbit", burst="2kb")}[kind]()
-    results = finish(procs, TIMEOUT_S * 4 + 15, since=injected)
+    return procs, ckpt
+
+
+def check_fault_end(c, kind, results):
+    """Node 0's launcher failed with the Communicator's error naming the operation and node 1's
+    ranks at fault with their host, and nothing is left: returns that error."""
     outs = [(f"node {k}", out) for k, (_, out, _) in enumerate(results)]
     for k, (rc, _, _) in enumerate(results):
         if rc is None:
             fail(f"{kind}: node {k}'s strata-run did not end within {TIMEOUT_S * 4 + 15} s", outs)
-    rc0, out0, took = results[0]
+    rc0, out0, _ = results[0]
     if rc0 == 0:
         fail(f"{kind}: node 0's strata-run exited 0", outs)
-    if kind != "kill" and results[1][0] == 0:
+    if kind not in ("kill", "restart") and results[1][0] == 0:
         fail(f"{kind}: node 1's strata-run exited 0", outs)
     # The Communicator's error: the operation and the rank(s) or node at fault.
     # The rank whose failure stopped node 0 (strata-run names it): its error is the job's.
@@ -166,10 +170,11 @@ def case_fault(c, args):
     # The killed node has nothing left; the others must have stopped too.
     if left:
         fail(f"{kind}: processes left after the job: {left}", outs)
-    print(f"{kind}: node 0's strata-run exited {rc0} {took:.1f} s after the fault, node 1's "
-          f"{results[1][0]} after {results[1][2]:.1f} s (STRATA_COMM_TIMEOUT={TIMEOUT_S}s): "
-          f"{message}")
-    # The last checkpoint loads on the survivors' world size (node 0's 2 ranks), bitwise.
+    return message
+
+
+def check_loads_on_survivors(c, args, kind, ckpt):
+    """The last checkpoint loads on the survivors' world size (node 0's 2 ranks), bitwise."""
     env = base_env({})
     p = c.start(0, [args.strata_run, "-n", str(LOCAL), "--master-addr", c.addr(0),
                     "--tag-output", args.zero_rank, "load-check", ckpt], env=env)
@@ -177,6 +182,82 @@ def case_fault(c, args):
     if rc != 0:
         fail(f"{kind}: the checkpoint did not load on {LOCAL} ranks", [("load", out)])
     print(f"{kind}: the checkpoint of 4 ranks loaded on the surviving {LOCAL}, bitwise equal")
+
+
+def case_fault(c, args):
+    kind = args.what
+    if kind == "restart":
+        return case_restart(c, args)
+    env = base_env({"STRATA_COMM_TIMEOUT": f"{TIMEOUT_S}s"})
+    procs, ckpt = start_checkpointed(c, args, env)
+    # The checkpoint is written, training goes on: then the fault.
+    time.sleep(0.3)
+    injected = time.monotonic()
+    {"link-down": lambda: c.link_down(1), "kill": lambda: c.kill(1), "drop": lambda: c.drop(1),
+     "slow": lambda: c.rate(1, "4kbit", burst="2kb")}[kind]()
+    results = finish(procs, TIMEOUT_S * 4 + 15, since=injected)
+    message = check_fault_end(c, kind, results)
+    print(f"{kind}: node 0's strata-run exited {results[0][0]} {results[0][2]:.1f} s after the "
+          f"fault, node 1's {results[1][0]} after {results[1][2]:.1f} s "
+          f"(STRATA_COMM_TIMEOUT={TIMEOUT_S}s): {message}")
+    check_loads_on_survivors(c, args, kind, ckpt)
+
+
+def case_restart(c, args):
+    """Node 1 dies (killed) and its strata-run is started again with the same --node-rank while
+    node 0's job still runs: the new launcher is refused at once (a node cannot rejoin a running
+    job), node 0's job ends as on a kill, and the checkpoint loads on the survivors.
+
+    Node 0's ranks are stopped (SIGSTOP) from just before the kill until the new launcher has
+    exited: the kill's connection resets would otherwise end node 0's job within 0.1 s, before a
+    new launcher could reach its rendezvous. (On a cluster, a restarted machine comes back while
+    the others still run or wait out STRATA_COMM_TIMEOUT.) Node 0's launcher, which serves the
+    nodes' rendezvous, runs on."""
+    kind = "restart"
+    env = base_env({"STRATA_COMM_TIMEOUT": f"{TIMEOUT_S}s"})
+    procs, ckpt = start_checkpointed(c, args, env)
+    time.sleep(0.3)
+    launcher0 = procs[0].pid
+    if launcher0 not in c.pids(0):
+        fail(f"{kind}: node 0's strata-run (pid {launcher0}) is not in its namespace")
+    ranks0 = [pid for pid in c.pids(0) if pid != launcher0]
+    for pid in ranks0:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        injected = time.monotonic()
+        c.kill(1)
+        # The same command as node 1's first launcher; a long STRATA_COMM_TIMEOUT, so that a
+        # launcher that waited instead of being refused would show as not ended within 30 s.
+        again = c.start(1, node_argv(c, 1, args.strata_run,
+                                     [args.zero_rank, "save-then-train", ckpt, "100000"],
+                                     extra=["--tag-output"]),
+                        env=dict(env, STRATA_COMM_TIMEOUT="60s"))
+        (rc, out, took), = finish([again], 30)
+    finally:
+        for pid in ranks0:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    refused = re.search(
+        rf"^strata-run: node 1 of 2: the job whose nodes met at {re.escape(c.addr(0))}:{PORT} is "
+        rf"already running with node 1 \(which joined from {re.escape(c.addr(1))}\): a node "
+        rf"cannot rejoin a running job \(strata has no elastic restart\)\. .*restart every "
+        rf"node's strata-run, loading the last checkpoint \(resharding allows fewer nodes\)$",
+        out, re.M)
+    if rc is None or rc == 0 or not refused or "[rank " in out:
+        procs_out = [(f"node {k}", p.communicate()[0]) if p.poll() is not None else
+                     (f"node {k}", "(running)") for k, p in enumerate(procs)]
+        fail(f"{kind}: node 1's new strata-run exited {rc} (None: not within 30 s); it must "
+             f"exit non-zero at once, start no rank, and say that the node cannot rejoin",
+             [("node 1 again", out), *procs_out])
+    results = finish(procs, TIMEOUT_S * 4 + 15, since=injected)
+    message = check_fault_end(c, kind, results)
+    print(f"{kind}: node 1's new strata-run exited {rc} after {took:.2f} s: "
+          f"{refused.group(0)[len('strata-run: '):]}")
+    print(f"{kind}: node 0's strata-run exited {results[0][0]} {results[0][2]:.1f} s after the "
+          f"kill (STRATA_COMM_TIMEOUT={TIMEOUT_S}s): {message}")
+    check_loads_on_survivors(c, args, kind, ckpt)
 
 
 def link_bytes(c, k):
