@@ -25,7 +25,13 @@ using TensorId = uint32_t;
 struct Access {
   TensorId tensor = 0;
   TierKind tier = TierKind::kGpu;
-  friend bool operator==(const Access&, const Access&) = default;
+  // The acquire writes every byte before reading any (AccessMode::kOverwrite): a prefetch has
+  // no bytes to bring. Not part of the access's identity: matching, leads and next uses compare
+  // tensor and tier only, and a matched acquire updates its trace entry's flag.
+  bool overwrite = false;
+  friend bool operator==(const Access& a, const Access& b) {
+    return a.tensor == b.tensor && a.tier == b.tier;
+  }
 };
 
 // One upcoming access that is due for a prefetch.
