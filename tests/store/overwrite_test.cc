@@ -3,6 +3,7 @@
 // and safe beside moves of the same tensor still in flight (held at a HostCopyGate). Counts and
 // contents are asserted, never times.
 #include <absl/synchronization/notification.h>
+#include <absl/time/clock.h>
 
 #include <atomic>
 #include <cstring>
@@ -96,6 +97,17 @@ TEST_CASE("A never-written tensor's overwrite makes its copy without a source",
   CHECK(f.holds(*t, 64 * kKiB, 5, kCpu));
 }
 
+// Waits until the store has issued a prefetch since `before`; false (and the test fails) if none
+// comes for a long while, rather than hanging.
+bool prefetch_issued(TensorStore& store, const StoreStats& before) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (store.stats().prefetches_issued == before.prefetches_issued) {
+    if (absl::Now() > give_up) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 TEST_CASE("The scheduler never prefetches an overwrite", "[store][overwrite][scheduler]") {
   auto device = testing::host_device();
   StoreSetup setup;
@@ -118,7 +130,7 @@ TEST_CASE("The scheduler never prefetches an overwrite", "[store][overwrite][sch
               .set_access_plan(
                   {{*grad, kGpu, AccessMode::kOverwrite}, {*weight, kGpu, AccessMode::kRead}})
               .ok());
-  while (store.stats().prefetches_issued == before.prefetches_issued) std::this_thread::yield();
+  REQUIRE(prefetch_issued(store, before));
   CHECK(f.holds(*weight, bytes, 2));  // waits for its prefetch if it is still landing
   const StoreStats after = store.stats();
   CHECK(after.prefetches_issued == before.prefetches_issued + 1);
@@ -130,23 +142,31 @@ TEST_CASE("The scheduler never prefetches an overwrite", "[store][overwrite][sch
 
   // A trace learned from the acquires themselves carries the mode too.
   REQUIRE(store.set_access_order({}).ok());
-  REQUIRE(store.evict(*grad, kGpu).ok());
-  REQUIRE(store.evict(*weight, kGpu).ok());
+  for (TensorHandle t : {*grad, *weight}) {
+    REQUIRE(store.evict(t, kGpu).ok());
+    REQUIRE(store.wait_evicted(t, kGpu).ok());
+  }
   store.step_begin();
   f.write(*grad, bytes, 4, kGpu, AccessMode::kOverwrite);
   CHECK(f.holds(*weight, bytes, 2));
   store.step_end();
-  REQUIRE(store.evict(*grad, kGpu).ok());
-  REQUIRE(store.evict(*weight, kGpu).ok());
+  for (TensorHandle t : {*grad, *weight}) {
+    REQUIRE(store.evict(t, kGpu).ok());
+    REQUIRE(store.wait_evicted(t, kGpu).ok());  // gone, not still held by its device work
+  }
   const StoreStats learned = store.stats();
   store.step_begin();  // plans the next step's first accesses: the overwrite and the weight
-  while (store.stats().prefetches_issued == learned.prefetches_issued) std::this_thread::yield();
+  INFO("learned trace: " << store.stats().schedule.trace_length << " entries");
+  REQUIRE(prefetch_issued(store, learned));
   CHECK(f.holds(*weight, bytes, 2));
   CHECK(store.stats().prefetches_issued == learned.prefetches_issued + 1);
   CHECK(store.stats().moves[at(kCpu)][at(kGpu)].moves ==
         learned.moves[at(kCpu)][at(kGpu)].moves + 1);
   f.write(*grad, bytes, 5, kGpu, AccessMode::kOverwrite);
   store.step_end();
+  CHECK(store.stats().overwrites == learned.overwrites + 1);  // not prefetched: made here
+  CHECK(store.stats().moves[at(kCpu)][at(kGpu)].moves ==
+        learned.moves[at(kCpu)][at(kGpu)].moves + 1);
   CHECK(f.holds(*grad, bytes, 5, kCpu));
   CHECK(store.stats().errors == 0);
 }
