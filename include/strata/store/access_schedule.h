@@ -89,7 +89,8 @@ class AccessSchedule {
   // entry when it matches, else to the nearest matching entry within realign_window (ahead
   // preferred on ties, wrapping across the step boundary), else the position stays and the
   // access counts as unknown. A jump ahead passes the skipped entries' positions too; a jump
-  // back still advances by one, so position() never decreases.
+  // back still advances by one, so position() never decreases. A matched entry takes the
+  // acquire's `overwrite` flag (what due() and upcoming() report for it from then on).
   void on_acquire(Access access);
   // The acquire found its prefetch not yet landed (or not issued): fetch it earlier next step.
   // Report it after on_acquire of the same access (just before it is accepted too). The lead is
