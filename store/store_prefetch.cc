@@ -132,6 +132,10 @@ void Impl::run_worker() {
     const absl::Status status = make_resident(t, tier, beyond, &waited, /*arrive=*/false);
     if (status.ok()) {
       t.copies[tier_index(tier)].prefetching = false;
+      // LRU: a prefetched copy enters as the most recently used, not at its last acquire's age:
+      // else an acquire that needs room (an overwrite's, which no prefetch made room for) evicts
+      // the copies just fetched for the next accesses first.
+      t.last_use = ++tick;
       // Awaiting its use (or still landing); an acquire that waited for it counts the use (and
       // the lateness).
       if (c.pins == 0) c.prefetched = true;

@@ -80,7 +80,7 @@ struct TensorStore::Impl {
     std::array<Copy, 3> copies;
     std::vector<std::pair<TierKind, AccessMode>> acquired;  // unreleased acquires, newest last
     uint32_t operations = 0;  // operations in progress that hold a pointer to it
-    uint64_t last_use = 0;    // recency tick, for LRU
+    uint64_t last_use = 0;    // recency tick, for LRU: its last acquire or prefetch
     uint64_t version = 0;     // bumped by every write acquire: a move that started
                               // before it carries older bytes and must not count
   };

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -169,6 +170,39 @@ TEST_CASE("The scheduler never prefetches an overwrite", "[store][overwrite][sch
         learned.moves[at(kCpu)][at(kGpu)].moves + 1);
   CHECK(f.holds(*grad, bytes, 5, kCpu));
   CHECK(store.stats().errors == 0);
+}
+
+TEST_CASE("LRU keeps a prefetched copy over older ones when an acquire needs room",
+          "[store][overwrite][scheduler]") {
+  // An overwrite makes its room when acquired (no prefetch made it): LRU must not evict the
+  // copies just prefetched for the next accesses, whose last acquire may be old.
+  auto device = testing::host_device();
+  StoreSetup setup;
+  setup.nvme = false;
+  setup.options.belady = false;
+  Fixture f(*device, setup);
+  TensorStore& store = f.store();
+  const uint64_t bytes = 3 * testing::kMiB / 2;  // two fit in the 4 MiB GPU tier, not three
+  std::vector<TensorHandle> t;
+  for (int i = 0; i < 4; ++i) {
+    auto h = store.create("t" + std::to_string(i), bytes, kCpu);
+    REQUIRE(h.ok());
+    f.write(*h, bytes, 10 + i, kCpu);  // the prefetched one (2) is last acquired here, early
+    t.push_back(*h);
+  }
+  CHECK(f.holds(t[0], bytes, 10));
+  CHECK(f.holds(t[1], bytes, 11));
+  const StoreStats before = store.stats();
+  REQUIRE(store.prefetch(t[2], kGpu).ok());  // room: t0 goes (least recently used)
+  while (store.stats().moves[at(kCpu)][at(kGpu)].moves == before.moves[at(kCpu)][at(kGpu)].moves) {
+    std::this_thread::yield();
+  }
+  f.write(t[3], bytes, 13, kGpu, AccessMode::kOverwrite);  // room: t1 goes, not the prefetched t2
+  const StoreStats landed = store.stats();
+  CHECK(f.holds(t[2], bytes, 12));
+  CHECK(store.stats().moves[at(kCpu)][at(kGpu)].moves ==
+        landed.moves[at(kCpu)][at(kGpu)].moves);  // a hit: still there
+  CHECK(store.stats().prefetches_used == before.prefetches_used + 1);
 }
 
 // Runs an overwrite of `t` in `tier` (seed's pattern, every byte) on its own thread, while the
