@@ -172,7 +172,7 @@ TEST_CASE("The scheduler never prefetches an overwrite", "[store][overwrite][sch
   CHECK(store.stats().errors == 0);
 }
 
-TEST_CASE("LRU keeps a prefetched copy over older ones when an acquire needs room",
+TEST_CASE("LRU keeps a prefetched copy, not yet used, when an acquire needs room",
           "[store][overwrite][scheduler]") {
   // An overwrite makes its room when acquired (no prefetch made it): LRU must not evict the
   // copies just prefetched for the next accesses, whose last acquire may be old.
@@ -197,6 +197,7 @@ TEST_CASE("LRU keeps a prefetched copy over older ones when an acquire needs roo
   while (store.stats().moves[at(kCpu)][at(kGpu)].moves == before.moves[at(kCpu)][at(kGpu)].moves) {
     std::this_thread::yield();
   }
+  CHECK(f.holds(t[1], bytes, 11));  // used after the prefetch: the prefetched t2 is older still
   f.write(t[3], bytes, 13, kGpu, AccessMode::kOverwrite);  // room: t1 goes, not the prefetched t2
   const StoreStats landed = store.stats();
   CHECK(f.holds(t[2], bytes, 12));
