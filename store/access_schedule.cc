@@ -209,6 +209,7 @@ void AccessSchedule::on_acquire(Access access) {
   }
   // Skipped entries count as passed; a jump back still moves forward, by this one acquire.
   s.position += match->ahead ? match->offset + 1 : 1;
+  s.trace[match->index].overwrite = access.overwrite;  // the latest acquire's mode
   s.last = match->index;
   s.cursor = (match->index + 1) % s.trace.size();
 }

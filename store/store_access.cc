@@ -2,6 +2,8 @@
 #include <absl/strings/str_format.h>
 #include <absl/time/clock.h>
 
+#include <array>
+
 #include "tensor_store_impl.h"
 
 namespace strata {
@@ -22,18 +24,20 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   Impl::Tensor& t = **found;
   OperationGuard guard(s, t);
   const uint64_t k = Impl::key(handle.index, tier);
-  const Access access{handle.index, tier};
+  const bool overwrite = mode == AccessMode::kOverwrite;
+  const Access access{handle.index, tier, overwrite};
   if (t.scheduled) s.schedule.on_acquire(access);
   ++s.counters.acquires;
   t.last_use = ++s.tick;
 
-  // A prefetch of this copy that has not started yet is late: do it here, now.
+  // A prefetch of this copy that has not started yet is late: do it here, now (an overwrite
+  // needs none: it is dropped, not late).
   bool late = false;
   if (s.queued.erase(k) > 0) {
     std::erase_if(s.prefetch_queue,
                   [&](const auto& q) { return q.first.index == handle.index && q.second == tier; });
     s.prefetch_limit.erase(k);
-    late = true;
+    late = !overwrite;
   }
   Impl::Copy& c = t.copies[tier_index(tier)];
   const bool was_hit = c.present && c.valid && !c.moving;
@@ -43,24 +47,33 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   // landing), the next accesses' prefetches start first: the drives then never drain between
   // one tensor and the next. Otherwise they start after its move is issued, so that copies reach
   // a link in the order they are needed.
-  const bool plan_first = s.options.prefetch && (c.moving || s.only_on_nvme(t, tier));
+  const bool plan_first =
+      s.options.prefetch && (c.moving || (!overwrite && s.only_on_nvme(t, tier)));
   if (plan_first) s.plan_prefetches();
   bool waited = false;
+  // kOverwrite: set when the copy was made without its bytes (it held garbage until the caller
+  // writes), with which copies were valid before, to restore should this acquire fail.
+  bool unfetched = false;
+  std::array<bool, 3> valid_before{};
   for (;;) {
-    if (auto status = s.make_resident(t, tier, std::nullopt, &waited); !status.ok()) {
+    if (auto status = s.make_resident(t, tier, std::nullopt, &waited, /*arrive=*/true,
+                                      overwrite ? &unfetched : nullptr);
+        !status.ok()) {
       return status;
     }
     // A write must not change bytes a move is still copying out: wait for host-side ones (a
     // write-back to NVMe) and for device ones until their event is in the busy list (the caller's
-    // work is then ordered after it); then make sure the copy is still here and valid.
-    if (mode != AccessMode::kWrite || c.readers == 0) break;
+    // work is then ordered after it); then make sure the copy is still here and valid. (A copy
+    // made without its bytes has no readers: make_resident checked, with the lock held since.)
+    if (!is_write(mode) || c.readers == 0) break;
     waited = true;
     const absl::Time w = absl::Now();
     wait(&s.changed, &s.mu);
     s.trace_wait("readers of the copy", t, 0, w);
   }
-  if (was_hit) {
+  if (was_hit || unfetched) {
     ++s.counters.hits;
+    if (unfetched) ++s.counters.overwrites;
   } else {
     ++s.counters.misses;
   }
@@ -68,6 +81,10 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   // caller's stream will wait for it, so it is late as well.
   for (size_t i = 0; c.prefetched && !late && i < c.busy.size(); ++i) {
     late = !s.device.query(*c.busy[i].event).value_or(true);
+  }
+  if (unfetched && c.prefetched) {  // a stale prefetch the overwrite took the place of
+    ++s.counters.prefetches_wasted;
+    c.prefetched = false;
   }
   if (c.prefetched) {
     ++s.counters.prefetches_used;
@@ -78,13 +95,14 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
     if (t.scheduled) s.schedule.on_late(access);
   }
   ++c.pins;
-  if (mode == AccessMode::kWrite) ++c.writers;
+  if (is_write(mode)) ++c.writers;
   s.update_pin(t, tier);
   t.acquired.emplace_back(tier, mode);
-  if (mode == AccessMode::kWrite) {
+  if (is_write(mode)) {
     ++t.version;
     for (TierKind other : kTiers) {
       Impl::Copy& o = t.copies[tier_index(other)];
+      valid_before[tier_index(other)] = o.present && o.valid;
       if (other == tier || !o.present) continue;
       if (o.prefetched) ++s.counters.prefetches_wasted;
       o.valid = false;
@@ -111,7 +129,16 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   if (!status.ok()) {
     t.acquired.pop_back();
     --c.pins;
-    if (mode == AccessMode::kWrite) --c.writers;
+    if (is_write(mode)) --c.writers;
+    if (unfetched) {
+      // The copy holds no bytes of the tensor: the copies that held the newest ones before
+      // (nothing has read or replaced them while this copy had a writer) are the newest again.
+      c.valid = false;
+      for (TierKind other : kTiers) {
+        Impl::Copy& o = t.copies[tier_index(other)];
+        if (other != tier && o.present && valid_before[tier_index(other)]) o.valid = true;
+      }
+    }
     s.update_pin(t, tier);
     s.changed.SignalAll();
     return status;
@@ -145,7 +172,7 @@ absl::Status TensorStore::release(TensorHandle handle, Stream& stream) {
   }
   t.acquired.pop_back();
   --c.pins;
-  if (mode == AccessMode::kWrite) --c.writers;
+  if (is_write(mode)) --c.writers;
   s.watched_in(tier).insert(Impl::key(handle.index, tier));
   s.update_pin(t, tier);
   s.changed.SignalAll();
@@ -222,15 +249,22 @@ void TensorStore::step_end() {
 
 absl::Status TensorStore::set_access_order(
     const std::vector<std::pair<TensorHandle, TierKind>>& order) {
+  std::vector<OrderedAccess> plan;
+  plan.reserve(order.size());
+  for (const auto& [handle, tier] : order) plan.push_back(OrderedAccess{handle, tier});
+  return set_access_plan(plan);
+}
+
+absl::Status TensorStore::set_access_plan(const std::vector<OrderedAccess>& order) {
   Impl& s = *impl_;
   MutexLock lock(&s.mu);
   std::vector<Access> accesses;
-  for (const auto& [handle, tier] : order) {
+  for (const auto& [handle, tier, mode] : order) {
     if (auto found = s.live(handle); !found.ok()) return found.status();
     if (tier == TierKind::kNvme) {
       return absl::InvalidArgumentError("the access order names gpu or cpu acquires only");
     }
-    accesses.push_back(Access{handle.index, tier});
+    accesses.push_back(Access{handle.index, tier, mode == AccessMode::kOverwrite});
   }
   s.schedule.set_order(std::move(accesses));
   // Prefetches planned from the old order and not started are for accesses that may not come.

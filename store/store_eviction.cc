@@ -5,6 +5,8 @@
 #include <absl/strings/str_format.h>
 #include <absl/time/clock.h>
 
+#include <algorithm>
+
 #include "strata/base/format_bytes.h"
 #include "strata/base/log.h"
 #include "tensor_store_impl.h"
@@ -51,11 +53,19 @@ Impl::Tensor* Impl::choose_victim(const Tensor& keep, TierKind tier,
   if (options.belady && schedule.has_trace()) {
     return tensors[schedule.choose_victim(candidates)].get();
   }
-  TensorId oldest = candidates.front();
+  // LRU: copies prefetched and not yet used go last. They were fetched for the next accesses;
+  // an acquire that makes its own room (an overwrite, which no prefetch made room for) would
+  // otherwise evict them before their use, their last acquire being a step old.
+  const auto unused_prefetch = [&](TensorId id) {
+    return tensors[id]->copies[tier_index(tier)].prefetched;
+  };
+  const bool any_used = !std::all_of(candidates.begin(), candidates.end(), unused_prefetch);
+  std::optional<TensorId> oldest;
   for (TensorId id : candidates) {
-    if (tensors[id]->last_use < tensors[oldest]->last_use) oldest = id;
+    if (any_used && unused_prefetch(id)) continue;
+    if (!oldest.has_value() || tensors[id]->last_use < tensors[*oldest]->last_use) oldest = id;
   }
-  return tensors[oldest].get();
+  return tensors[*oldest].get();
 }
 
 void Impl::drop_copy(Tensor& t, TierKind tier) {

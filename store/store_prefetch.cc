@@ -1,9 +1,10 @@
 // Background movers for TensorStore: explicit prefetch() calls and the scheduler's plan.
 //
 // After every acquire the store asks the schedule which upcoming accesses are due and queues
-// them in order. A worker makes each copy resident, evicting only copies whose next use comes
-// later than the prefetched access's (Belady-consistent), so prefetching is bounded by bytes:
-// when the next due tensor does not fit, it and everything after it wait for a later round.
+// them in order, all but overwrites (AccessMode::kOverwrite), which need no bytes. A worker makes
+// each copy resident, evicting only copies whose next use comes later than the prefetched access's
+// (Belady-consistent), so prefetching is bounded by bytes: when the next due tensor does not fit,
+// it and everything after it wait for a later round.
 #include <absl/strings/str_format.h>
 
 #include "strata/base/log.h"
@@ -71,7 +72,9 @@ void Impl::plan_prefetches() {
       if (id >= tensors.size() || !tensors[id]->live) continue;
       bytes += tensors[id]->bytes;
       if (bytes > window) break;
-      if (only_on_nvme(*tensors[id], next[i].access.tier)) furthest = i + 1;
+      if (!next[i].access.overwrite && only_on_nvme(*tensors[id], next[i].access.tier)) {
+        furthest = i + 1;
+      }
     }
     if (furthest > plan.size()) {
       next.resize(furthest);
@@ -80,6 +83,8 @@ void Impl::plan_prefetches() {
   }
   for (const DueAccess& due : plan) {
     const TensorId id = due.access.tensor;
+    // An overwrite needs no bytes: its acquire makes the copy (and the room) itself.
+    if (due.access.overwrite) continue;
     if (id >= tensors.size() || !tensors[id]->live) continue;
     const Tensor& t = *tensors[id];
     const Copy& c = t.copies[tier_index(due.access.tier)];
@@ -127,6 +132,10 @@ void Impl::run_worker() {
     const absl::Status status = make_resident(t, tier, beyond, &waited, /*arrive=*/false);
     if (status.ok()) {
       t.copies[tier_index(tier)].prefetching = false;
+      // LRU: a prefetched copy enters as the most recently used, not at its last acquire's age:
+      // else an acquire that needs room (an overwrite's, which no prefetch made room for) evicts
+      // the copies just fetched for the next accesses first.
+      t.last_use = ++tick;
       // Awaiting its use (or still landing); an acquire that waited for it counts the use (and
       // the lateness).
       if (c.pins == 0) c.prefetched = true;

@@ -119,7 +119,7 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::write_back(Tensor& t, Tier
 // Makes the copy in `tier` valid. Waits for moves in flight; sets *waited when it had to wait
 // for or perform a move. With `arrive` false, a move it starts is not waited for.
 absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_t> evict_beyond,
-                                 bool* waited, bool arrive) {
+                                 bool* waited, bool arrive, bool* unfetched) {
   for (;;) {
     Copy& c = t.copies[tier_index(tier)];
     if (c.moving) {
@@ -129,6 +129,41 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
     }
     if (c.present && c.valid) {
       cancel_eviction(t, tier);  // wanted again
+      return absl::OkStatus();
+    }
+    if (unfetched != nullptr) {
+      // kOverwrite: no bytes are needed, but the tensor must be still. A move of it in flight
+      // reads a copy (maybe the home copy) that this write makes stale, and carries bytes this
+      // write outdates: wait for it (a write-back that overtook the write would otherwise be
+      // refused, or read a copy being rewritten). Writers elsewhere finish first, as for kWrite.
+      bool busy = false;
+      for (TierKind k : kTiers) {
+        const Copy& o = t.copies[tier_index(k)];
+        if (o.moving) {
+          *waited = true;
+          wait_while_moving(t, k, "overwrite: move in flight");
+          busy = true;
+          break;
+        }
+        if (o.writers > 0 || o.moves_out > 0 || o.readers > 0) {
+          *waited = true;
+          const absl::Time w = absl::Now();
+          wait(&changed, &mu);
+          trace_wait(o.writers > 0 ? "writer" : "overwrite: readers of a copy", t, 0, w);
+          busy = true;
+          break;
+        }
+      }
+      if (busy) continue;
+      if (!c.present) {
+        if (auto status = allocate(t, tier, evict_beyond); !status.ok()) return status;
+        continue;  // allocate() may have released the lock to evict: look again
+      }
+      // Marked valid without its bytes; the caller takes its writer in the same hold of the
+      // lock, so no move reads it before the caller has written it.
+      cancel_eviction(t, tier);
+      c.valid = true;
+      *unfetched = true;
       return absl::OkStatus();
     }
     const std::optional<TierKind> source = newest_copy(t, tier);

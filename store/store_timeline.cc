@@ -76,18 +76,17 @@ void Impl::trace_move(const Tensor& t, TierKind from, TierKind to, uint64_t id, 
 void Impl::trace_acquire(const Tensor& t, TierKind tier, AccessMode mode, absl::Time start,
                          bool hit, bool late) {
   if (timeline == nullptr) return;
-  timeline->add(
-      Timeline::Span{Timeline::thread_track(),
-                     absl::StrFormat("acquire %s", t.name),
-                     "acquire",
-                     timeline->ns_at(start),
-                     timeline->now_ns(),
-                     0,
-                     t.copies[tier_index(tier)].move_id,
-                     {Timeline::Arg::str("tier", std::string(to_string(tier))),
-                      Timeline::Arg::str("mode", mode == AccessMode::kWrite ? "write" : "read"),
-                      Timeline::Arg::str("hit", hit ? "yes" : "no"),
-                      Timeline::Arg::str("late", late ? "yes" : "no")}});
+  timeline->add(Timeline::Span{
+      Timeline::thread_track(),
+      absl::StrFormat("acquire %s", t.name),
+      "acquire",
+      timeline->ns_at(start),
+      timeline->now_ns(),
+      0,
+      t.copies[tier_index(tier)].move_id,
+      {Timeline::Arg::str("tier", std::string(to_string(tier))),
+       Timeline::Arg::str("mode", to_string(mode)), Timeline::Arg::str("hit", hit ? "yes" : "no"),
+       Timeline::Arg::str("late", late ? "yes" : "no")}});
 }
 
 }  // namespace strata

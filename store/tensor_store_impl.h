@@ -80,7 +80,7 @@ struct TensorStore::Impl {
     std::array<Copy, 3> copies;
     std::vector<std::pair<TierKind, AccessMode>> acquired;  // unreleased acquires, newest last
     uint32_t operations = 0;  // operations in progress that hold a pointer to it
-    uint64_t last_use = 0;    // recency tick, for LRU
+    uint64_t last_use = 0;    // recency tick, for LRU: its last acquire or prefetch
     uint64_t version = 0;     // bumped by every write acquire: a move that started
                               // before it carries older bytes and must not count
   };
@@ -215,8 +215,11 @@ struct TensorStore::Impl {
   absl::Status settle(Tensor& t, TierKind tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Makes the copy in `tier` valid, fetching it when needed. With `arrive` false (prefetches) it
   // returns once a fetch that ends on the completion worker is under way (the copy is moving).
+  // With `unfetched` (kOverwrite) it fetches nothing: once no copy of the tensor is moving or
+  // written, it marks the copy valid as it is and sets *unfetched (when it was not valid yet).
   absl::Status make_resident(Tensor& t, TierKind tier, std::optional<uint64_t> evict_beyond,
-                             bool* waited, bool arrive = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+                             bool* waited, bool arrive = true, bool* unfetched = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Starts writing the copy in `from` back home; the write-back in flight, or null when there
   // was nothing to write.
   absl::StatusOr<std::shared_ptr<InFlight>> write_back(Tensor& t, TierKind from)

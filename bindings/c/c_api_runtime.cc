@@ -65,9 +65,13 @@ absl::StatusOr<AccessMode> mode_from(strata_access_mode_t mode) {
       return AccessMode::kRead;
     case STRATA_ACCESS_WRITE:
       return AccessMode::kWrite;
+    case STRATA_ACCESS_OVERWRITE:
+      return AccessMode::kOverwrite;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mode is ", mode, ": use STRATA_ACCESS_READ (0) or STRATA_ACCESS_WRITE (1)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mode is ", mode,
+                       ": use STRATA_ACCESS_READ (0), STRATA_ACCESS_WRITE (1) or "
+                       "STRATA_ACCESS_OVERWRITE (2)"));
   }
 }
 

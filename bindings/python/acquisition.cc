@@ -187,9 +187,12 @@ void bind_acquisition(py::module_& m) {
                                return reinterpret_cast<uintptr_t>(a.data);
                              })
       .def_property_readonly("tier", [](Acquisition& a) { return tier_name(a.tier); })
-      .def_property_readonly(
-          "mode",
-          [](Acquisition& a) { return std::string(a.mode == AccessMode::kRead ? "r" : "w"); })
+      .def_property_readonly("mode",
+                             [](Acquisition& a) {
+                               return std::string(a.mode == AccessMode::kRead    ? "r"
+                                                  : a.mode == AccessMode::kWrite ? "w"
+                                                                                 : "o");
+                             })
       .def_property_readonly("released", [](Acquisition& a) { return a.released; })
       .def_property_readonly("tensor", [](Acquisition& a) { return a.tensor; })
       .def_property_readonly("shape",

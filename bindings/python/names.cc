@@ -37,8 +37,12 @@ AccessMode parse_mode(const std::string& text) {
   if (t == "w" || t == "write" || t == "rw" || t == "r+" || t == "readwrite") {
     return AccessMode::kWrite;
   }
+  // Every byte written before any is read: nothing is fetched first.
+  if (t == "o" || t == "overwrite") return AccessMode::kOverwrite;
   raise(absl::StatusCode::kInvalidArgument,
-        "'" + text + "' is not an access mode: use 'r' (read) or 'w' (write)");
+        "'" + text +
+            "' is not an access mode: use 'r' (read), 'w' (write) or 'o' (overwrite: every byte "
+            "written before any is read, nothing fetched)");
 }
 
 const std::vector<DType>& dtypes() {

@@ -75,7 +75,8 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("acquired", [](PyTensor& t) { return t.acquired; })
       .def_property_readonly("runtime", [](PyTensor& t) { return t.rt; })
       .def("acquire", &acquire, py::arg("tier") = "cpu", py::arg("mode") = "r",
-           "The tensor's memory in `tier` (cpu or gpu) for reading ('r') or writing ('w'). "
+           "The tensor's memory in `tier` (cpu or gpu) for reading ('r'), writing ('w') or "
+           "overwriting ('o': every byte written before any is read, nothing fetched first). "
            "Returns an Acquisition: a context manager whose value exposes __dlpack__ and "
            "__dlpack_device__. Views made from it must not outlive the `with` block. Returns "
            "without waiting for a device copy: the memory is ready for consumers that name "

@@ -74,7 +74,10 @@ enum { STRATA_TIER_GPU = 0, STRATA_TIER_CPU = 1, STRATA_TIER_NVME = 2 };
 typedef int32_t strata_access_mode_t;
 enum {
   STRATA_ACCESS_READ = 0,
-  STRATA_ACCESS_WRITE = 1 /* this copy becomes the newest; the others become stale */
+  STRATA_ACCESS_WRITE = 1, /* this copy becomes the newest; the others become stale */
+  /* As WRITE, but the caller writes every byte before reading any: nothing is fetched into the
+     tier first (its contents are undefined until written). */
+  STRATA_ACCESS_OVERWRITE = 2
 };
 
 /* Element types, recorded with a tensor for bindings that need them (DLPack). */

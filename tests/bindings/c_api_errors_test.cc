@@ -140,9 +140,9 @@ TEST_CASE("c_api: every call with bad arguments returns an error code and a mess
                  "strata_tensor_acquire: acquire needs the gpu or cpu tier");
     expect_error(strata_tensor_acquire(t, -1, s, STRATA_ACCESS_READ, &p), STRATA_INVALID_ARGUMENT,
                  "strata_tensor_acquire: tier is -1");
-    expect_error(strata_tensor_acquire(t, STRATA_TIER_GPU, s, 2, &p), STRATA_INVALID_ARGUMENT,
-                 "strata_tensor_acquire: mode is 2: use STRATA_ACCESS_READ (0) or "
-                 "STRATA_ACCESS_WRITE (1)");
+    expect_error(strata_tensor_acquire(t, STRATA_TIER_GPU, s, 3, &p), STRATA_INVALID_ARGUMENT,
+                 "strata_tensor_acquire: mode is 3: use STRATA_ACCESS_READ (0), "
+                 "STRATA_ACCESS_WRITE (1) or STRATA_ACCESS_OVERWRITE (2)");
     expect_error(strata_tensor_prefetch(t, STRATA_TIER_NVME), STRATA_INVALID_ARGUMENT,
                  "strata_tensor_prefetch: prefetch targets the gpu or cpu tier");
     expect_error(strata_tensor_prefetch(t, 1000), STRATA_INVALID_ARGUMENT,

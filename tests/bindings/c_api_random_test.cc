@@ -136,9 +136,12 @@ TEST_CASE("c_api: a randomized sequence of valid and invalid calls", "[c_api][st
       const strata_tier_t tier = pick_tier();
       strata_stream_t* s = streams[below(2)];
       const bool write = !m.written || below(3) == 0;
+      // Every byte is written (fill): half the writes say so, and fetch nothing first.
+      const strata_access_mode_t mode = !write          ? STRATA_ACCESS_READ
+                                        : below(2) == 0 ? STRATA_ACCESS_OVERWRITE
+                                                        : STRATA_ACCESS_WRITE;
       void* p = nullptr;
-      const strata_status_t status = strata_tensor_acquire(
-          m.handle, tier, s, write ? STRATA_ACCESS_WRITE : STRATA_ACCESS_READ, &p);
+      const strata_status_t status = strata_tensor_acquire(m.handle, tier, s, mode, &p);
       count(write ? "acquire-write" : "acquire-read", status);
       if (status != STRATA_OK) {
         CHECK(status == STRATA_RESOURCE_EXHAUSTED);  // everything else pinned

@@ -136,6 +136,17 @@ def test_scalar_and_empty_tensors(runtime):
         assert float(np.from_dlpack(view)) == 2.5
 
 
+def test_overwrite_mode(runtime):
+    t = runtime.create("ow", (1024,), "float32", home="cpu")
+    with t.acquire("cpu", "w") as view:
+        torch.from_dlpack(view).fill_(1.0)
+    with t.acquire("cpu", "overwrite") as view:
+        assert view.mode == "o"
+        torch.from_dlpack(view).fill_(3.0)  # every element: nothing was fetched for it
+    with t.acquire("cpu") as view:
+        assert np.from_dlpack(view).tolist() == [3.0] * 1024
+
+
 def test_unknown_tier_and_mode(runtime):
     t = runtime.create("x", (4,), "float32")
     with pytest.raises(ValueError, match=r"'tape' is not a tier: use gpu or cpu"):

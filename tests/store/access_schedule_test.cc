@@ -379,5 +379,37 @@ TEST_CASE("Repeated late arrivals make an access due a whole step ahead, then st
   CHECK(schedule.stats().late == 5);
 }
 
+TEST_CASE("An entry carries the latest acquire's overwrite flag; matching ignores it",
+          "[schedule][overwrite]") {
+  AccessSchedule schedule;
+  const Access weight{1, TierKind::kGpu};
+  const Access grad{2, TierKind::kGpu, /*overwrite=*/true};
+  schedule.step_begin();
+  schedule.on_acquire(weight);
+  schedule.on_acquire(grad);
+  schedule.step_end();
+  REQUIRE(schedule.has_trace());
+  std::vector<DueAccess> due = schedule.due(8);
+  REQUIRE(due.size() == 2);
+  CHECK_FALSE(due[0].access.overwrite);
+  CHECK(due[1].access.overwrite);
+  // The same order with the grad now read: it still matches (no re-record), and the entry
+  // takes the new mode.
+  schedule.step_begin();
+  schedule.on_acquire(weight);
+  schedule.on_acquire(Access{2, TierKind::kGpu});
+  schedule.step_end();
+  CHECK(schedule.stats().rerecords == 0);
+  CHECK(schedule.stats().matched == 2);
+  due = schedule.due(8);
+  REQUIRE(due.size() == 2);
+  CHECK_FALSE(due[1].access.overwrite);
+  // A given order keeps the flags it was given.
+  schedule.set_order({weight, grad});
+  due = schedule.upcoming(8);
+  REQUIRE(due.size() == 2);
+  CHECK(due[1].access.overwrite);
+}
+
 }  // namespace
 }  // namespace strata

@@ -335,7 +335,9 @@ STRATA_BOTH_BACKENDS("Randomized eviction, write-back and fetch in flight keep e
         const int what = static_cast<int>(rng() % 10);
         if (what < 3 || !written[i]) {  // write a new pattern, without waiting for the copy
           const uint32_t seed = item.seed + 104729;
-          auto address = store.acquire(item.handle, tier, **stream, AccessMode::kWrite);
+          // Every byte is written: half the writes say so, and fetch nothing first.
+          const AccessMode mode = rng() % 2 == 0 ? AccessMode::kOverwrite : AccessMode::kWrite;
+          auto address = store.acquire(item.handle, tier, **stream, mode);
           if (!address.ok()) {
             ++errors;
             continue;
@@ -397,6 +399,7 @@ STRATA_BOTH_BACKENDS("Randomized eviction, write-back and fetch in flight keep e
   CHECK(stats.evictions_writeback > 0);
   CHECK(stats.moves[kGpu][kCpu].moves > 0);  // write-backs to the CPU tier ran asynchronously
   CHECK(stats.moves_in_flight == 0);
+  CHECK(stats.overwrites > 0);  // some overwrites found their bytes elsewhere and fetched none
 }
 
 TEST_CASE("destroy of a copy an allocation is evicting for room lets the allocation go on",

@@ -249,14 +249,19 @@ STRATA_STORE_CONFORMANCE("store: a seeded random sequence keeps the content mode
       const TierKind tier = below(2) == 0 ? kGpu : kCpu;
       const int s = static_cast<int>(below(2));
       const bool write = !m.written || below(3) == 0;
-      auto address = store.acquire(m.handle, tier, rig->stream(s),
-                                   write ? AccessMode::kWrite : AccessMode::kRead);
-      INFO(m.name << " in " << to_string(tier) << ": " << address.status());
+      // Half the writes are overwrites: every byte written, nothing fetched first.
+      const bool overwrite = write && below(2) == 0;
+      const AccessMode mode = overwrite ? AccessMode::kOverwrite
+                              : write   ? AccessMode::kWrite
+                                        : AccessMode::kRead;
+      auto address = store.acquire(m.handle, tier, rig->stream(s), mode);
+      INFO(m.name << " in " << to_string(tier) << " (" << to_string(mode)
+                  << "): " << address.status());
       REQUIRE(address.ok());
       if (write) {
         m.sum = rig->fill(*address, tier, m.bytes, next_pattern++, s);
         m.written = true;
-        ++outcomes["write"];
+        ++outcomes[overwrite ? "overwrite" : "write"];
       } else {
         CHECK(rig->sum(*address, tier, m.bytes, s) == m.sum);
         ++outcomes["read"];
@@ -346,7 +351,7 @@ STRATA_STORE_CONFORMANCE("store: a seeded random sequence keeps the content mode
   StoreStats stats = store.stats();
   CHECK(stats.tensors == live.size());
   CHECK(stats.errors == 0);
-  for (const char* path : {"create", "destroy", "write", "read", "evict", "evict-home",
+  for (const char* path : {"create", "destroy", "write", "overwrite", "read", "evict", "evict-home",
                            "release-unheld", "prefetch", "flush", "stale"}) {
     INFO(path);
     CHECK(outcomes[path] > 0);

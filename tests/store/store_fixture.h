@@ -81,11 +81,12 @@ class Fixture {
   Stream& stream() { return *stream_; }
   SwapSpace* swap() { return swap_.get(); }
 
-  // Writes `seed`'s pattern into the tensor through an acquire in `tier`.
-  void write(TensorHandle t, uint64_t bytes, uint32_t seed, TierKind tier = TierKind::kGpu) {
+  // Writes `seed`'s pattern into the tensor (every byte) through an acquire in `tier`.
+  void write(TensorHandle t, uint64_t bytes, uint32_t seed, TierKind tier = TierKind::kGpu,
+             AccessMode mode = AccessMode::kWrite) {
     auto* host = static_cast<uint8_t*>(host_->data());
     for (uint64_t i = 0; i < bytes; ++i) host[i] = byte_at(seed, i);
-    auto address = store_->acquire(t, tier, *stream_, AccessMode::kWrite);
+    auto address = store_->acquire(t, tier, *stream_, mode);
     REQUIRE(address.ok());
     if (tier == TierKind::kGpu) {
       REQUIRE(device_.copy_async(*address, host, bytes, CopyKind::kHostToDevice, *stream_).ok());

@@ -30,14 +30,14 @@ std::vector<PlannedLayer> step_plan(const TrainStepOptions& o) {
   std::vector<PlannedLayer> plan;
   for (uint64_t i = 0; i < o.layers; ++i) {
     PlannedLayer l{"forward", {{index(i, LayerTensor::kWeight), false}}, o.compute_ms};
-    if (activations) l.accesses.push_back({index(i, LayerTensor::kActivation), true});
+    if (activations) l.accesses.push_back({index(i, LayerTensor::kActivation), true, true});
     plan.push_back(std::move(l));
   }
   for (uint64_t i = o.layers; i-- > 0;) {
     PlannedLayer l{"backward", {}, o.compute_ms};
     if (activations) l.accesses.push_back({index(i, LayerTensor::kActivation), false});
     l.accesses.push_back({index(i, LayerTensor::kWeight), false});
-    if (o.optimizer) l.accesses.push_back({index(i, LayerTensor::kGradient), true});
+    if (o.optimizer) l.accesses.push_back({index(i, LayerTensor::kGradient), true, true});
     plan.push_back(std::move(l));
   }
   if (o.optimizer) {
@@ -83,8 +83,10 @@ PagingModel model_paging(const std::vector<PlannedLayer>& plan,
     const PlannedAccess& a = step[k % n];
     auto it = resident.find(a.tensor);
     if (it == resident.end()) {
-      ++last.misses;
-      last.fetched_bytes += footprint[a.tensor];
+      if (!a.overwrite) {  // an overwrite takes room but brings no bytes
+        ++last.misses;
+        last.fetched_bytes += footprint[a.tensor];
+      }
       while (used + footprint[a.tensor] > capacity && !resident.empty()) {
         auto victim = resident.begin();
         for (auto r = resident.begin(); r != resident.end(); ++r) {

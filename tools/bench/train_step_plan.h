@@ -18,6 +18,9 @@ enum class LayerTensor { kWeight, kActivation, kGradient };
 struct PlannedAccess {
   uint64_t tensor = 0;  // index into the tensors create_layers() made (layer-major)
   bool write = false;   // acquired with AccessMode::kWrite
+  // Every byte is written before any is read (AccessMode::kOverwrite): the store fetches
+  // nothing for it, and the model counts no fetch.
+  bool overwrite = false;
 };
 
 // One layer of one pass: its tensors acquired on the GPU in this order, the simulated compute,
@@ -35,12 +38,15 @@ uint64_t tensor_bytes(const TrainStepOptions& options, LayerTensor kind);
 
 // A training step: forward L0..Ln (weight read, activation written), backward Ln..L0
 // (activation read, weight read, gradient written), then with --optimizer the optimizer pass
-// L0..Ln in forward order (gradient read, weight written) before the next step's forward.
+// L0..Ln in forward order (gradient read, weight written) before the next step's forward. The
+// activation (made by forward) and the gradient (backward's only write of it in a step) are
+// overwrites; the weight's update reads the weight it replaces, so it is a kWrite.
 std::vector<PlannedLayer> step_plan(const TrainStepOptions& options);
 
 // What an offline pager moves in a steady-state step of the plan repeated forever, with the
 // arena a pool of `capacity` bytes (no fragmentation, no room kept for prefetches in flight):
-// a miss fetches the tensor; evicting a copy written since its fetch writes it back.
+// a miss fetches the tensor (an overwrite only takes room: no miss); evicting a copy written
+// since its fetch writes it back.
 struct PagingModel {
   uint64_t misses = 0;
   uint64_t fetched_bytes = 0;       // into the GPU

@@ -63,8 +63,10 @@ absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
           status = stash->load(saved[a.tensor], stream).status();
         }
       } else {
-        auto data = store.acquire(tensors[a.tensor], TierKind::kGpu, stream,
-                                  a.write ? AccessMode::kWrite : AccessMode::kRead);
+        const AccessMode mode = a.overwrite ? AccessMode::kOverwrite
+                                : a.write   ? AccessMode::kWrite
+                                            : AccessMode::kRead;
+        auto data = store.acquire(tensors[a.tensor], TierKind::kGpu, stream, mode);
         status = data.status();
       }
       if (!status.ok()) break;

@@ -25,7 +25,13 @@ using TensorId = uint32_t;
 struct Access {
   TensorId tensor = 0;
   TierKind tier = TierKind::kGpu;
-  friend bool operator==(const Access&, const Access&) = default;
+  // The acquire writes every byte before reading any (AccessMode::kOverwrite): a prefetch has
+  // no bytes to bring. Not part of the access's identity: matching, leads and next uses compare
+  // tensor and tier only, and a matched acquire updates its trace entry's flag.
+  bool overwrite = false;
+  friend bool operator==(const Access& a, const Access& b) {
+    return a.tensor == b.tensor && a.tier == b.tier;
+  }
 };
 
 // One upcoming access that is due for a prefetch.
@@ -83,7 +89,8 @@ class AccessSchedule {
   // entry when it matches, else to the nearest matching entry within realign_window (ahead
   // preferred on ties, wrapping across the step boundary), else the position stays and the
   // access counts as unknown. A jump ahead passes the skipped entries' positions too; a jump
-  // back still advances by one, so position() never decreases.
+  // back still advances by one, so position() never decreases. A matched entry takes the
+  // acquire's `overwrite` flag (what due() and upcoming() report for it from then on).
   void on_acquire(Access access);
   // The acquire found its prefetch not yet landed (or not issued): fetch it earlier next step.
   // Report it after on_acquire of the same access (just before it is accepted too). The lead is

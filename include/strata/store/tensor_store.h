@@ -41,13 +41,31 @@
 
 namespace strata {
 
-enum class AccessMode { kRead, kWrite };
-
 struct TensorHandle {
   uint32_t index = UINT32_MAX;
   uint32_t generation = 0;
   bool valid() const { return index != UINT32_MAX; }
   friend bool operator==(const TensorHandle&, const TensorHandle&) = default;
+};
+
+// kRead: the caller reads the copy. kWrite: it reads and writes it (the copy becomes the newest,
+// others stale). kOverwrite: it writes every byte before it reads any, so the store fetches
+// nothing: where the tier holds no valid copy it allocates one (no move from another tier) and
+// ends as kWrite does; where it holds one, kOverwrite is kWrite. The contents are undefined
+// until the caller has written them.
+enum class AccessMode { kRead, kWrite, kOverwrite };
+
+// kWrite and kOverwrite: the acquisition makes its copy the newest.
+inline bool is_write(AccessMode mode) { return mode != AccessMode::kRead; }
+inline const char* to_string(AccessMode mode) {
+  return mode == AccessMode::kRead ? "read" : mode == AccessMode::kWrite ? "write" : "overwrite";
+}
+
+// One acquire of an access order given up front (TensorStore::set_access_plan).
+struct OrderedAccess {
+  TensorHandle tensor;
+  TierKind tier = TierKind::kGpu;
+  AccessMode mode = AccessMode::kRead;  // kOverwrite: never prefetched (no bytes are needed)
 };
 
 struct TierUsage {
@@ -74,8 +92,11 @@ struct StoreStats {
   std::array<std::array<MoveStats, 3>, 3> moves;  // [from][to]
   uint64_t tensors = 0;
   uint64_t acquires = 0;
-  uint64_t hits = 0;      // the copy was there (and valid) when acquired
-  uint64_t misses = 0;    // fetched on demand
+  uint64_t hits = 0;    // the copy was there (and valid) when acquired, or needed no bytes
+  uint64_t misses = 0;  // fetched on demand
+  // kOverwrite acquires that made their copy without fetching the bytes another tier held
+  // (counted in hits): the moves a kWrite would have made.
+  uint64_t overwrites = 0;
   uint64_t stall_ns = 0;  // host time acquires spent waiting for data
   uint64_t evictions_clean = 0;
   uint64_t evictions_writeback = 0;
@@ -158,7 +179,8 @@ class TensorStore {
   absl::StatusOr<Info> info(TensorHandle tensor) const;
 
   // The tensor's address in `tier` (gpu or cpu), ready for work issued on `stream` after the
-  // call. kWrite makes this copy the newest: other copies become stale.
+  // call. kWrite makes this copy the newest: other copies become stale. kOverwrite does too,
+  // without fetching the bytes: the caller must write every byte before reading any.
   absl::StatusOr<void*> acquire(TensorHandle tensor, TierKind tier, Stream& stream,
                                 AccessMode mode);
   // The work on `stream` that used the tensor's most recent acquisition has been issued.
@@ -183,6 +205,8 @@ class TensorStore {
   void step_begin();
   void step_end();
   absl::Status set_access_order(const std::vector<std::pair<TensorHandle, TierKind>>& order);
+  // The same with each access's mode: the prefetcher fetches nothing for a kOverwrite.
+  absl::Status set_access_plan(const std::vector<OrderedAccess>& order);
 
   StoreStats stats() const;
   // Starts new high-water marks: each tier's peak_used, and fetches_in_flight_peak, become their
