@@ -25,6 +25,10 @@ if(STRATA_SANITIZE)
     set(STRATA_HARNESS_COMPILE_OPTIONS $<$<CONFIG:Debug>:-O0>)
   endif()
   if(STRATA_SANITIZE STREQUAL "thread")
+    # The harness at -O1 rather than RelWithDebInfo's -O2 (the runtime keeps -O2): a third less
+    # compile time per Catch2 file under TSan (c_api_zero_test.cc 6.5 s against 4.3 s), while
+    # the test code's own loops stay compiled (at -O0 TSan would instrument every spilled local).
+    set(STRATA_HARNESS_COMPILE_OPTIONS $<$<CONFIG:RelWithDebInfo>:-O1>)
     # Debian's Abseil is not built with TSan, so strata::MutexLock tells TSan about lock edges.
     add_compile_definitions(STRATA_TSAN=1)
   endif()
