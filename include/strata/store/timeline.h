@@ -72,5 +72,4 @@ class Timeline {
   std::vector<Span> spans_ ABSL_GUARDED_BY(mu_);
 };
 
-
 }  // namespace strata
