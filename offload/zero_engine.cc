@@ -206,8 +206,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
   }
   {
     MutexLock lock(&s.mu);
-    s.comm_mark = comm.stats().total_bytes() +
-                  (s.node_comm != nullptr ? s.node_comm->stats().total_bytes() : 0);
+    s.comm_mark = s.comm_bytes();
   }
   engine->impl_->reducer = std::thread([raw] { raw->run_reducer(); });
   return engine;
@@ -524,8 +523,7 @@ absl::StatusOr<StepResult> ZeroEngine::step() {
   for (Impl::Group& g : s.groups) g.completed = 0;
   ++s.counters.steps;
   s.counters.micro_steps = 0;
-  const uint64_t comm_now = s.comm.stats().total_bytes() +
-                            (s.node_comm != nullptr ? s.node_comm->stats().total_bytes() : 0);
+  const uint64_t comm_now = s.comm_bytes();
   s.counters.last_step_comm_bytes = comm_now - s.comm_mark;
   s.comm_mark = comm_now;
   s.counters.last_step_ns = since_ns(start);

@@ -152,6 +152,11 @@ struct ZeroEngine::Impl {
   // The Communicator's byte count when the last step ended: a step's bytes include the
   // reduce-scatters of its backward.
   uint64_t comm_mark ABSL_GUARDED_BY(mu) = 0;
+  // Bytes through the job's communicator and hpZ's node communicator so far.
+  uint64_t comm_bytes() const {
+    return comm.stats().total_bytes() +
+           (node_comm != nullptr ? node_comm->stats().total_bytes() : 0);
+  }
   std::thread reducer;
 
   // Serialises step(), zero_grad(), save(), load(), read_state(): collectives every rank issues

@@ -79,8 +79,9 @@ absl::Status ZeroEngine::Impl::start_gather(uint32_t group, bool prefetch) {
   if (status.ok() && hpz && !in_node) {
     // Keep this rank's node slice of what was gathered, copied after the gather on its stream.
     const uint64_t slice = fg.padded / node_ranks * param_bytes;
+    // kOverwrite: the copy writes all of it, so the stale slice is not fetched from its home.
     auto kept =
-        store.acquire(groups[group].secondary, comm_tier, *gather_stream, AccessMode::kWrite);
+        store.acquire(groups[group].secondary, comm_tier, *gather_stream, AccessMode::kOverwrite);
     status = kept.ok() ? runtime.device().copy_async(
                              *kept, static_cast<std::byte*>(*out) + node_rank * slice, slice,
                              CopyKind::kDeviceToDevice, *gather_stream)
