@@ -100,12 +100,15 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   t.acquired.emplace_back(tier, mode);
   if (is_write(mode)) {
     ++t.version;
+    if (c.written_back_early) ++s.counters.early_writebacks_wasted;  // written again first
+    c.written_back_early = false;
     for (TierKind other : kTiers) {
       Impl::Copy& o = t.copies[tier_index(other)];
       valid_before[tier_index(other)] = o.present && o.valid;
       if (other == tier || !o.present) continue;
       if (o.prefetched) ++s.counters.prefetches_wasted;
       o.valid = false;
+      o.written_back_early = false;
       o.prefetched = false;
     }
   }
@@ -125,6 +128,7 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   s.counters.stall_ns +=
       waited ? static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start)) : 0;
   if (s.options.prefetch && !plan_first) s.plan_prefetches();
+  if (!s.options.prefetch) s.plan_early_writebacks();  // (else planned with the prefetches)
   s.trace_acquire(t, tier, mode, start, was_hit, late);
   if (!status.ok()) {
     t.acquired.pop_back();

@@ -33,8 +33,9 @@ Impl::Tensor* Impl::choose_victim(const Tensor& keep, TierKind tier,
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     Tensor& u = *tensors[i];
     const Copy& c = u.copies[tier_index(tier)];
-    if (!u.live || &u == &keep || u.home == tier || !c.present || c.moving || c.pins > 0 ||
-        c.evicting) {
+    // An early write-back's pin does not keep it: its eviction waits for that write-back.
+    if (!u.live || &u == &keep || u.home == tier || !c.present || c.moving ||
+        c.pins > (c.writing_back_early ? 1u : 0u) || c.evicting) {
       continue;  // an evicting copy is on its way out already
     }
     if (!c.valid) {
@@ -112,9 +113,13 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::evict_copy(Tensor& t, Tier
   OperationGuard guard(*this, t);
   Copy& c = t.copies[tier_index(tier)];
   if (!c.present || c.evicting) return nullptr;
-  std::shared_ptr<InFlight> write;
+  std::shared_ptr<InFlight> write = early_writeback_of(t, tier);
   const bool only_newest = c.valid && !newest_copy(t, tier).has_value();
-  if (only_newest) {
+  if (write != nullptr) {
+    // Its early write-back is under way: the eviction ends with it (its completion drops the
+    // copy, or cancels the eviction should it fail).
+    ++counters.evictions_writeback;
+  } else if (only_newest) {
     // Rule 1: the newest bytes must exist elsewhere, observed complete, before this copy goes.
     auto started = write_back(t, tier);
     if (!started.ok()) return started.status();
@@ -124,6 +129,7 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::evict_copy(Tensor& t, Tier
                to_string(t.home));
   } else {
     if (c.valid) ++counters.evictions_clean;  // rule 2: no write-back
+    if (c.valid && c.written_back_early) ++counters.early_writebacks_used;
     STRATA_LOG(kDebug, "evict '%s' from %s: %s", t.name, to_string(tier),
                c.valid ? "clean" : "stale");
   }

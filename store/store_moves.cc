@@ -30,6 +30,7 @@ Impl::MoveGuard::MoveGuard(Impl& s, Tensor& t, TierKind from, TierKind to)
   ++src.readers;
   dst.moving = true;
   dst.valid = false;
+  dst.written_back_early = false;
   s.cancel_eviction(t, to);  // being filled: wanted again
   ++t.operations;
   s.update_pin(t, from);
@@ -221,6 +222,7 @@ void Impl::complete(InFlight& m, const absl::Status& status) {
     add_busy(t, m.to, m.ticket.stream, m.ticket.event);
   }
   m.guard.finish(status.ok());
+  if (m.early) early_writeback_done(t, m, status.ok());
   if (m.from == TierKind::kNvme) --counters.fetches_in_flight;
   if (m.trace_id != 0) {
     trace_move(t, m.from, m.to, m.trace_id, m.issued_at, m.issue_end,

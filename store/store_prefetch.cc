@@ -96,6 +96,7 @@ void Impl::plan_prefetches() {
     prefetch_limit[k] = due.position;
   }
   if (!prefetch_queue.empty()) prefetch_work.SignalAll();
+  plan_early_writebacks();
 }
 
 void Impl::run_worker() {

@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::create(Device& device,
   auto store = std::make_unique<TensorStore>(std::move(impl));
   store->impl_->start_completion_worker();
   store->impl_->start_workers();
+  store->impl_->start_early_writer();
   return store;
 }
 
@@ -48,6 +49,7 @@ TensorStore::TensorStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TensorStore::~TensorStore() {
   impl_->stop_workers();
+  impl_->stop_early_writer();
   // Finishes every move in flight and every eviction waiting for device work first.
   impl_->stop_completion_worker();
   Impl& s = *impl_;

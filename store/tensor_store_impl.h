@@ -54,6 +54,9 @@ struct TensorStore::Impl {
     bool prefetching = false;  // a prefetch is moving bytes into it right now
     bool evicting = false;     // evicted: dropped once its write-back and device work are done
     bool arena_pinned = false;
+    bool writing_back_early = false;  // an early write-back reads it now (one of its pins)
+    bool written_back_early = false;  // its home copy came from an early write-back, and it has
+                                      // not been written since
     uint32_t pins = 0;       // acquisitions and moves reading from it
     uint32_t writers = 0;    // write acquisitions not yet released: no move may read it
     uint32_t readers = 0;    // moves reading it now: a write acquisition waits for them (for a
@@ -119,6 +122,7 @@ struct TensorStore::Impl {
     MoveTicket ticket;
     uint32_t index = 0;  // the tensor (kept alive by the guard)
     TierKind from = TierKind::kCpu, to = TierKind::kCpu;
+    bool early = false;     // an early write-back (store_early_writeback.cc)
     uint64_t issue_ns = 0;  // host time spent issuing it, counted in MoveStats::ns
     absl::Time issued_at;   // when its issue began (a read's MoveStats::ns runs to its end)
     bool done = false;      // finished: `status` says how (waiters watch `changed`)
@@ -176,6 +180,14 @@ struct TensorStore::Impl {
   absl::flat_hash_map<uint64_t, uint64_t> prefetch_limit ABSL_GUARDED_BY(mu);  // key -> distance
   bool stopping ABSL_GUARDED_BY(mu) = false;
   std::vector<std::thread> workers;
+
+  // Early write-backs (store_early_writeback.cc): copies queued for one, issued by their own
+  // thread (an NVMe write-back may wait for staging), and the bytes in flight.
+  absl::CondVar early_work;
+  std::deque<std::pair<TensorHandle, TierKind>> early_queue ABSL_GUARDED_BY(mu);
+  absl::flat_hash_set<uint64_t> early_queued ABSL_GUARDED_BY(mu);  // keys of early_queue
+  uint64_t early_in_flight_bytes ABSL_GUARDED_BY(mu) = 0;
+  std::thread early_writer;
 
   static uint64_t key(uint32_t index, TierKind tier) {
     return (uint64_t{index} << 2) | tier_index(tier);
@@ -272,6 +284,26 @@ struct TensorStore::Impl {
   // The copy in `tier` must be fetched, and the newest bytes are on NVMe only.
   bool only_on_nvme(const Tensor& t, TierKind tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void run_worker();
+
+  // store_early_writeback.cc
+  uint64_t early_writeback_bytes() const;  // TensorStoreOptions::early_writeback_bytes, resolved
+  // Queues early write-backs of the written copies the room for the upcoming accesses will
+  // evict (called after prefetches are planned).
+  void plan_early_writebacks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void plan_early_writebacks(TierKind tier, const std::vector<DueAccess>& upcoming)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The copies in `tier` of `candidates`, in the order eviction would take them.
+  void order_for_eviction(TierKind tier, std::vector<TensorId>& candidates) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The early write-back reading the copy in `tier`, when one is in flight.
+  std::shared_ptr<InFlight> early_writeback_of(const Tensor& t, TierKind tier) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // An early write-back ended (from complete()).
+  void early_writeback_done(Tensor& t, InFlight& m, bool succeeded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void start_early_writer();
+  void stop_early_writer();
+  void run_early_writer();
 };
 
 // Keeps a tensor from being destroyed while an operation holds a pointer to it across unlocks.

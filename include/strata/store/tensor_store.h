@@ -118,6 +118,14 @@ struct StoreStats {
   // flight while one is acquired).
   uint64_t fetches_in_flight = 0;
   uint64_t fetches_in_flight_peak = 0;
+  // Early write-backs (TensorStoreOptions::early_writeback_bytes): written copies the coming
+  // evictions will take, written home ahead of need while they stay resident. Issued; of those
+  // that landed, evicted later without a write-back of their own (used), or written again first
+  // (wasted: their bytes crossed the link for nothing).
+  uint64_t early_writebacks = 0;
+  uint64_t early_writeback_bytes = 0;
+  uint64_t early_writebacks_used = 0;
+  uint64_t early_writebacks_wasted = 0;
   double prefetch_accuracy() const {
     return prefetches_issued == 0
                ? 0
@@ -138,6 +146,14 @@ struct TensorStoreOptions {
   // budget for NVMe <-> GPU moves in flight; the other half stays for fetches on demand and
   // write-backs); 0: off (only the schedule's leads).
   std::optional<uint64_t> read_ahead_bytes;
+  // Early write-back: with a trace (prefetching on or off), a written copy that the room for the
+  // upcoming accesses within this many bytes (counted as read-ahead counts them) will evict is
+  // written home ahead of need and stays resident, clean: the acquire that needs the room then
+  // drops it instead of waiting for its write-back (which would otherwise sit on the critical
+  // path: the eviction is made when the room is needed). The victims are chosen as eviction
+  // chooses them (Belady, or LRU with `belady` false), so only bytes the evictions would write
+  // anyway cross the link, earlier. nullopt: half the GPU tier's capacity; 0: off.
+  std::optional<uint64_t> early_writeback_bytes;
   AccessScheduleOptions schedule;
 };
 
