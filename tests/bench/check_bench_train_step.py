@@ -16,14 +16,14 @@ import tempfile
 from bench_common import CONFIG_FIELDS, run_bench
 
 POLICIES = ["belady", "lru", "on-demand"]
-RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "ratio_to_arena_bound", "stall_seconds", "bytes_moved",
-              "bytes_to_gpu", "bytes_from_gpu", "hits",
+RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "ratio_to_arena_bound", "stall_seconds",
+              "bytes_moved", "bytes_to_gpu", "bytes_from_gpu", "hits",
               "misses", "prefetches_issued", "prefetches_used", "prefetches_late",
               "prefetches_wasted", "prefetches_failed", "prefetch_accuracy", "compute_seconds",
               "seconds_per_move", "seconds_per_fetch", "seconds_per_write_back",
               "all_step_seconds", "timeline"}
-BOUND_FIELDS = {"bound_seconds", "arena_bound_seconds", "arena_bound_cut", "arena_bound_cross_bytes",
-                "arena_bound_link", "compute_seconds", "transfer_bytes", "transfer_seconds",
+BOUND_FIELDS = {"bound_seconds", "arena_bound_seconds", "arena_bound_cut",
+                "arena_bound_cross_bytes", "arena_bound_link", "compute_seconds", "transfer_bytes", "transfer_seconds",
                 "link_gbps", "h2d_gbps", "nvme_read_gbps", "layers", "layer_bytes",
                 "activation_bytes", "compute_ms", "optimizer", "optimizer_ms", "arena_layers",
                 "arena_bytes", "home", "link_throttle_gbps", "steps", "sync_each_layer", "model",
