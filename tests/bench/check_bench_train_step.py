@@ -23,7 +23,8 @@ RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "ratio_to_arena_bound"
               "seconds_per_move", "seconds_per_fetch", "seconds_per_write_back",
               "all_step_seconds", "timeline"}
 BOUND_FIELDS = {"bound_seconds", "arena_bound_seconds", "arena_bound_cut",
-                "arena_bound_cross_bytes", "arena_bound_link", "compute_seconds", "transfer_bytes", "transfer_seconds",
+                "arena_bound_cross_bytes", "arena_bound_link", "compute_seconds", "transfer_bytes",
+                "transfer_seconds",
                 "link_gbps", "h2d_gbps", "nvme_read_gbps", "layers", "layer_bytes",
                 "activation_bytes", "compute_ms", "optimizer", "optimizer_ms", "arena_layers",
                 "arena_bytes", "home", "link_throttle_gbps", "steps", "sync_each_layer", "model",
