@@ -16,13 +16,15 @@ import tempfile
 from bench_common import CONFIG_FIELDS, run_bench
 
 POLICIES = ["belady", "lru", "on-demand"]
-RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "stall_seconds", "bytes_moved",
-              "bytes_to_gpu", "bytes_from_gpu", "hits",
+RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "ratio_to_arena_bound", "stall_seconds",
+              "bytes_moved", "bytes_to_gpu", "bytes_from_gpu", "hits",
               "misses", "prefetches_issued", "prefetches_used", "prefetches_late",
               "prefetches_wasted", "prefetches_failed", "prefetch_accuracy", "compute_seconds",
               "seconds_per_move", "seconds_per_fetch", "seconds_per_write_back",
               "all_step_seconds", "timeline"}
-BOUND_FIELDS = {"bound_seconds", "compute_seconds", "transfer_bytes", "transfer_seconds",
+BOUND_FIELDS = {"bound_seconds", "arena_bound_seconds", "arena_bound_cut",
+                "arena_bound_cross_bytes", "arena_bound_link", "compute_seconds", "transfer_bytes",
+                "transfer_seconds",
                 "link_gbps", "h2d_gbps", "nvme_read_gbps", "layers", "layer_bytes",
                 "activation_bytes", "compute_ms", "optimizer", "optimizer_ms", "arena_layers",
                 "arena_bytes", "home", "link_throttle_gbps", "steps", "sync_each_layer", "model",
@@ -86,6 +88,8 @@ def main() -> int:
     assert ts["link_gbps"] <= min(ts["h2d_gbps"], ts["nvme_read_gbps"]) + 1e-4, ts
     assert ts["bound_seconds"] >= max(ts["compute_seconds"], ts["transfer_seconds"]) - 1e-6, ts
 
+    check_arena_bound(ts)
+
     assert [r["policy"] for r in ts["runs"]] == POLICIES, ts["runs"]
     for run in ts["runs"]:
         missing = RUN_FIELDS - run.keys()
@@ -104,6 +108,10 @@ def main() -> int:
     doc = run_bench(bench, ARGS + ["--home=cpu", "--policies=lru,belady"], os.environ)
     got = [r["policy"] for r in doc["train_step"]["runs"]]
     assert got == ["lru", "belady"], got
+    check_arena_bound(doc["train_step"])
+    # The CPU home: the H2D link alone; the optimizer pass reads every gradient and weight after
+    # forward and backward, and the arena holds ARENA_LAYERS layers of them at most.
+    assert doc["train_step"]["arena_bound_link"] == "H2D", doc["train_step"]
     assert doc["train_step"]["nvme_read_gbps"] is None, doc["train_step"]
     assert all(r["timeline"] is None for r in doc["train_step"]["runs"]), "no --timeline"
     check_stash(bench)
@@ -111,6 +119,21 @@ def main() -> int:
           ", ".join(f"{r['policy']} {r['step_seconds']} s ({r['ratio_to_bound']}x)"
                     for r in ts["runs"]))
     return 0
+
+
+def check_arena_bound(ts):
+    """The arena-aware bound is at least the old one and names its cut; each run's ratio to it
+    is its step over it (within the JSON's rounding). No timings."""
+    assert ts["arena_bound_seconds"] >= ts["bound_seconds"] - 1e-6, ts
+    assert ts["arena_bound_cut"].split(" ")[0] in ("forward", "backward", "optimizer"), ts
+    assert int(ts["arena_bound_cut"].split(" ")[1]) < ts["layers"], ts
+    assert ts["arena_bound_cross_bytes"] >= 0, ts
+    assert ts["arena_bound_link"] in ("H2D", "NVMe read"), ts
+    for run in ts["runs"]:
+        want = run["step_seconds"] / ts["arena_bound_seconds"]
+        assert abs(run["ratio_to_arena_bound"] - want) <= 1e-3 * want + 1e-4, \
+            (run["policy"], run["ratio_to_arena_bound"], want)
+        assert run["ratio_to_arena_bound"] <= run["ratio_to_bound"] + 1e-3, run
 
 
 def check_timeline(path, ts):
@@ -171,6 +194,7 @@ def check_stash(bench):
                                    f"--activation-prefetch-bytes={prefetch}"], os.environ)
     ts = doc["train_step"]
     assert ts["activations"] == "stash", ts
+    check_arena_bound(ts)
     assert ts["activation_window_bytes"] == window, ts
     assert ts["activation_prefetch_bytes"] == prefetch, ts
     # The arena: the layers' weights and gradients, plus the window (not the activations).

@@ -240,6 +240,8 @@ uint64_t stash_prefetch_bytes(const TrainStepOptions& o) {
 
 double TrainStepBound::seconds() const { return std::max(compute_seconds, transfer_seconds()); }
 
+double TrainStepBound::arena_seconds() const { return std::max(seconds(), arena.seconds); }
+
 absl::StatusOr<std::unique_ptr<Device>> make_train_step_device(const TrainStepOptions& options,
                                                                const ResolvedConfig& config) {
   if (config.backend == Backend::kCuda) return make_device(config.backend, config.device);
@@ -451,6 +453,23 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     report.notes.push_back("timeline: every measured step of every policy in " + o.timeline +
                            " (Chrome trace: chrome://tracing or ui.perfetto.dev)");
   }
+  // The arena-aware bound over the whole plan (with the stash too: its activations are GPU tier
+  // tensors, and its window a soft reservation, so the whole arena is the capacity).
+  TrainStepBound& tb = report.bound;
+  tb.arena = arena_bound(plan, footprint, tb.arena_bytes, tb.h2d_bytes_per_second);
+  tb.arena_link_bytes_per_second = tb.h2d_bytes_per_second;
+  tb.arena_capacity_bytes = tb.arena_bytes;
+  if (tb.nvme_bytes_per_second.has_value()) {
+    // One hop back: what is in neither the arena nor the CPU tier at the cut comes off NVMe.
+    const uint64_t capacity = tb.arena_bytes + report.config.cpu_bytes;
+    ArenaBound nvme = arena_bound(plan, footprint, capacity, *tb.nvme_bytes_per_second);
+    if (nvme.seconds > tb.arena.seconds) {
+      tb.arena = std::move(nvme);
+      tb.arena_link = "NVMe read";
+      tb.arena_link_bytes_per_second = *tb.nvme_bytes_per_second;
+      tb.arena_capacity_bytes = capacity;
+    }
+  }
   for (PolicyRun& policy_run : runs) {
     std::vector<std::pair<double, StepCounters>>& steps = policy_run.steps;
     std::vector<double> all;
@@ -466,6 +485,7 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     }
     const double bound = report.bound.seconds();
     run.ratio_to_bound = bound > 0 ? run.step_seconds / bound : 0;
+    run.ratio_to_arena_bound = tb.arena_seconds() > 0 ? run.step_seconds / tb.arena_seconds() : 0;
     report.runs.push_back(std::move(run));
   }
   report.notes.push_back(

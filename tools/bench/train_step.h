@@ -89,6 +89,15 @@ struct TrainStepBound {
   uint64_t d2h_bytes = 0;
   double transfer_seconds() const;
   double seconds() const;  // max(compute, transfer)
+  // The arena-aware lower bound's binding cut (train_step_plan.h, arena_bound): over the H2D
+  // link with the arena's capacity, or for home=nvme over the NVMe read with the arena's and the
+  // CPU tier's, whichever is larger. `seconds()` ignores the arena's capacity across passes and
+  // can be out of any schedule's reach; arena_seconds() is the larger of the two.
+  ArenaBound arena;
+  std::string arena_link = "H2D";  // or "NVMe read"
+  double arena_link_bytes_per_second = 0;
+  uint64_t arena_capacity_bytes = 0;  // the capacity the binding cut used
+  double arena_seconds() const;
 };
 
 struct TrainStepRun {
@@ -97,10 +106,11 @@ struct TrainStepRun {
   // that step's, so a row is one consistent step.
   double step_seconds = 0;
   double ratio_to_bound = 0;
-  double stall_seconds = 0;     // StoreStats::stall_ns during the step
-  uint64_t bytes_moved = 0;     // every tier-to-tier move during the step
-  uint64_t bytes_to_gpu = 0;    // of which into the GPU tier (fetches and prefetches)
-  uint64_t bytes_from_gpu = 0;  // of which out of the GPU tier (write-backs of evicted copies)
+  double ratio_to_arena_bound = 0;  // step / TrainStepBound::arena_seconds()
+  double stall_seconds = 0;         // StoreStats::stall_ns during the step
+  uint64_t bytes_moved = 0;         // every tier-to-tier move during the step
+  uint64_t bytes_to_gpu = 0;        // of which into the GPU tier (fetches and prefetches)
+  uint64_t bytes_from_gpu = 0;      // of which out of the GPU tier (write-backs of evicted copies)
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t prefetches_issued = 0;

@@ -29,12 +29,12 @@ std::vector<PlannedLayer> step_plan(const TrainStepOptions& o) {
   const bool activations = o.activation_bytes > 0;
   std::vector<PlannedLayer> plan;
   for (uint64_t i = 0; i < o.layers; ++i) {
-    PlannedLayer l{"forward", {{index(i, LayerTensor::kWeight), false}}, o.compute_ms};
+    PlannedLayer l{"forward", {{index(i, LayerTensor::kWeight), false}}, o.compute_ms, i};
     if (activations) l.accesses.push_back({index(i, LayerTensor::kActivation), true, true});
     plan.push_back(std::move(l));
   }
   for (uint64_t i = o.layers; i-- > 0;) {
-    PlannedLayer l{"backward", {}, o.compute_ms};
+    PlannedLayer l{"backward", {}, o.compute_ms, i};
     if (activations) l.accesses.push_back({index(i, LayerTensor::kActivation), false});
     l.accesses.push_back({index(i, LayerTensor::kWeight), false});
     if (o.optimizer) l.accesses.push_back({index(i, LayerTensor::kGradient), true, true});
@@ -45,7 +45,8 @@ std::vector<PlannedLayer> step_plan(const TrainStepOptions& o) {
       plan.push_back(
           {"optimizer",
            {{index(i, LayerTensor::kGradient), false}, {index(i, LayerTensor::kWeight), true}},
-           o.optimizer_ms});
+           o.optimizer_ms,
+           i});
     }
   }
   return plan;
@@ -106,6 +107,56 @@ PagingModel model_paging(const std::vector<PlannedLayer>& plan,
     it->second.dirty = it->second.dirty || a.write;
   }
   return last;
+}
+
+ArenaBound arena_bound(const std::vector<PlannedLayer>& plan,
+                       const std::vector<uint64_t>& footprint, uint64_t capacity,
+                       double link_bytes_per_second) {
+  ArenaBound best;
+  const size_t n = plan.size();
+  if (n == 0) return best;
+  double total_ms = 0;
+  std::vector<double> before_ms(n, 0);  // layers [0, k)
+  for (size_t k = 0; k < n; ++k) {
+    before_ms[k] = total_ms;
+    total_ms += plan[k].compute_ms;
+  }
+  // From the last layer back: each tensor's first access in layers [k, n) is the earliest one
+  // seen so far, and fetch_after(k) is kept as a running sum over the tensors whose first
+  // access needs bytes.
+  enum : uint8_t { kUnseen, kFetch, kOverwrite };
+  std::vector<uint8_t> first(footprint.size(), kUnseen);
+  uint64_t fetch_after = 0;
+  double after_ms = 0;
+  for (size_t k = n; k-- > 0;) {
+    const std::vector<PlannedAccess>& accesses = plan[k].accesses;
+    for (auto a = accesses.rbegin(); a != accesses.rend(); ++a) {
+      const uint8_t now = a->overwrite ? kOverwrite : kFetch;
+      uint8_t& was = first[a->tensor];
+      if (was == kFetch && now != kFetch) fetch_after -= footprint[a->tensor];
+      if (was != kFetch && now == kFetch) fetch_after += footprint[a->tensor];
+      was = now;
+    }
+    after_ms += plan[k].compute_ms;
+    const uint64_t cross = fetch_after > capacity ? fetch_after - capacity : 0;
+    const double cross_seconds =
+        link_bytes_per_second > 0 ? static_cast<double>(cross) / link_bytes_per_second : 0;
+    const double after_seconds = after_ms * 1e-3;
+    // before + max(after, cross) written as total + max(0, cross - after): exactly the total
+    // compute where the transfer fits behind the compute.
+    const double seconds = total_ms * 1e-3 + std::max(0.0, cross_seconds - after_seconds);
+    // >=: walking back, a tie keeps the earliest cut.
+    if (k == n - 1 || seconds >= best.seconds) {
+      best.seconds = seconds;
+      best.cut = k;
+      best.compute_before_seconds = before_ms[k] * 1e-3;
+      best.compute_after_seconds = after_seconds;
+      best.fetch_after_bytes = fetch_after;
+      best.cross_after_bytes = cross;
+      best.where = std::string(plan[k].pass) + " " + std::to_string(plan[k].layer);
+    }
+  }
+  return best;
 }
 
 }  // namespace strata::bench

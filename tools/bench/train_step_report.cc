@@ -26,6 +26,27 @@ std::string gbps(double bytes_per_second) {
   return absl::StrFormat("%.2f GB/s", bytes_per_second / 1e9);
 }
 
+// Why the arena bound is what it is: its binding cut, or that no cut exceeds the bound.
+std::string arena_bound_text(const TrainStepBound& b) {
+  const ArenaBound& a = b.arena;
+  if (a.seconds <= b.seconds()) {
+    return absl::StrFormat(
+        "arena bound %.4f s = the bound (no cut between layers gives more; the most, before %s: "
+        "%.4f s)",
+        b.arena_seconds(), a.where, a.seconds);
+  }
+  return absl::StrFormat(
+      "arena bound %.4f s = compute before %s %.4f s + max(compute after it %.4f s, %s that must "
+      "cross after it (%s read from there on - %s of %s) / %s %s = %.4f s)",
+      b.arena_seconds(), a.where, a.compute_before_seconds, a.compute_after_seconds,
+      format_bytes(a.cross_after_bytes), format_bytes(a.fetch_after_bytes),
+      format_bytes(b.arena_capacity_bytes), b.arena_link == "H2D" ? "arena" : "arena and CPU tier",
+      gbps(b.arena_link_bytes_per_second), b.arena_link,
+      b.arena_link_bytes_per_second > 0
+          ? static_cast<double>(a.cross_after_bytes) / b.arena_link_bytes_per_second
+          : 0);
+}
+
 }  // namespace
 
 void print_train_step(const TrainStepReport& report, std::ostream& out) {
@@ -45,6 +66,7 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
                          b.seconds(), b.compute_seconds,
                          format_bytes(std::max(b.transfer_bytes, b.d2h_bytes)),
                          gbps(b.link_bytes_per_second), b.transfer_seconds());
+  out << arena_bound_text(b) << "\n";
   if (o.activations == "stash") {
     out << absl::StrFormat(
         "activations through the stash: window %s, prefetch %s; %s out in forward and back in "
@@ -65,13 +87,14 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
         << ")";
   }
   out << "\n\n";
-  out << absl::StrFormat("%-10s %9s %7s %8s %8s %11s %11s %6s %6s %6s %6s %7s %5s %6s %6s\n",
-                         "policy", "step s", "ratio", "stall s", "idle s", "to gpu", "from gpu",
-                         "ms/in", "ms/out", "hits", "misses", "pf acc", "late", "wasted", "failed");
+  out << absl::StrFormat("%-10s %9s %7s %7s %8s %8s %11s %11s %6s %6s %6s %6s %7s %5s %6s %6s\n",
+                         "policy", "step s", "ratio", "arena r", "stall s", "idle s", "to gpu",
+                         "from gpu", "ms/in", "ms/out", "hits", "misses", "pf acc", "late",
+                         "wasted", "failed");
   for (const TrainStepRun& r : report.runs) {
     out << absl::StrFormat(
-        "%-10s %9.4f %7.3f %8.4f %8.4f %11s %11s %6.2f %6.2f %6d %6d %7s %5d %6d %6d\n", r.policy,
-        r.step_seconds, r.ratio_to_bound, r.stall_seconds,
+        "%-10s %9.4f %7.3f %7.3f %8.4f %8.4f %11s %11s %6.2f %6.2f %6d %6d %7s %5d %6d %6d\n",
+        r.policy, r.step_seconds, r.ratio_to_bound, r.ratio_to_arena_bound, r.stall_seconds,
         std::max(0.0, r.step_seconds - r.compute_seconds), format_bytes(r.bytes_to_gpu),
         format_bytes(r.bytes_from_gpu), r.seconds_per_fetch * 1e3, r.seconds_per_write_back * 1e3,
         r.hits, r.misses,
@@ -94,7 +117,9 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
   }
   out << "\n";
   for (const std::string& note : report.notes) out << note << "\n";
-  out << "ratio = step / bound; transfer = the bytes Belady's offline paging (the model line) "
+  out << "ratio = step / bound; arena r = step / arena bound (the bound, or more where the arena "
+         "cannot hold what the layers after a cut read: docs/train-step.md); transfer = the bytes "
+         "Belady's offline paging (the model line) "
          "fetches into the arena per step; link = the slower of H2D and the NVMe read; stall = "
          "host time acquires waited; idle = step - the simulated compute's own time (the compute "
          "stream without work); to gpu / from gpu = bytes the step moved into the GPU tier "
@@ -122,7 +147,8 @@ std::string train_step_json(const TrainStepReport& report) {
           st.window_waits, seconds_json(st.window_wait_seconds), st.gpu_peak_bytes);
     }
     runs.push_back(absl::StrFormat(
-        R"({"policy": "%s", "step_seconds": %s, "ratio_to_bound": %s, "stall_seconds": %s, )"
+        R"({"policy": "%s", "step_seconds": %s, "ratio_to_bound": %s, )"
+        R"("ratio_to_arena_bound": %s, "stall_seconds": %s, )"
         R"("bytes_moved": %d, "bytes_to_gpu": %d, "bytes_from_gpu": %d, "hits": %d, )"
         R"("misses": %d, "prefetches_issued": %d, )"
         R"("prefetches_used": %d, "prefetches_late": %d, "prefetches_wasted": %d, )"
@@ -131,15 +157,18 @@ std::string train_step_json(const TrainStepReport& report) {
         R"("all_step_seconds": [%s], "gpu_tier_peak_bytes": %d, "activations": %s, )"
         R"("timeline": %s})",
         r.policy, seconds_json(r.step_seconds), ratio_json(r.ratio_to_bound),
-        seconds_json(r.stall_seconds), r.bytes_moved, r.bytes_to_gpu, r.bytes_from_gpu, r.hits,
-        r.misses, r.prefetches_issued, r.prefetches_used, r.prefetches_late, r.prefetches_wasted,
-        r.prefetches_failed, ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds),
+        ratio_json(r.ratio_to_arena_bound), seconds_json(r.stall_seconds), r.bytes_moved,
+        r.bytes_to_gpu, r.bytes_from_gpu, r.hits, r.misses, r.prefetches_issued, r.prefetches_used,
+        r.prefetches_late, r.prefetches_wasted, r.prefetches_failed,
+        ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds),
         seconds_json(r.seconds_per_move), seconds_json(r.seconds_per_fetch),
         seconds_json(r.seconds_per_write_back), absl::StrJoin(all, ", "), r.gpu_tier_peak_bytes,
         stash, r.timeline.has_value() ? step_timeline_json(*r.timeline) : "null"));
   }
   return absl::StrFormat(
-      R"({"bound_seconds": %s, "compute_seconds": %s, "transfer_bytes": %d, )"
+      R"({"bound_seconds": %s, "arena_bound_seconds": %s, "arena_bound_cut": %s, )"
+      R"("arena_bound_cross_bytes": %d, "arena_bound_link": "%s", )"
+      R"("compute_seconds": %s, "transfer_bytes": %d, )"
       R"("transfer_seconds": %s, "link_gbps": %s, "h2d_gbps": %s, "nvme_read_gbps": %s, )"
       R"("layers": %d, "layer_bytes": %d, "activation_bytes": %d, "compute_ms": %s, )"
       R"("optimizer": %s, "optimizer_ms": %s, "arena_layers": %d, "arena_bytes": %d, )"
@@ -147,7 +176,8 @@ std::string train_step_json(const TrainStepReport& report) {
       R"("model": {"belady": %s, "lru": %s}, "activations": "%s", )"
       R"("activation_window_bytes": %d, "activation_prefetch_bytes": %d, )"
       R"("activation_transfer_bytes": %d, "d2h_bytes": %d, "runs": [%s]})",
-      seconds_json(b.seconds()), seconds_json(b.compute_seconds), b.transfer_bytes,
+      seconds_json(b.seconds()), seconds_json(b.arena_seconds()), json_quote(b.arena.where),
+      b.arena.cross_after_bytes, b.arena_link, seconds_json(b.compute_seconds), b.transfer_bytes,
       seconds_json(b.transfer_seconds()), ratio_json(b.link_bytes_per_second / 1e9),
       ratio_json(b.h2d_bytes_per_second / 1e9),
       b.nvme_bytes_per_second.has_value() ? ratio_json(*b.nvme_bytes_per_second / 1e9) : "null",
