@@ -210,6 +210,31 @@ absl::Status TensorStore::evict(TensorHandle handle, TierKind tier) {
   return absl::OkStatus();
 }
 
+absl::Status TensorStore::discard(TensorHandle handle) {
+  Impl& s = *impl_;
+  MutexLock lock(&s.mu);
+  auto found = s.live(handle);
+  if (!found.ok()) return found.status();
+  Impl::Tensor& t = **found;
+  if (!t.acquired.empty()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "tensor '%s' is acquired; release it before discarding its bytes", t.name));
+  }
+  // A move in flight (a fetch, a write-back) carries bytes nobody needs: the version it started
+  // with no longer matches, so it validates nothing when it lands. Copies still used by device
+  // work stay allocated until it ends (their busy events), as any stale copy does.
+  ++t.version;
+  for (Impl::Copy& c : t.copies) {
+    if (c.prefetched) ++s.counters.prefetches_wasted;
+    c.prefetched = false;
+    c.valid = false;
+    c.written_back_early = false;
+  }
+  ++s.counters.discards;
+  s.changed.SignalAll();  // allocations waiting for room may take the stale copies now
+  return absl::OkStatus();
+}
+
 absl::Status TensorStore::wait_evicted(TensorHandle handle, TierKind tier) {
   Impl& s = *impl_;
   MutexLock lock(&s.mu);

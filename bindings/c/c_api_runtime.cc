@@ -492,4 +492,13 @@ strata_status_t strata_tensor_evict(strata_tensor_t tensor, strata_tier_t tier) 
   });
 }
 
+strata_status_t strata_tensor_discard(strata_tensor_t tensor) {
+  return boundary("strata_tensor_discard", [&]() -> absl::Status {
+    Call call;
+    auto state = call.runtime_of(tensor, "tensor");
+    if (!state.ok()) return state.status();
+    return (*state)->runtime->store().discard(to_handle(tensor));
+  });
+}
+
 }  // extern "C"

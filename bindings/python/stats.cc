@@ -56,6 +56,12 @@ py::dict store_stats(const StoreStats& s) {
   d["stall_ns"] = s.stall_ns;
   d["evictions_clean"] = s.evictions_clean;
   d["evictions_writeback"] = s.evictions_writeback;
+  d["overwrites"] = s.overwrites;
+  d["discards"] = s.discards;
+  d["early_writebacks"] = s.early_writebacks;
+  d["early_writeback_bytes"] = s.early_writeback_bytes;
+  d["early_writebacks_used"] = s.early_writebacks_used;
+  d["early_writebacks_wasted"] = s.early_writebacks_wasted;
   d["errors"] = s.errors;
   d["prefetches_issued"] = s.prefetches_issued;
   d["prefetches_used"] = s.prefetches_used;

@@ -99,6 +99,15 @@ void bind_tensor(py::module_& m) {
           py::arg("tier"),
           "Drops the copy in `tier`, writing it back home first when it holds the only newest "
           "bytes.")
+      .def(
+          "discard",
+          [](PyTensor& t) {
+            t.check_alive();
+            unlocked_check([&] { return t.rt->store().discard(t.handle); });
+          },
+          "Its bytes are no longer needed (an activation after backward, a gradient after the "
+          "step): its copies go without a write-back; its contents are undefined until next "
+          "written.")
       .def("destroy",
            [](PyTensor& t) {
              t.check_alive();

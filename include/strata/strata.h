@@ -256,6 +256,10 @@ STRATA_API strata_status_t strata_tensor_prefetch(strata_tensor_t tensor, strata
 /* Drops the copy in `tier`, writing it back home first when it holds the only newest bytes.
  * The home copy is never evicted (STRATA_INVALID_ARGUMENT). */
 STRATA_API strata_status_t strata_tensor_evict(strata_tensor_t tensor, strata_tier_t tier);
+/* The tensor's bytes are no longer needed (an activation backward has read, a gradient after the
+ * optimizer step): its copies become stale and go without a write-back; its contents are
+ * undefined until next written. STRATA_FAILED_PRECONDITION while it is acquired. */
+STRATA_API strata_status_t strata_tensor_discard(strata_tensor_t tensor);
 
 /* ---- Offload optimizer (ZeRO-Offload / ZeRO-Infinity) -----------------------------------------
  */

@@ -21,14 +21,15 @@ RUN_FIELDS = {"policy", "step_seconds", "ratio_to_bound", "ratio_to_arena_bound"
               "misses", "prefetches_issued", "prefetches_used", "prefetches_late",
               "prefetches_wasted", "prefetches_failed", "prefetch_accuracy", "compute_seconds",
               "seconds_per_move", "seconds_per_fetch", "seconds_per_write_back",
-              "all_step_seconds", "timeline"}
+              "all_step_seconds", "timeline", "early_writebacks", "early_writebacks_used",
+              "early_writebacks_wasted", "discards"}
 BOUND_FIELDS = {"bound_seconds", "arena_bound_seconds", "arena_bound_cut",
                 "arena_bound_cross_bytes", "arena_bound_link", "compute_seconds", "transfer_bytes",
                 "transfer_seconds",
                 "link_gbps", "h2d_gbps", "nvme_read_gbps", "layers", "layer_bytes",
                 "activation_bytes", "compute_ms", "optimizer", "optimizer_ms", "arena_layers",
                 "arena_bytes", "home", "link_throttle_gbps", "steps", "sync_each_layer", "model",
-                "runs"}
+                "runs", "discard", "early_writeback"}
 MODEL_FIELDS = {"misses", "fetched_bytes", "written_back_bytes"}
 LAYERS, LAYER_BYTES, ACTIVATION_BYTES, COMPUTE_MS, OPTIMIZER_MS, ARENA_LAYERS = (
     6, 1 << 20, 256 << 10, 2, 1, 2)
@@ -101,11 +102,24 @@ def main() -> int:
         assert run["bytes_to_gpu"] + run["bytes_from_gpu"] <= run["bytes_moved"], run
         assert run["hits"] + run["misses"] == ACQUIRES, f"one acquire per tensor and pass: {run}"
         assert len(run["all_step_seconds"]) == 1, run
+        # --discard (the default): each step discards every activation after backward's read
+        # and every gradient after the optimizer's.
+        assert run["discards"] == 2 * LAYERS, run
+    assert ts["discard"] is True and ts["early_writeback"] is True, ts
     on_demand = ts["runs"][2]
     assert on_demand["prefetches_issued"] == 0, f"on-demand prefetched: {on_demand}"
 
-    # --policies: a subset, in the order given; the CPU home, no NVMe directory.
-    doc = run_bench(bench, ARGS + ["--home=cpu", "--policies=lru,belady"], os.environ)
+    # --policies: a subset, in the order given; the CPU home, no NVMe directory; nothing
+    # discarded and no early write-back: the model writes the dead bytes back too.
+    doc = run_bench(bench, ARGS + ["--home=cpu", "--policies=lru,belady", "--discard=off",
+                                   "--early-writeback=off"], os.environ)
+    assert doc["train_step"]["discard"] is False, doc["train_step"]
+    for run in doc["train_step"]["runs"]:
+        assert run["discards"] == 0 and run["early_writebacks"] == 0, run
+    kept = doc["train_step"]["model"]
+    for policy in ("belady", "lru"):
+        assert model[policy]["written_back_bytes"] < kept[policy]["written_back_bytes"], \
+            (policy, model, kept)
     got = [r["policy"] for r in doc["train_step"]["runs"]]
     assert got == ["lru", "belady"], got
     check_arena_bound(doc["train_step"])

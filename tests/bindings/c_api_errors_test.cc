@@ -100,6 +100,8 @@ TEST_CASE("c_api: every call with bad arguments returns an error code and a mess
                  "strata_tensor_prefetch: " + null_text);
     expect_error(strata_tensor_evict(null_tensor, STRATA_TIER_GPU), STRATA_INVALID_ARGUMENT,
                  "strata_tensor_evict: " + null_text);
+    expect_error(strata_tensor_discard(null_tensor), STRATA_INVALID_ARGUMENT,
+                 "strata_tensor_discard: " + null_text);
     const strata_access_t order[] = {{t, STRATA_TIER_GPU}, {null_tensor, STRATA_TIER_GPU}};
     expect_error(strata_runtime_set_access_order(r, order, 2), STRATA_INVALID_ARGUMENT,
                  "strata_runtime_set_access_order: order[1].tensor is a null handle");
@@ -151,6 +153,11 @@ TEST_CASE("c_api: every call with bad arguments returns an error code and a mess
                  "strata_tensor_evict: tensor 'w': its home copy (cpu) is never evicted");
     expect_error(strata_tensor_evict(t, 7), STRATA_INVALID_ARGUMENT,
                  "strata_tensor_evict: tier is 7");
+    REQUIRE(strata_tensor_acquire(t, STRATA_TIER_CPU, s, STRATA_ACCESS_READ, &p) == STRATA_OK);
+    expect_error(strata_tensor_discard(t), STRATA_FAILED_PRECONDITION,
+                 "strata_tensor_discard: tensor 'w' is acquired; release it before discarding");
+    REQUIRE(strata_tensor_release(t, s) == STRATA_OK);
+    CHECK(strata_tensor_discard(t) == STRATA_OK);
     const strata_access_t order[] = {{t, STRATA_TIER_NVME}};
     expect_error(strata_runtime_set_access_order(r, order, 1), STRATA_INVALID_ARGUMENT,
                  "strata_runtime_set_access_order: the access order names gpu or cpu acquires");

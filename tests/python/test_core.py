@@ -147,6 +147,26 @@ def test_overwrite_mode(runtime):
         assert np.from_dlpack(view).tolist() == [3.0] * 1024
 
 
+def test_discard_drops_the_copies_without_a_write_back(runtime):
+    t = runtime.create("dead", (4096,), "float32", home="cpu")
+    with t.acquire("gpu", "w") as view:
+        torch.from_dlpack(view).fill_(2.0)
+    a = t.acquire("gpu")
+    with pytest.raises(strata.Error, match=r"tensor 'dead' is acquired; release it before"):
+        t.discard()
+    a.release()
+    before = runtime.stats()
+    t.discard()
+    t.evict("gpu")
+    after = runtime.stats()
+    assert after["discards"] == before["discards"] + 1
+    assert after["moves"]["gpu->cpu"]["moves"] == before["moves"]["gpu->cpu"]["moves"]
+    with t.acquire("cpu", "overwrite") as view:  # written again: whole
+        torch.from_dlpack(view).fill_(5.0)
+    with t.acquire("gpu") as view:
+        assert torch.from_dlpack(view).eq(5.0).all()
+
+
 def test_unknown_tier_and_mode(runtime):
     t = runtime.create("x", (4,), "float32")
     with pytest.raises(ValueError, match=r"'tape' is not a tier: use gpu or cpu"):
@@ -244,7 +264,9 @@ def test_stats_is_a_dict(runtime):
     assert after["hits"] + after["misses"] >= 2
     for key in ("stall_ns", "evictions_clean", "evictions_writeback", "errors",
                 "prefetches_issued", "prefetches_used", "prefetches_late", "prefetches_wasted",
-                "prefetches_failed", "prefetch_accuracy", "schedule"):
+                "prefetches_failed", "prefetch_accuracy", "schedule", "overwrites", "discards",
+                "early_writebacks", "early_writeback_bytes", "early_writebacks_used",
+                "early_writebacks_wasted"):
         assert key in after
     assert set(after["moves"]) >= {"cpu->gpu", "gpu->cpu", "nvme->cpu", "cpu->nvme"}
 

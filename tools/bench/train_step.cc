@@ -327,6 +327,7 @@ absl::StatusOr<TrainStepReport> run_train_step(const TrainStepOptions& o, const 
     RuntimeOptions runtime_options;
     runtime_options.store.prefetch = run.policy->prefetch;
     runtime_options.store.belady = run.policy->belady;
+    if (!o.early_writeback) runtime_options.store.early_writeback_bytes = 0;
     auto device = make_train_step_device(o, loaded->first);
     if (!device.ok()) return device.status();
     runtime_options.device = *std::move(device);

@@ -51,6 +51,14 @@ struct TrainStepOptions {
   // On by default: with run-ahead, an on-demand fetch is issued as early as a prefetch could be
   // and the policies cannot be told apart (docs/train-step.md).
   bool sync_each_layer = true;
+  // The step's last read of bytes that are dead after it (the saved activation once backward has
+  // read it, the gradient once the optimizer has) is followed by TensorStore::discard, as a
+  // trainer frees them: their copies then go without a write-back. false: kept (written back
+  // when evicted, as bytes the store must not lose).
+  bool discard = true;
+  // The store's early write-back (TensorStoreOptions::early_writeback_bytes, its default);
+  // false: off, so that a written copy's write-back starts when its room is needed.
+  bool early_writeback = true;
   // How the saved activations travel. "store": store tensors homed on --home, acquired and
   // paged by the store's scheduler like the weights. "stash": an ActivationStash
   // (docs/activations.md): written into the GPU arena in forward, sent home behind the next
@@ -119,6 +127,10 @@ struct TrainStepRun {
   uint64_t prefetches_wasted = 0;
   uint64_t prefetches_failed = 0;
   double prefetch_accuracy = 0;  // used / issued during the step; 0 when none was issued
+  // The store's early write-backs during the step (StoreStats: issued, used, wasted) and its
+  // discards (--discard).
+  uint64_t early_writebacks = 0, early_writebacks_used = 0, early_writebacks_wasted = 0;
+  uint64_t discards = 0;
   double compute_seconds = 0;    // what the simulated compute itself took during the step
   // Mean host time per move during the step (MoveStats::ns / moves): for NVMe reads the read
   // itself, so a slow swap file shows here; 0 when nothing moved.

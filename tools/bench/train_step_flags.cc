@@ -32,6 +32,14 @@ std::vector<cli::Flag*> add_train_step_flags(cli::FlagSet& flags, TrainStepOptio
                       "train-step: the host waits for each layer's compute before the next "
                       "acquire (no run-ahead: only prefetching hides transfers); "
                       "--sync-each-layer=off lets the host run ahead"),
+      &flags.add_bool("discard", &train->discard,
+                      "train-step: discard the activation after backward's read and the gradient "
+                      "after the optimizer's (TensorStore::discard: no write-back of dead bytes); "
+                      "--discard=off keeps them"),
+      &flags.add_bool("early-writeback", &train->early_writeback,
+                      "train-step: the store writes home ahead of need the written copies the "
+                      "coming room will evict (TensorStoreOptions::early_writeback_bytes); "
+                      "--early-writeback=off: when the room is needed"),
       &flags.add_string("policies", policies_text,
                         "train-step: comma-separated policies to run, in this order, each in a "
                         "fresh runtime: belady (prefetch + Belady eviction), lru (prefetch + LRU), "

@@ -35,7 +35,9 @@ std::vector<PlannedLayer> step_plan(const TrainStepOptions& o) {
   }
   for (uint64_t i = o.layers; i-- > 0;) {
     PlannedLayer l{"backward", {}, o.compute_ms, i};
-    if (activations) l.accesses.push_back({index(i, LayerTensor::kActivation), false});
+    if (activations) {
+      l.accesses.push_back({index(i, LayerTensor::kActivation), false, false, o.discard});
+    }
     l.accesses.push_back({index(i, LayerTensor::kWeight), false});
     if (o.optimizer) l.accesses.push_back({index(i, LayerTensor::kGradient), true, true});
     plan.push_back(std::move(l));
@@ -44,7 +46,8 @@ std::vector<PlannedLayer> step_plan(const TrainStepOptions& o) {
     for (uint64_t i = 0; i < o.layers; ++i) {
       plan.push_back(
           {"optimizer",
-           {{index(i, LayerTensor::kGradient), false}, {index(i, LayerTensor::kWeight), true}},
+           {{index(i, LayerTensor::kGradient), false, false, o.discard},
+            {index(i, LayerTensor::kWeight), true}},
            o.optimizer_ms,
            i});
     }
@@ -104,7 +107,7 @@ PagingModel model_paging(const std::vector<PlannedLayer>& plan,
     }
     it->second.last_use = k;
     it->second.next_use = next[k];
-    it->second.dirty = it->second.dirty || a.write;
+    it->second.dirty = (it->second.dirty || a.write) && !a.last_use;
   }
   return last;
 }

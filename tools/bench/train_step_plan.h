@@ -21,6 +21,9 @@ struct PlannedAccess {
   // Every byte is written before any is read (AccessMode::kOverwrite): the store fetches
   // nothing for it, and the model counts no fetch.
   bool overwrite = false;
+  // The step's last read of bytes dead after it (--discard): discarded once released, so the
+  // model counts no write-back for it.
+  bool last_use = false;
 };
 
 // One layer of one pass: its tensors acquired on the GPU in this order, the simulated compute,

@@ -55,13 +55,14 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
   out << absl::StrFormat(
       "\ntrain-step: %d layers x (weight %s + activation %s%s) homed on %s, %s, compute %.3f ms "
       "per layer of forward and backward%s, GPU arena of %d layers (STRATA_GPU_BYTES=%s), median "
-      "of %d step(s) after 1 warm-up%s\n",
+      "of %d step(s) after 1 warm-up%s%s\n",
       o.layers, format_bytes(o.layer_bytes), format_bytes(o.activation_bytes),
       o.optimizer ? " + gradient " + format_bytes(o.layer_bytes) : std::string(), o.home,
       o.optimizer ? "forward, backward, optimizer" : "forward, backward", o.compute_ms,
       o.optimizer ? absl::StrFormat(", %.3f ms of the optimizer", o.optimizer_ms) : std::string(),
       o.arena_layers, format_bytes(report.config.gpu_bytes), o.steps,
-      o.sync_each_layer ? ", host waits for each layer's compute" : "");
+      o.sync_each_layer ? ", host waits for each layer's compute" : "",
+      o.discard ? ", dead activations and gradients discarded" : "");
   out << absl::StrFormat("bound %.4f s = max(compute %.4f s, transfer %s / %s = %.4f s)\n",
                          b.seconds(), b.compute_seconds,
                          format_bytes(std::max(b.transfer_bytes, b.d2h_bytes)),
@@ -153,6 +154,8 @@ std::string train_step_json(const TrainStepReport& report) {
         R"("misses": %d, "prefetches_issued": %d, )"
         R"("prefetches_used": %d, "prefetches_late": %d, "prefetches_wasted": %d, )"
         R"("prefetches_failed": %d, "prefetch_accuracy": %s, "compute_seconds": %s, )"
+        R"("early_writebacks": %d, "early_writebacks_used": %d, "early_writebacks_wasted": %d, )"
+        R"("discards": %d, )"
         R"("seconds_per_move": %s, "seconds_per_fetch": %s, "seconds_per_write_back": %s, )"
         R"("all_step_seconds": [%s], "gpu_tier_peak_bytes": %d, "activations": %s, )"
         R"("timeline": %s})",
@@ -160,7 +163,8 @@ std::string train_step_json(const TrainStepReport& report) {
         ratio_json(r.ratio_to_arena_bound), seconds_json(r.stall_seconds), r.bytes_moved,
         r.bytes_to_gpu, r.bytes_from_gpu, r.hits, r.misses, r.prefetches_issued, r.prefetches_used,
         r.prefetches_late, r.prefetches_wasted, r.prefetches_failed,
-        ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds),
+        ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds), r.early_writebacks,
+        r.early_writebacks_used, r.early_writebacks_wasted, r.discards,
         seconds_json(r.seconds_per_move), seconds_json(r.seconds_per_fetch),
         seconds_json(r.seconds_per_write_back), absl::StrJoin(all, ", "), r.gpu_tier_peak_bytes,
         stash, r.timeline.has_value() ? step_timeline_json(*r.timeline) : "null"));
@@ -173,6 +177,7 @@ std::string train_step_json(const TrainStepReport& report) {
       R"("layers": %d, "layer_bytes": %d, "activation_bytes": %d, "compute_ms": %s, )"
       R"("optimizer": %s, "optimizer_ms": %s, "arena_layers": %d, "arena_bytes": %d, )"
       R"("home": "%s", "link_throttle_gbps": %s, "steps": %d, "sync_each_layer": %s, )"
+      R"("discard": %s, "early_writeback": %s, )"
       R"("model": {"belady": %s, "lru": %s}, "activations": "%s", )"
       R"("activation_window_bytes": %d, "activation_prefetch_bytes": %d, )"
       R"("activation_transfer_bytes": %d, "d2h_bytes": %d, "runs": [%s]})",
@@ -184,7 +189,7 @@ std::string train_step_json(const TrainStepReport& report) {
       o.layers, o.layer_bytes, o.activation_bytes, ratio_json(o.compute_ms), json_bool(o.optimizer),
       ratio_json(o.optimizer_ms), o.arena_layers, b.arena_bytes, o.home,
       report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : "null", o.steps,
-      json_bool(o.sync_each_layer), model_json(b.belady), model_json(b.lru), o.activations,
+      json_bool(o.sync_each_layer), json_bool(o.discard), json_bool(o.early_writeback), model_json(b.belady), model_json(b.lru), o.activations,
       o.activations == "stash" ? stash_window_bytes(o) : 0,
       o.activations == "stash" ? stash_prefetch_bytes(o) : 0, b.activation_transfer_bytes,
       b.d2h_bytes, absl::StrJoin(runs, ", "));

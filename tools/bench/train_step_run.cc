@@ -93,6 +93,13 @@ absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
         released = store.release(tensors[a.tensor], stream);
       }
       if (!released.ok() && status.ok()) status = released;
+      // Dead after this read: its copies go without a write-back (ordered after the compute
+      // that reads it by the release's event, as any eviction is).
+      if (released.ok() && a.last_use && tensors[a.tensor].valid()) {
+        if (auto discarded = store.discard(tensors[a.tensor]); !discarded.ok() && status.ok()) {
+          status = discarded;
+        }
+      }
     }
     if (status.ok() && sync_each_layer) {
       const int64_t wait_start = timeline != nullptr ? timeline->now_ns() : 0;
@@ -160,6 +167,10 @@ TrainStepRun make_run(const char* policy, double seconds, const StepCounters& c)
   r.prefetches_late = a.prefetches_late - b.prefetches_late;
   r.prefetches_wasted = a.prefetches_wasted - b.prefetches_wasted;
   r.prefetches_failed = a.prefetches_failed - b.prefetches_failed;
+  r.early_writebacks = a.early_writebacks - b.early_writebacks;
+  r.early_writebacks_used = a.early_writebacks_used - b.early_writebacks_used;
+  r.early_writebacks_wasted = a.early_writebacks_wasted - b.early_writebacks_wasted;
+  r.discards = a.discards - b.discards;
   r.gpu_tier_peak_bytes = a.tiers[static_cast<size_t>(TierKind::kGpu)].peak_used;
   if (c.stash_before.has_value() && c.stash_after.has_value()) {
     const ActivationStashStats& sb = *c.stash_before;

@@ -122,6 +122,7 @@ struct StoreStats {
   // evictions will take, written home ahead of need while they stay resident. Issued; of those
   // that landed, evicted later without a write-back of their own (used), or written again first
   // (wasted: their bytes crossed the link for nothing).
+  uint64_t discards = 0;  // discard() calls: copies made stale without a write-back
   uint64_t early_writebacks = 0;
   uint64_t early_writeback_bytes = 0;
   uint64_t early_writebacks_used = 0;
@@ -209,6 +210,12 @@ class TensorStore {
   // are done (an acquire before then keeps it). A write-back to NVMe is waited for, and its
   // failure returned; one to the CPU tier is not (a failure is counted in stats().errors).
   absl::Status evict(TensorHandle tensor, TierKind tier);
+  // The tensor's bytes are no longer needed (a saved activation after backward has read it, a
+  // gradient after the optimizer step): every copy becomes stale, so eviction drops them without
+  // a write-back, and the contents are undefined until the tensor is next written, as after
+  // create(). Moves of it in flight land as stale. The scheduler still prefetches its next
+  // access unless that is an overwrite. FailedPrecondition while it is acquired.
+  absl::Status discard(TensorHandle tensor);
   // Waits until the copy in `tier`, evicted earlier, is gone (its write-back landed and its
   // device work ended). OK also when there is no copy. FailedPrecondition when the copy stays:
   // it was acquired again, or its write-back failed (counted in stats().errors, logged).
