@@ -28,8 +28,9 @@ bool Impl::moves_hold(TierKind tier, const Tensor& except) const {
 
 Impl::Tensor* Impl::choose_victim(const Tensor& keep, TierKind tier,
                                   std::optional<uint64_t> beyond) {
-  Tensor* stale = nullptr;
+  Tensor* stale = nullptr;  // a stale copy device work still uses
   std::vector<TensorId> candidates;
+  std::vector<TensorId> busy;  // a prefetch's candidates device work still uses
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     Tensor& u = *tensors[i];
     const Copy& c = u.copies[tier_index(tier)];
@@ -38,18 +39,31 @@ Impl::Tensor* Impl::choose_victim(const Tensor& keep, TierKind tier,
         c.pins > (c.writing_back_early ? 1u : 0u) || c.evicting) {
       continue;  // an evicting copy is on its way out already
     }
+    // (allocate() reaped the tier's finished device work before asking: `busy` is current.)
     if (!c.valid) {
-      stale = &u;  // costs nothing to drop
-      break;
+      if (c.busy.empty()) return &u;  // costs nothing to drop
+      if (stale == nullptr) stale = &u;
+      continue;
     }
     if (beyond.has_value()) {
       // A prefetch may only displace tensors needed later than the one it brings.
       const auto next = schedule.next_use(i);
       if (next.has_value() && *next <= *beyond) continue;
+      // And it takes copies no device work uses first: the room of one still in use (a
+      // discarded activation the running layer reads) comes back only when that work ends, and
+      // the prefetch worker would wait for it instead of issuing the next prefetches.
+      if (!c.busy.empty()) {
+        busy.push_back(i);
+        continue;
+      }
     }
     candidates.push_back(i);
   }
-  if (stale != nullptr) return stale;
+  if (beyond.has_value() && candidates.empty()) {
+    if (stale != nullptr) return stale;
+    candidates = std::move(busy);
+  }
+  if (stale != nullptr && !beyond.has_value()) return stale;
   if (candidates.empty()) return nullptr;
   if (options.belady && schedule.has_trace()) {
     return tensors[schedule.choose_victim(candidates)].get();
