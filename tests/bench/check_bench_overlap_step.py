@@ -29,7 +29,8 @@ TOP_FIELDS = {"mode", "state_home", "layers", "layer_bytes", "params", "chunk_el
 RUN_FIELDS = {"name", "overlap", "max_grad_norm", "inf_every", "steps", "rollbacks",
               "rollback_rate", "exposed_seconds", "exposed_ratio", "exposed_after_landing_seconds",
               "exposed_after_landing_ratio", "forward_seconds",
-              "forward_wait_seconds", "backward_seconds", "step_seconds", "ratio_to_bound",
+              "forward_wait_seconds", "first_layer_wait_seconds", "backward_seconds",
+              "step_seconds", "ratio_to_bound",
               "kept_exposed_seconds",
               "rolled_back_exposed_seconds", "rollback_cost", "early_elements",
               "overlap_host_bytes", "stats", "all_exposed_seconds", "all_step_seconds",
@@ -144,6 +145,8 @@ def check_forward(r):
     assert abs(wait - (r["forward_seconds"] - forward_compute)) <= rounding, r
     # The compute is a timed wait on the stream, so the forward lasts at least as long.
     assert wait >= -1e-4, r
+    # The first layer's wait is part of the forward's (per step, so for the medians too).
+    assert -1e-4 <= r["first_layer_wait_seconds"] <= wait + 2 * rounding, r
 
 
 def close_ratio(ratio, a, b):

@@ -193,8 +193,13 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
     return dev.launch_host_callback(
         **stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
   };
-  // The forward's end, as the stream reaches it (with or without --sync-each-layer).
+  // When the stream reaches a point (with or without --sync-each-layer): the end of the
+  // forward's first layer and of the forward.
+  auto first_layer_end_ns = std::make_shared<std::atomic<int64_t>>(0);
   auto forward_end_ns = std::make_shared<std::atomic<int64_t>>(0);
+  auto stamp = [&](const std::shared_ptr<std::atomic<int64_t>>& at) -> absl::Status {
+    return dev.launch_host_callback(**stream, [at] { *at = absl::GetCurrentTimeNanos(); });
+  };
   for (uint64_t s = 0; s <= o.steps; ++s) {
     // The inf goes into layer 0's gradient (the last to land) during the timed backward, so
     // that nothing untimed runs between step() and the next forward while uploads are in
@@ -208,16 +213,15 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
       auto data = rt.store().acquire(params[l], TierKind::kGpu, **stream, AccessMode::kRead);
       if (!data.ok()) return with_context(data.status(), "forward: reading the weights");
       if (auto st = launch_compute(); !st.ok()) return with_context(st, "forward: the compute");
+      if (l == 0) {
+        if (auto st = stamp(first_layer_end_ns); !st.ok()) return with_context(st, "forward");
+      }
       if (auto st = rt.store().release(params[l], **stream); !st.ok()) return st;
       if (o.sync_each_layer) {
         if (auto st = dev.synchronize(**stream); !st.ok()) return with_context(st, "forward");
       }
     }
-    if (auto st = dev.launch_host_callback(
-            **stream, [forward_end_ns] { *forward_end_ns = absl::GetCurrentTimeNanos(); });
-        !st.ok()) {
-      return with_context(st, "forward: timing its end");
-    }
+    if (auto st = stamp(forward_end_ns); !st.ok()) return with_context(st, "forward");
     for (uint64_t l = o.layers; l-- > 0;) {
       if (auto st = launch_compute(); !st.ok()) return with_context(st, "launching the compute");
       if (l == 0 && inject) {
@@ -267,6 +271,9 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
     sample.forward_seconds = absl::ToDoubleSeconds(forward_end - start);
     sample.forward_wait_seconds =
         sample.forward_seconds - static_cast<double>(o.layers) * o.compute_ms * 1e-3;
+    sample.first_layer_wait_seconds =
+        absl::ToDoubleSeconds(absl::FromUnixNanos(first_layer_end_ns->load()) - start) -
+        o.compute_ms * 1e-3;
     sample.backward_seconds = absl::ToDoubleSeconds(last_gradient - forward_end);
     sample.step_seconds = absl::ToDoubleSeconds(end - start);
     sample.rolled_back = result->rolled_back;
@@ -284,17 +291,19 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
   }
   if (auto st = dev.synchronize(**stream); !st.ok()) return with_context(st, "the uploads");
   // Summaries.
-  std::vector<double> steps, forwards, waits, rolled, kept;
+  std::vector<double> steps, forwards, waits, first_waits, rolled, kept;
   for (const OverlapStepSample& sample : run.samples) {
     steps.push_back(sample.step_seconds);
     forwards.push_back(sample.forward_seconds);
     waits.push_back(sample.forward_wait_seconds);
+    first_waits.push_back(sample.first_layer_wait_seconds);
     (sample.rolled_back ? rolled : kept).push_back(sample.exposed_seconds);
     if (sample.rolled_back) ++run.rollbacks;
   }
   run.step_seconds = median_of(steps);
   run.forward_seconds = median_of(forwards);
   run.forward_wait_seconds = median_of(waits);
+  run.first_layer_wait_seconds = median_of(first_waits);
   run.rolled_back_exposed_seconds = median_of(rolled);
   run.kept_exposed_seconds = median_of(kept);
   std::vector<OverlapStepSample> sorted = run.samples;

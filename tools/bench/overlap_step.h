@@ -67,11 +67,12 @@ std::vector<std::string> overlap_configurations(const std::string& mode);
 
 // One measured step of one configuration.
 struct OverlapStepSample {
-  double exposed_seconds = 0;       // last_step_ns: step()'s wall time after the last gradient
-  double forward_seconds = 0;       // from the forward's start to the stream reaching its end
-  double forward_wait_seconds = 0;  // forward_seconds less its compute (layers × compute)
-  double backward_seconds = 0;      // from the forward's end to the stream's end
-  double step_seconds = 0;          // forward + backward + step()
+  double exposed_seconds = 0;           // last_step_ns: step()'s wall time after the last gradient
+  double forward_seconds = 0;           // from the forward's start to the stream reaching its end
+  double forward_wait_seconds = 0;      // forward_seconds less its compute (layers × compute)
+  double first_layer_wait_seconds = 0;  // the same for the forward's first layer alone
+  double backward_seconds = 0;          // from the forward's end to the stream's end
+  double step_seconds = 0;              // forward + backward + step()
   bool rolled_back = false;
   bool skipped = false;
   double exposed_after_landing_seconds() const {
@@ -97,6 +98,7 @@ struct OverlapStepRun {
   // first layers do not wait for the last group").
   double forward_seconds = 0;
   double forward_wait_seconds = 0;
+  double first_layer_wait_seconds = 0;
   double rolled_back_exposed_seconds = 0;  // median over rolled-back steps; 0: none
   double kept_exposed_seconds = 0;         // median over the others; 0: none
   uint64_t rollbacks = 0;

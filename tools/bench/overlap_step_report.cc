@@ -57,6 +57,7 @@ std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run)
       ", \"exposed_after_landing_ratio\": ", ratio_json(report.exposed_after_landing_ratio(run)),
       ", \"forward_seconds\": ", seconds_json(run.forward_seconds),
       ", \"forward_wait_seconds\": ", seconds_json(run.forward_wait_seconds),
+      ", \"first_layer_wait_seconds\": ", seconds_json(run.first_layer_wait_seconds),
       ", \"backward_seconds\": ", seconds_json(m.backward_seconds),
       ", \"step_seconds\": ", seconds_json(run.step_seconds),
       ", \"ratio_to_bound\": ", ratio_json(report.ratio_to_bound(run)),
@@ -89,27 +90,28 @@ void print_overlap_step(const OverlapStepReport& report, std::ostream& out) {
       "bound %.1f ms = max(compute (forward + backward) %.1f, transfer %.1f, optimizer %.1f) ms\n",
       ms(report.bound_seconds()), ms(report.compute_seconds), ms(report.transfer_seconds),
       ms(report.optimizer_seconds));
-  out << absl::StrFormat("%-8s %10s %7s %10s %7s %10s %10s %10s %10s %7s %8s %7s %10s %9s\n",
+  out << absl::StrFormat("%-8s %10s %7s %10s %7s %10s %10s %10s %10s %10s %7s %8s %7s %10s %9s\n",
                          "config", "exposed", "vs off", "landed", "vs off", "forward", "fwd wait",
-                         "backward", "step", "/bound", "rollback", "rb cost", "early elem",
-                         "host MiB");
+                         "1st wait", "backward", "step", "/bound", "rollback", "rb cost",
+                         "early elem", "host MiB");
   for (const OverlapStepRun& run : report.runs) {
     out << absl::StrFormat(
-        "%-8s %8.2fms %7s %8.2fms %7s %8.2fms %8.2fms %8.2fms %8.2fms %7.3f %8.2f %7s %10d %9.1f\n",
+        "%-8s %8.2fms %7s %8.2fms %7s %8.2fms %8.2fms %8.2fms %8.2fms %8.2fms %7.3f %8.2f %7s %10d "
+        "%9.1f\n",
         run.name, ms(run.median.exposed_seconds), ratio_text(report.exposed_ratio(run)),
         ms(run.median.exposed_after_landing_seconds()),
         ratio_text(report.exposed_after_landing_ratio(run)), ms(run.forward_seconds),
-        ms(run.forward_wait_seconds), ms(run.median.backward_seconds), ms(run.step_seconds),
-        report.ratio_to_bound(run), run.rollback_rate(), ratio_text(report.rollback_cost(run)),
-        run.median.early_elements,
+        ms(run.forward_wait_seconds), ms(run.first_layer_wait_seconds),
+        ms(run.median.backward_seconds), ms(run.step_seconds), report.ratio_to_bound(run),
+        run.rollback_rate(), ratio_text(report.rollback_cost(run)), run.median.early_elements,
         static_cast<double>(run.median.stats.overlap_host_bytes) / (1 << 20));
   }
   out << "exposed = step()'s time after the last gradient (last_step_ns); landed = the same "
          "after the last gradient has landed (less last_step_wait_ns); forward = the next "
          "forward, its weights waited for one by one; fwd wait = forward less its compute (its "
-         "wait for the previous step's uploads); step = forward + backward + step(); rb cost = "
-         "a rolled-back step's exposed time / off's; medians (backward: the median exposed "
-         "step's)\n";
+         "wait for the previous step's uploads); 1st wait = the same for its first layer; "
+         "step = forward + backward + step(); rb cost = a rolled-back step's exposed time / "
+         "off's; medians (backward: the median exposed step's)\n";
   out << "where the exposed time goes (the median step; ms):\n";
   out << absl::StrFormat("%-8s %9s %9s %9s %9s %9s %9s %9s\n", "config", "step()", "grad wait",
                          "adam", "early wait", "rollback", "nvme wait", "early adam");
