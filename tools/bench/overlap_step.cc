@@ -71,9 +71,10 @@ Config sized_config(const TrainStepOptions& o, const Config& base, bool nvme,
   return c;
 }
 
-// Copies `bytes` from `src` (pinned) to `tensor` (home GPU) at `offset`, repeating `src`.
-absl::Status write_tensor(Runtime& rt, Stream& stream, TensorHandle tensor, uint64_t offset,
-                          uint64_t bytes, const PinnedHostMemory& src) {
+// Enqueues copies of `bytes` from `src` (pinned) to `tensor` (home GPU) at `offset`, repeating
+// `src`, on `stream`.
+absl::Status enqueue_write(Runtime& rt, Stream& stream, TensorHandle tensor, uint64_t offset,
+                           uint64_t bytes, const PinnedHostMemory& src) {
   TensorStore& store = rt.store();
   auto data = store.acquire(tensor, TierKind::kGpu, stream, AccessMode::kWrite);
   if (!data.ok()) return data.status();
@@ -84,9 +85,14 @@ absl::Status write_tensor(Runtime& rt, Stream& stream, TensorHandle tensor, uint
                                std::min(src.size(), bytes - done), CopyKind::kHostToDevice, stream);
   }
   absl::Status released = store.release(tensor, stream);
-  if (status.ok()) status = released;
-  if (status.ok()) status = rt.device().synchronize(stream);
-  return status;
+  return status.ok() ? released : status;
+}
+
+// The same, waited for.
+absl::Status write_tensor(Runtime& rt, Stream& stream, TensorHandle tensor, uint64_t offset,
+                          uint64_t bytes, const PinnedHostMemory& src) {
+  absl::Status status = enqueue_write(rt, stream, tensor, offset, bytes, src);
+  return status.ok() ? rt.device().synchronize(stream) : status;
 }
 
 struct Setup {
@@ -183,23 +189,45 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
   auto spent_ns = std::make_shared<std::atomic<int64_t>>(0);
   human << absl::StrFormat("overlap-step: %s: 1 warm-up step, %d measured\n", setup.name, o.steps);
   human.flush();
+  auto launch_compute = [&]() -> absl::Status {
+    return dev.launch_host_callback(
+        **stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
+  };
+  // When the stream reaches a point (with or without --sync-each-layer): the end of the
+  // forward's first layer and of the forward.
+  auto first_layer_end_ns = std::make_shared<std::atomic<int64_t>>(0);
+  auto forward_end_ns = std::make_shared<std::atomic<int64_t>>(0);
+  auto stamp = [&](const std::shared_ptr<std::atomic<int64_t>>& at) -> absl::Status {
+    return dev.launch_host_callback(**stream, [at] { *at = absl::GetCurrentTimeNanos(); });
+  };
   for (uint64_t s = 0; s <= o.steps; ++s) {
-    // Untimed: the injected inf (in layer 0's gradient, the last to land), and no io_uring
-    // registration of the CPU tier beside the step.
+    // The inf goes into layer 0's gradient (the last to land) during the timed backward, so
+    // that nothing untimed runs between step() and the next forward while uploads are in
+    // flight; the gradient's first value goes back after the (skipped: no uploads) step.
     const bool inject = setup.inf_every > 0 && s > 0 && s % setup.inf_every == 0;
-    if (inject) {
-      if (auto st = write_tensor(rt, **stream, grads[0], 0, kElementBytes, **inf); !st.ok()) {
-        return with_context(st, "injecting an inf");
-      }
-    }
-    rt.wait_for_registration();
+    rt.wait_for_registration();  // no io_uring registration of the CPU tier beside the step
     const uint64_t rollbacks_before = optimizer.stats().overlap_rollbacks;
     const absl::Time start = absl::Now();
+    // Forward: each weight's first use waits for its own upload by the previous step().
+    for (uint64_t l = 0; l < o.layers; ++l) {
+      auto data = rt.store().acquire(params[l], TierKind::kGpu, **stream, AccessMode::kRead);
+      if (!data.ok()) return with_context(data.status(), "forward: reading the weights");
+      if (auto st = launch_compute(); !st.ok()) return with_context(st, "forward: the compute");
+      if (l == 0) {
+        if (auto st = stamp(first_layer_end_ns); !st.ok()) return with_context(st, "forward");
+      }
+      if (auto st = rt.store().release(params[l], **stream); !st.ok()) return st;
+      if (o.sync_each_layer) {
+        if (auto st = dev.synchronize(**stream); !st.ok()) return with_context(st, "forward");
+      }
+    }
+    if (auto st = stamp(forward_end_ns); !st.ok()) return with_context(st, "forward");
     for (uint64_t l = o.layers; l-- > 0;) {
-      if (auto st = dev.launch_host_callback(
-              **stream, [compute, spent_ns] { simulate_compute(compute, spent_ns.get()); });
-          !st.ok()) {
-        return with_context(st, "launching the compute");
+      if (auto st = launch_compute(); !st.ok()) return with_context(st, "launching the compute");
+      if (l == 0 && inject) {
+        if (auto st = enqueue_write(rt, **stream, grads[0], 0, kElementBytes, **inf); !st.ok()) {
+          return with_context(st, "injecting an inf");
+        }
       }
       if (auto st = optimizer.grad_ready(ids[l], **stream); !st.ok()) {
         return with_context(st, "grad_ready");
@@ -217,16 +245,10 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
     // before the measured steps, whichever units those reach.
     if (s == 0 && setup.overlap) optimizer.wait_for_early_steps();
     auto result = optimizer.step();
+    const absl::Time end = absl::Now();
     if (!result.ok()) return with_context(result.status(), "step");
     const OffloadOptimizerStats stats = optimizer.stats();
-    // The next forward's first use of every weight: it waits for the uploads.
-    for (const TensorHandle& param : params) {
-      auto data = rt.store().acquire(param, TierKind::kGpu, **stream, AccessMode::kRead);
-      if (!data.ok()) return with_context(data.status(), "reading the updated weights");
-      if (auto st = rt.store().release(param, **stream); !st.ok()) return st;
-    }
-    if (auto st = dev.synchronize(**stream); !st.ok()) return with_context(st, "the uploads");
-    const absl::Time end = absl::Now();
+    const absl::Time forward_end = absl::FromUnixNanos(forward_end_ns->load());
     if (result->skipped != inject) {
       return absl::InternalError(absl::StrFormat(
           "overlap-step: %s: step %d was %sskipped, but an inf was %sinjected: a bug", setup.name,
@@ -246,8 +268,13 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
     }
     OverlapStepSample sample;
     sample.exposed_seconds = seconds_of(stats.last_step_ns);
-    sample.backward_seconds = absl::ToDoubleSeconds(last_gradient - start);
-    sample.exposed_with_uploads_seconds = absl::ToDoubleSeconds(end - last_gradient);
+    sample.forward_seconds = absl::ToDoubleSeconds(forward_end - start);
+    sample.forward_wait_seconds =
+        sample.forward_seconds - static_cast<double>(o.layers) * o.compute_ms * 1e-3;
+    sample.first_layer_wait_seconds =
+        absl::ToDoubleSeconds(absl::FromUnixNanos(first_layer_end_ns->load()) - start) -
+        o.compute_ms * 1e-3;
+    sample.backward_seconds = absl::ToDoubleSeconds(last_gradient - forward_end);
     sample.step_seconds = absl::ToDoubleSeconds(end - start);
     sample.rolled_back = result->rolled_back;
     sample.skipped = result->skipped;
@@ -256,16 +283,27 @@ absl::StatusOr<OverlapStepRun> run_configuration(const TrainStepOptions& o, cons
     sample.stats = stats;
     run.samples.push_back(sample);
   }
+  // The last step's uploads, untimed, before the tensors go.
+  for (const TensorHandle& param : params) {
+    auto data = rt.store().acquire(param, TierKind::kGpu, **stream, AccessMode::kRead);
+    if (!data.ok()) return with_context(data.status(), "reading the updated weights");
+    if (auto st = rt.store().release(param, **stream); !st.ok()) return st;
+  }
+  if (auto st = dev.synchronize(**stream); !st.ok()) return with_context(st, "the uploads");
   // Summaries.
-  std::vector<double> steps, before_uploads, rolled, kept;
+  std::vector<double> steps, forwards, waits, first_waits, rolled, kept;
   for (const OverlapStepSample& sample : run.samples) {
     steps.push_back(sample.step_seconds);
-    before_uploads.push_back(sample.backward_seconds + sample.exposed_seconds);
+    forwards.push_back(sample.forward_seconds);
+    waits.push_back(sample.forward_wait_seconds);
+    first_waits.push_back(sample.first_layer_wait_seconds);
     (sample.rolled_back ? rolled : kept).push_back(sample.exposed_seconds);
     if (sample.rolled_back) ++run.rollbacks;
   }
   run.step_seconds = median_of(steps);
-  run.step_before_uploads_seconds = median_of(before_uploads);
+  run.forward_seconds = median_of(forwards);
+  run.forward_wait_seconds = median_of(waits);
+  run.first_layer_wait_seconds = median_of(first_waits);
   run.rolled_back_exposed_seconds = median_of(rolled);
   run.kept_exposed_seconds = median_of(kept);
   std::vector<OverlapStepSample> sorted = run.samples;
@@ -328,11 +366,6 @@ double OverlapStepReport::ratio_to_bound(const OverlapStepRun& run) const {
   return bound > 0 ? run.step_seconds / bound : 0;
 }
 
-double OverlapStepReport::ratio_to_bound_before_uploads(const OverlapStepRun& run) const {
-  const double bound = bound_seconds();
-  return bound > 0 ? run.step_before_uploads_seconds / bound : 0;
-}
-
 absl::StatusOr<OverlapStepReport> run_overlap_step(const TrainStepOptions& train,
                                                    const OverlapStepOptions& options,
                                                    const Config& base,
@@ -344,7 +377,8 @@ absl::StatusOr<OverlapStepReport> run_overlap_step(const TrainStepOptions& train
   const bool nvme = train.home == "nvme";
   report.state_home = nvme ? "nvme" : "cpu";
   report.params = train.layers * (train.layer_bytes / kElementBytes);
-  report.compute_seconds = static_cast<double>(train.layers) * train.compute_ms * 1e-3;
+  // Forward and backward.
+  report.compute_seconds = 2 * static_cast<double>(train.layers) * train.compute_ms * 1e-3;
   const Config config = sized_config(train, base, nvme, nvme_paths);
   human << absl::StrFormat(
       "overlap-step: %d layers of %s fp16 (%d params), %.3g ms compute per layer, states on %s\n",

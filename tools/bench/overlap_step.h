@@ -4,29 +4,39 @@
 //
 // The model is the train-step workload's: --layers layers of a --layer-bytes fp16 weight (one
 // parameter each) and its fp16 gradient, both in the GPU tier; the optimizer's states in
-// --home (the CPU tier, or NVMe through the swap space). A step, per configuration:
-//   backward: for each layer from the last: its simulated compute (--compute-ms, a timed wait
-//             on the compute stream, bench/simulated_compute.h: no core burnt) enqueued, then
-//             grad_ready(layer, stream), so the gradient's D2H starts when the compute ends;
-//             with --sync-each-layer (the default) the host waits for each layer's compute
-//             before the next; without it the host runs ahead, as a trainer's backward hooks
-//             do on a GPU. The host then waits for the stream: the last gradient is computed.
+// --home (the CPU tier, or NVMe through the swap space). A step is one period of a training
+// loop, per configuration:
+//   forward:  for each layer from the first: its weight acquired on the GPU for reading (the
+//             compute stream then waits for that weight's upload by the previous step's
+//             step(), and for nothing else), its simulated compute (--compute-ms, a timed wait
+//             on the compute stream, bench/simulated_compute.h: no core burnt) enqueued, the
+//             weight released; with --sync-each-layer the host waits for the layer's compute.
+//             Its end is when the stream reaches it (a host callback takes the time).
+//   backward: for each layer from the last: its compute enqueued, then grad_ready(layer,
+//             stream), so the gradient's D2H starts when the compute ends; with
+//             --sync-each-layer (the default) the host waits for each layer's compute before
+//             the next; without it the host runs ahead, as a trainer's backward hooks do on a
+//             GPU. The host then waits for the stream: the last gradient is computed.
 //   step():   its wall time is OffloadOptimizerStats::last_step_ns, the optimizer time exposed
-//             after the last gradient;
-//   then the updated parameters are waited for on the stream (the next forward needs them).
+//             after the last gradient. Nothing waits for the uploads it leaves in flight: the
+//             next step's forward waits for each weight when it needs it.
+// The step's time runs from the forward's start to step()'s return; the forward's wait is its
+// time less its compute (layers × compute): how long its layers waited for their uploads. After
+// the last measured step the uploads are waited for, untimed.
 // Configurations, each in a fresh Runtime, one after another, one warm-up step then --steps
 // measured ones:
 //   off      overlap disabled: the plain step, the baseline of every ratio;
 //   on       overlap enabled;
 //   on-clip  overlap enabled, max_grad_norm below the gradients' norm: every step clips, so
 //            every step's early work is rolled back and stepped again (rollback rate 1);
-//   on-inf   overlap enabled, an inf in the first layer's gradient (the last to land) every
-//            --overlap-inf-every measured steps: that step is skipped and its early work
-//            rolled back.
-// The bound of a step: max(compute, transfer, optimizer), where compute is layers × compute,
-// transfer the busier direction of the link (the gradients down, the parameters up: the same
-// bytes) at --link-gbps, and optimizer the plain step's time once the last gradient has landed
-// (off's last_step_ns - last_step_wait_ns: Adam, its uploads, with states on NVMe their I/O).
+//   on-inf   overlap enabled, an inf written into the first layer's gradient (the last to
+//            land) by the backward of every --overlap-inf-every-th measured step: that step is
+//            skipped and its early work rolled back.
+// The bound of a step: max(compute, transfer, optimizer), where compute is layers × compute × 2
+// (forward and backward), transfer the busier direction of the link (the gradients down, the
+// parameters up: the same bytes) at --link-gbps, and optimizer the plain step's time once the
+// last gradient has landed (off's last_step_ns - last_step_wait_ns: Adam, its uploads, with
+// states on NVMe their I/O).
 #pragma once
 
 #include <absl/status/statusor.h>
@@ -57,11 +67,12 @@ std::vector<std::string> overlap_configurations(const std::string& mode);
 
 // One measured step of one configuration.
 struct OverlapStepSample {
-  double exposed_seconds = 0;   // last_step_ns: step()'s wall time after the last gradient
-  double backward_seconds = 0;  // from the first layer's compute to the stream's end
-  // From the stream's end to the updated parameters being on the GPU (step() and the uploads).
-  double exposed_with_uploads_seconds = 0;
-  double step_seconds = 0;  // backward + step() + the uploads
+  double exposed_seconds = 0;           // last_step_ns: step()'s wall time after the last gradient
+  double forward_seconds = 0;           // from the forward's start to the stream reaching its end
+  double forward_wait_seconds = 0;      // forward_seconds less its compute (layers × compute)
+  double first_layer_wait_seconds = 0;  // the same for the forward's first layer alone
+  double backward_seconds = 0;          // from the forward's end to the stream's end
+  double step_seconds = 0;              // forward + backward + step()
   bool rolled_back = false;
   bool skipped = false;
   double exposed_after_landing_seconds() const {
@@ -83,9 +94,11 @@ struct OverlapStepRun {
   // Summaries over `samples`: medians (the lower middle one for an even count).
   OverlapStepSample median;  // the step with the median exposed time
   double step_seconds = 0;   // median end-to-end step
-  // Median backward + step(): the step if the uploads overlap the next forward (the issue's
-  // "in the order the next forward needs them"), which this workload does not run.
-  double step_before_uploads_seconds = 0;
+  // Median forward and its wait for the previous step's uploads (the issue's "the next step's
+  // first layers do not wait for the last group").
+  double forward_seconds = 0;
+  double forward_wait_seconds = 0;
+  double first_layer_wait_seconds = 0;
   double rolled_back_exposed_seconds = 0;  // median over rolled-back steps; 0: none
   double kept_exposed_seconds = 0;         // median over the others; 0: none
   uint64_t rollbacks = 0;
@@ -108,7 +121,7 @@ struct OverlapStepReport {
   std::string device;
   uint64_t params = 0;  // elements in all
   uint64_t chunk_elements = 0;
-  double compute_seconds = 0;    // layers × compute
+  double compute_seconds = 0;    // layers × compute × 2 (forward and backward)
   double transfer_seconds = 0;   // layers × layer bytes at --link-gbps; 0 when not throttled
   double optimizer_seconds = 0;  // the plain step after landing (off), else the on run's Adam
   std::vector<OverlapStepRun> runs;
@@ -124,7 +137,6 @@ struct OverlapStepReport {
   // A rolled-back step's exposed time against the plain step's; 0 without one.
   double rollback_cost(const OverlapStepRun& run) const;
   double ratio_to_bound(const OverlapStepRun& run) const;
-  double ratio_to_bound_before_uploads(const OverlapStepRun& run) const;
 };
 
 // Runs the configurations of `options.mode` (not "none") with the train-step workload's model,

@@ -33,11 +33,13 @@ std::string stats_json(const OffloadOptimizerStats& s) {
 }
 
 std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run) {
-  std::vector<double> exposed, steps;
+  std::vector<double> exposed, steps, forwards, backwards;
   std::vector<std::string> rolled, skipped, early, redone;
   for (const OverlapStepSample& s : run.samples) {
     exposed.push_back(s.exposed_seconds);
     steps.push_back(s.step_seconds);
+    forwards.push_back(s.forward_seconds);
+    backwards.push_back(s.backward_seconds);
     rolled.push_back(json_bool(s.rolled_back));
     skipped.push_back(json_bool(s.skipped));
     early.push_back(absl::StrCat(s.early_elements));
@@ -53,13 +55,12 @@ std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run)
       ", \"exposed_ratio\": ", ratio_json(report.exposed_ratio(run)),
       ", \"exposed_after_landing_seconds\": ", seconds_json(m.exposed_after_landing_seconds()),
       ", \"exposed_after_landing_ratio\": ", ratio_json(report.exposed_after_landing_ratio(run)),
-      ", \"exposed_with_uploads_seconds\": ", seconds_json(m.exposed_with_uploads_seconds),
+      ", \"forward_seconds\": ", seconds_json(run.forward_seconds),
+      ", \"forward_wait_seconds\": ", seconds_json(run.forward_wait_seconds),
+      ", \"first_layer_wait_seconds\": ", seconds_json(run.first_layer_wait_seconds),
       ", \"backward_seconds\": ", seconds_json(m.backward_seconds),
       ", \"step_seconds\": ", seconds_json(run.step_seconds),
       ", \"ratio_to_bound\": ", ratio_json(report.ratio_to_bound(run)),
-      ", \"step_before_uploads_seconds\": ", seconds_json(run.step_before_uploads_seconds),
-      ", \"ratio_to_bound_before_uploads\": ",
-      ratio_json(report.ratio_to_bound_before_uploads(run)),
       ", \"kept_exposed_seconds\": ", seconds_json(run.kept_exposed_seconds),
       ", \"rolled_back_exposed_seconds\": ", seconds_json(run.rolled_back_exposed_seconds),
       ", \"rollback_cost\": ", ratio_json(report.rollback_cost(run)),
@@ -67,7 +68,9 @@ std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run)
       ", \"overlap_host_bytes\": ", m.stats.overlap_host_bytes,
       ", \"stats\": ", stats_json(m.stats),
       ", \"all_exposed_seconds\": ", seconds_list_json(exposed),
-      ", \"all_step_seconds\": ", seconds_list_json(steps), ", \"all_rolled_back\": [",
+      ", \"all_step_seconds\": ", seconds_list_json(steps),
+      ", \"all_forward_seconds\": ", seconds_list_json(forwards),
+      ", \"all_backward_seconds\": ", seconds_list_json(backwards), ", \"all_rolled_back\": [",
       absl::StrJoin(rolled, ", "), "], \"all_skipped\": [", absl::StrJoin(skipped, ", "),
       "], \"all_early_elements\": [", absl::StrJoin(early, ", "), "], \"all_redone_elements\": [",
       absl::StrJoin(redone, ", "), "], \"warmup_early_elements\": ", run.warmup_early_elements,
@@ -83,29 +86,32 @@ void print_overlap_step(const OverlapStepReport& report, std::ostream& out) {
       "compute per layer, %d measured step(s) per configuration\n",
       report.train.layers, format_bytes(report.train.layer_bytes), report.params, report.state_home,
       report.train.compute_ms, report.train.steps);
-  out << absl::StrFormat("bound %.1f ms = max(compute %.1f, transfer %.1f, optimizer %.1f) ms\n",
-                         ms(report.bound_seconds()), ms(report.compute_seconds),
-                         ms(report.transfer_seconds), ms(report.optimizer_seconds));
-  out << absl::StrFormat("%-8s %10s %7s %10s %7s %10s %10s %10s %7s %7s %8s %7s %10s %9s\n",
-                         "config", "exposed", "vs off", "landed", "vs off", "+uploads", "backward",
-                         "step", "/bound", "-uploads", "rollback", "rb cost", "early elem",
-                         "host MiB");
+  out << absl::StrFormat(
+      "bound %.1f ms = max(compute (forward + backward) %.1f, transfer %.1f, optimizer %.1f) ms\n",
+      ms(report.bound_seconds()), ms(report.compute_seconds), ms(report.transfer_seconds),
+      ms(report.optimizer_seconds));
+  out << absl::StrFormat("%-8s %10s %7s %10s %7s %10s %10s %10s %10s %10s %7s %8s %7s %10s %9s\n",
+                         "config", "exposed", "vs off", "landed", "vs off", "forward", "fwd wait",
+                         "1st wait", "backward", "step", "/bound", "rollback", "rb cost",
+                         "early elem", "host MiB");
   for (const OverlapStepRun& run : report.runs) {
     out << absl::StrFormat(
-        "%-8s %8.2fms %7s %8.2fms %7s %8.2fms %8.2fms %8.2fms %7.3f %8.3f %8.2f %7s %10d %9.1f\n",
+        "%-8s %8.2fms %7s %8.2fms %7s %8.2fms %8.2fms %8.2fms %8.2fms %8.2fms %7.3f %8.2f %7s %10d "
+        "%9.1f\n",
         run.name, ms(run.median.exposed_seconds), ratio_text(report.exposed_ratio(run)),
         ms(run.median.exposed_after_landing_seconds()),
-        ratio_text(report.exposed_after_landing_ratio(run)),
-        ms(run.median.exposed_with_uploads_seconds), ms(run.median.backward_seconds),
-        ms(run.step_seconds), report.ratio_to_bound(run), report.ratio_to_bound_before_uploads(run),
+        ratio_text(report.exposed_after_landing_ratio(run)), ms(run.forward_seconds),
+        ms(run.forward_wait_seconds), ms(run.first_layer_wait_seconds),
+        ms(run.median.backward_seconds), ms(run.step_seconds), report.ratio_to_bound(run),
         run.rollback_rate(), ratio_text(report.rollback_cost(run)), run.median.early_elements,
         static_cast<double>(run.median.stats.overlap_host_bytes) / (1 << 20));
   }
   out << "exposed = step()'s time after the last gradient (last_step_ns); landed = the same "
-         "after the last gradient has landed (less last_step_wait_ns); +uploads = until the "
-         "updated weights are on the GPU; step = backward + that; -uploads = (backward + "
-         "exposed) / bound, as if the uploads overlapped the next forward; rb cost = a "
-         "rolled-back step's exposed time / off's; medians\n";
+         "after the last gradient has landed (less last_step_wait_ns); forward = the next "
+         "forward, its weights waited for one by one; fwd wait = forward less its compute (its "
+         "wait for the previous step's uploads); 1st wait = the same for its first layer; "
+         "step = forward + backward + step(); rb cost = a rolled-back step's exposed time / "
+         "off's; medians (backward: the median exposed step's)\n";
   out << "where the exposed time goes (the median step; ms):\n";
   out << absl::StrFormat("%-8s %9s %9s %9s %9s %9s %9s %9s\n", "config", "step()", "grad wait",
                          "adam", "early wait", "rollback", "nvme wait", "early adam");
