@@ -48,7 +48,7 @@ uint64_t Impl::read_ahead_bytes() const {
   if (nvme == nullptr) return 0;
   // Half the staging pool by default: reads ahead of need hold no more than that of it, and the
   // rest stays for fetches on demand and write-backs through staging (a step evicts as it reads).
-  return options.read_ahead_bytes.value_or(staging->bytes() / 2);
+  return options.read_ahead_bytes.value_or(std::min(staging->bytes(), gpu.capacity()) / 2);
 }
 
 bool Impl::only_on_nvme(const Tensor& t, TierKind tier) const {

@@ -256,5 +256,51 @@ STRATA_BOTH_BACKENDS("Randomized ordered passes with read-ahead keep every tenso
   for (const Tracked& t : tensors) REQUIRE(store.destroy(t.handle).ok());
 }
 
+// The read-ahead's default window is half the staging pool, but no more than half the GPU tier:
+// a window larger than the tier fetches copies for accesses so far ahead that the nearer
+// accesses' own room (an overwrite's, which no prefetch made room for) evicts them again before
+// their use, and each such read is wasted (issue 26's train step on an NVMe home: 15-22 wasted
+// 8 MiB reads a step with a 72 MiB arena and a 128 MiB window; 1-4 with the cap).
+TEST_CASE("The default read-ahead stays within half the GPU tier: nothing it reads is wasted",
+          "[store][prefetch][read-ahead]") {
+  auto device = testing::host_device();
+  StoreSetup setup;
+  setup.gpu_bytes = 4 * kBytes + 16 * kKiB;  // four tensors and the compaction reserve
+  setup.staging_bytes = 32 * 128 * kKiB;     // 4 MiB: a 2 MiB window without the cap
+  setup.options.early_writeback_bytes = 0;   // only the prefetches move bytes ahead
+  Fixture f(*device, setup);
+  TensorStore& store = f.store();
+  // Per step: read r_i (NVMe home), then overwrite w_i (CPU home), i = 0..5.
+  std::vector<TensorHandle> reads, writes;
+  std::vector<OrderedAccess> order;
+  for (uint64_t i = 0; i < 6; ++i) {
+    auto r = store.create("r" + std::to_string(i), kBytes, TierKind::kNvme);
+    auto w = store.create("w" + std::to_string(i), kBytes, TierKind::kCpu);
+    REQUIRE(r.ok());
+    REQUIRE(w.ok());
+    f.write(*r, kBytes, seed_of(i), TierKind::kCpu);
+    reads.push_back(*r);
+    writes.push_back(*w);
+    order.push_back({*r, TierKind::kGpu, AccessMode::kRead});
+    order.push_back({*w, TierKind::kGpu, AccessMode::kOverwrite});
+  }
+  REQUIRE(store.flush().ok());
+  for (TensorHandle r : reads) REQUIRE(store.evict(r, TierKind::kCpu).ok());
+  REQUIRE(store.set_access_plan(order).ok());
+  for (int step = 0; step < 3; ++step) {
+    store.step_begin();
+    for (uint64_t i = 0; i < 6; ++i) {
+      INFO("step " << step << ", tensor " << i);
+      REQUIRE(f.holds(reads[i], kBytes, seed_of(i), TierKind::kGpu));
+      f.write(writes[i], kBytes, seed_of(100 + i), TierKind::kGpu, AccessMode::kOverwrite);
+    }
+    store.step_end();
+  }
+  const StoreStats stats = store.stats();
+  CHECK(stats.prefetches_issued > 0);
+  CHECK(stats.prefetches_wasted == 0);
+  CHECK(stats.errors == 0);
+}
+
 }  // namespace
 }  // namespace strata

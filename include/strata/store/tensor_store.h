@@ -145,7 +145,9 @@ struct TensorStoreOptions {
   // draining at each tensor boundary. Bounded by room as every prefetch is (it evicts only
   // copies needed later). nullopt: half the staging pool (STRATA_STAGING_BYTES, the pinned
   // budget for NVMe <-> GPU moves in flight; the other half stays for fetches on demand and
-  // write-backs); 0: off (only the schedule's leads).
+  // write-backs), and at most half the GPU tier: a window larger than the tier reads copies for
+  // accesses so far ahead that nearer accesses' room evicts them before their use (wasted
+  // reads); 0: off (only the schedule's leads).
   std::optional<uint64_t> read_ahead_bytes;
   // Early write-back: with a trace (prefetching on or off), a written copy that the room for the
   // upcoming accesses within this many bytes (counted as read-ahead counts them) will evict is
