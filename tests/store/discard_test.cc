@@ -99,6 +99,8 @@ TEST_CASE("A prefetch evicts an idle copy before a discarded one that device wor
   const TensorHandle x = t[0], a = t[1], b = t[2], c = t[3];
   REQUIRE(f.holds(x, kMiB, 10, kGpu));  // X and B on the GPU, clean and idle
   REQUIRE(f.holds(b, kMiB, 12, kGpu));
+  // Their releases' events done (on the host backend the stream's worker completes them).
+  REQUIRE(device->synchronize(f.stream()).ok());
   // A on the GPU, read by device work held until the end, then discarded.
   absl::Notification work_may_end;
   auto held = device->create_stream();
