@@ -217,8 +217,8 @@ absl::Status TensorStore::discard(TensorHandle handle) {
   if (!found.ok()) return found.status();
   Impl::Tensor& t = **found;
   if (!t.acquired.empty()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "tensor '%s' is acquired; release it before discarding its bytes", t.name));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("tensor '%s' is acquired; release it before discarding its bytes", t.name));
   }
   // A move in flight (a fetch, a write-back) carries bytes nobody needs: the version it started
   // with no longer matches, so it validates nothing when it lands. Copies still used by device

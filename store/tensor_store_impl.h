@@ -57,8 +57,8 @@ struct TensorStore::Impl {
     bool writing_back_early = false;  // an early write-back reads it now (one of its pins)
     bool written_back_early = false;  // its home copy came from an early write-back, and it has
                                       // not been written since
-    uint32_t pins = 0;       // acquisitions and moves reading from it
-    uint32_t writers = 0;    // write acquisitions not yet released: no move may read it
+    uint32_t pins = 0;                // acquisitions and moves reading from it
+    uint32_t writers = 0;             // write acquisitions not yet released: no move may read it
     uint32_t readers = 0;    // moves reading it now: a write acquisition waits for them (for a
                              // device read only until its event is in `busy`)
     uint32_t moves_out = 0;  // moves reading it, device or host: it is their source

@@ -131,7 +131,7 @@ struct TrainStepRun {
   // discards (--discard).
   uint64_t early_writebacks = 0, early_writebacks_used = 0, early_writebacks_wasted = 0;
   uint64_t discards = 0;
-  double compute_seconds = 0;    // what the simulated compute itself took during the step
+  double compute_seconds = 0;  // what the simulated compute itself took during the step
   // Mean host time per move during the step (MoveStats::ns / moves): for NVMe reads the read
   // itself, so a slow swap file shows here; 0 when nothing moved.
   double seconds_per_move = 0;

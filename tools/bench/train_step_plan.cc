@@ -44,12 +44,11 @@ std::vector<PlannedLayer> step_plan(const TrainStepOptions& o) {
   }
   if (o.optimizer) {
     for (uint64_t i = 0; i < o.layers; ++i) {
-      plan.push_back(
-          {"optimizer",
-           {{index(i, LayerTensor::kGradient), false, false, o.discard},
-            {index(i, LayerTensor::kWeight), true}},
-           o.optimizer_ms,
-           i});
+      plan.push_back({"optimizer",
+                      {{index(i, LayerTensor::kGradient), false, false, o.discard},
+                       {index(i, LayerTensor::kWeight), true}},
+                      o.optimizer_ms,
+                      i});
     }
   }
   return plan;

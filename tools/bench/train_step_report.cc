@@ -189,7 +189,8 @@ std::string train_step_json(const TrainStepReport& report) {
       o.layers, o.layer_bytes, o.activation_bytes, ratio_json(o.compute_ms), json_bool(o.optimizer),
       ratio_json(o.optimizer_ms), o.arena_layers, b.arena_bytes, o.home,
       report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : "null", o.steps,
-      json_bool(o.sync_each_layer), json_bool(o.discard), json_bool(o.early_writeback), model_json(b.belady), model_json(b.lru), o.activations,
+      json_bool(o.sync_each_layer), json_bool(o.discard), json_bool(o.early_writeback),
+      model_json(b.belady), model_json(b.lru), o.activations,
       o.activations == "stash" ? stash_window_bytes(o) : 0,
       o.activations == "stash" ? stash_prefetch_bytes(o) : 0, b.activation_transfer_bytes,
       b.d2h_bytes, absl::StrJoin(runs, ", "));
