@@ -343,7 +343,7 @@ TEST_CASE("Large reduce_scatter runs in pieces: uneven shards, in place and out 
   }
 }
 
-TEST_CASE("Several collectives in flight complete in order; waits in any order", "[comm][ranks]") {
+TEST_CASE("Several collectives in flight complete in order, waits in any order", "[comm][ranks]") {
   Job* j = job();
   if (j == nullptr) return;
   Communicator& c = *j->comm;

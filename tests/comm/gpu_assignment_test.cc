@@ -60,7 +60,7 @@ TEST_CASE("One GPU per rank: ranks that share one are named, with the fix", "[co
             kFix);
 }
 
-TEST_CASE("GPU identities travel as text; a malformed one names the build", "[comm][gpu]") {
+TEST_CASE("GPU identities travel as text, a malformed one names the build", "[comm][gpu]") {
   const GpuIdentity mine = GpuIdentity::on_this_machine("0000:3b:00.0", 3);
   CHECK_FALSE(mine.host.empty());
   CHECK(mine.machine.rfind(mine.host + "/", 0) == 0);

@@ -83,7 +83,7 @@ TEST_CASE("LOCAL_RANK and LOCAL_WORLD_SIZE are read and checked", "[config][loca
   CHECK(env.at("LOCAL_WORLD_SIZE") == "3");
 }
 
-TEST_CASE("LOCAL_RANK picks the device; STRATA_DEVICE set wins", "[config][local]") {
+TEST_CASE("LOCAL_RANK picks the device, STRATA_DEVICE set wins", "[config][local]") {
   // On host the number is unused, but chosen and explained the same way.
   ResolvedConfig r =
       resolved_of(config_of({{"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}}), fake_machine());

@@ -166,7 +166,7 @@ TEST_CASE("Runtime::create prints each warning once, however many runtimes", "[l
   CHECK(log.matching("strata: info:").empty());  // STRATA_LOG=warn: no info line
 }
 
-TEST_CASE("STRATA_LOG=error silences warnings; info adds the resolved tiers", "[log][runtime]") {
+TEST_CASE("STRATA_LOG=error silences warnings, info adds the resolved tiers", "[log][runtime]") {
   TempDir dir;
   LogCapture log;
   LowMemlock low;

@@ -170,7 +170,7 @@ STRATA_BOTH_BACKENDS("A wrapped external stream waits on strata's event without 
   CHECK(std::memcmp(host + kBytes, source.data(), kBytes) == 0);
 }
 
-STRATA_BOTH_BACKENDS("Copies wait for a host flag; the host does not", "[device]") {
+STRATA_BOTH_BACKENDS("Copies wait for a host flag, the host does not", "[device]") {
   constexpr uint64_t kBytes = (1 << 20) + 17;
   auto memory = device.allocate_device_memory(kBytes);
   auto pinned = device.allocate_pinned(2 * kBytes, "test buffer");

@@ -201,7 +201,7 @@ TEST_CASE("A stream waiting on an event does not block the host", "[device]") {
   CHECK(consumed_at == 1);
 }
 
-TEST_CASE("A stream waits for a host flag; the host does not", "[device]") {
+TEST_CASE("A stream waits for a host flag, the host does not", "[device]") {
   auto device = host_device();
   auto stream = device->create_stream();
   auto other = device->create_stream();
@@ -403,7 +403,7 @@ TEST_CASE("Host streams are named by their native handle only while they live", 
   CHECK(absl::IsInvalidArgument(device->wrap_external_stream(1).status()));
 }
 
-TEST_CASE("The consumer's stream waits on strata's event; the host does not (DLPack protocol)",
+TEST_CASE("The consumer's stream waits on strata's event, the host does not (DLPack protocol)",
           "[device]") {
   // What the Python binding does at __dlpack__(stream=...): record strata's event after the
   // copy, make the consumer's stream wait on it, return. A gate holds the copy, so the call

@@ -192,7 +192,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "ActivationStash: backward in any order prefetches along the recorded one; a changed "
+    "ActivationStash: backward in any order prefetches along the recorded one, a changed "
     "order is recorded again",
     "[offload][activations]") {
   StashRig rig(false);

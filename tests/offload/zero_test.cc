@@ -564,7 +564,7 @@ TEST_CASE("load() drops the gradients of micro-steps taken before it", "[zero]")
 }
 
 TEST_CASE(
-    "A rank killed mid-step fails the others with the Communicator's error; the last "
+    "A rank killed mid-step fails the others with the Communicator's error, the last "
     "checkpoint loads",
     "[zero][failure]") {
   using namespace std::chrono_literals;

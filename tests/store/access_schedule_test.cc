@@ -20,7 +20,7 @@ using testing::gpu_order;
 using testing::run_step;
 using testing::Tensors;
 
-TEST_CASE("The first step records the trace; matching steps keep it", "[schedule]") {
+TEST_CASE("The first step records the trace, matching steps keep it", "[schedule]") {
   AccessSchedule schedule;
   CHECK_FALSE(schedule.has_trace());
   CHECK(schedule.due(8).empty());
@@ -379,7 +379,7 @@ TEST_CASE("Repeated late arrivals make an access due a whole step ahead, then st
   CHECK(schedule.stats().late == 5);
 }
 
-TEST_CASE("An entry carries the latest acquire's overwrite flag; matching ignores it",
+TEST_CASE("An entry carries the latest acquire's overwrite flag, matching ignores it",
           "[schedule][overwrite]") {
   AccessSchedule schedule;
   const Access weight{1, TierKind::kGpu};

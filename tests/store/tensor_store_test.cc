@@ -333,7 +333,7 @@ STRATA_BOTH_BACKENDS("Randomized concurrent use keeps every tensor's newest byte
 namespace strata {
 namespace {
 
-TEST_CASE("High-placed tensors keep to the GPU arena's top; a reserve is entered last",
+TEST_CASE("High-placed tensors keep to the GPU arena's top, a reserve is entered last",
           "[store][placement]") {
   auto device = testing::host_device();
   StoreSetup setup;

@@ -117,7 +117,7 @@ STRATA_BOTH_BACKENDS("GPU arena compacts fragmented free space and keeps every b
   for (const auto& [block, address] : pinned) REQUIRE(gpu.unpin(block).ok());
 }
 
-TEST_CASE("GPU compaction does not wait for its copies; later work is ordered after them",
+TEST_CASE("GPU compaction does not wait for its copies, later work is ordered after them",
           "[tier][compaction]") {
   // Held at the gate, the compaction's device-to-device copies have not run when allocate()
   // returns; work ordered with order_after_compaction() still sees every byte in place.
