@@ -13,7 +13,7 @@
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
-#include <limits>
+#include <tuple>
 
 #include "strata/base/log.h"
 #include "tensor_store_impl.h"
@@ -34,28 +34,11 @@ uint64_t Impl::early_writeback_bytes() const {
 }
 
 void Impl::order_for_eviction(TierKind tier, std::vector<TensorId>& candidates) const {
-  if (options.belady && schedule.has_trace()) {
-    // As AccessSchedule::choose_victim: furthest next use first (never used again before
-    // everything), ties by the lower id.
-    constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
-    std::vector<std::pair<uint64_t, TensorId>> keyed;
-    keyed.reserve(candidates.size());
-    for (TensorId id : candidates) keyed.emplace_back(schedule.next_use(id).value_or(kNever), id);
-    std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    });
-    for (size_t i = 0; i < keyed.size(); ++i) candidates[i] = keyed[i].second;
-    return;
-  }
-  // As choose_victim's LRU: the least recently used first, copies prefetched and not yet used
-  // last (when any other copy is a candidate).
-  const auto unused_prefetch = [&](TensorId id) {
-    return tensors[id]->copies[tier_index(tier)].prefetched;
-  };
-  std::stable_sort(candidates.begin(), candidates.end(), [&](TensorId a, TensorId b) {
-    if (unused_prefetch(a) != unused_prefetch(b)) return unused_prefetch(b);
-    return tensors[a]->last_use < tensors[b]->last_use;
-  });
+  std::vector<EvictionRank> ranked;
+  ranked.reserve(candidates.size());
+  for (TensorId id : candidates) ranked.push_back(eviction_rank(tier, id));
+  std::sort(ranked.begin(), ranked.end());
+  for (size_t i = 0; i < ranked.size(); ++i) candidates[i] = std::get<2>(ranked[i]);
 }
 
 void Impl::plan_early_writebacks() {

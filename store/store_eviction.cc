@@ -6,6 +6,7 @@
 #include <absl/time/clock.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "strata/base/format_bytes.h"
 #include "strata/base/log.h"
@@ -65,22 +66,29 @@ Impl::Tensor* Impl::choose_victim(const Tensor& keep, TierKind tier,
   }
   if (stale != nullptr && !beyond.has_value()) return stale;
   if (candidates.empty()) return nullptr;
+  TensorId best = candidates.front();
+  EvictionRank best_rank = eviction_rank(tier, best);
+  for (TensorId id : candidates) {
+    const EvictionRank rank = eviction_rank(tier, id);
+    if (rank < best_rank) {
+      best = id;
+      best_rank = rank;
+    }
+  }
+  return tensors[best].get();
+}
+
+Impl::EvictionRank Impl::eviction_rank(TierKind tier, TensorId id) const {
   if (options.belady && schedule.has_trace()) {
-    return tensors[schedule.choose_victim(candidates)].get();
+    // Belady: the furthest next use first; never used again is furthest of all.
+    constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+    return {kNever - schedule.next_use(id).value_or(kNever), 0, id};
   }
   // LRU: copies prefetched and not yet used go last. They were fetched for the next accesses;
   // an acquire that makes its own room (an overwrite, which no prefetch made room for) would
   // otherwise evict them before their use, their last acquire being a step old.
-  const auto unused_prefetch = [&](TensorId id) {
-    return tensors[id]->copies[tier_index(tier)].prefetched;
-  };
-  const bool any_used = !std::all_of(candidates.begin(), candidates.end(), unused_prefetch);
-  std::optional<TensorId> oldest;
-  for (TensorId id : candidates) {
-    if (any_used && unused_prefetch(id)) continue;
-    if (!oldest.has_value() || tensors[id]->last_use < tensors[*oldest]->last_use) oldest = id;
-  }
-  return tensors[*oldest].get();
+  const Tensor& t = *tensors[id];
+  return {t.copies[tier_index(tier)].prefetched ? 1u : 0u, t.last_use, id};
 }
 
 void Impl::drop_copy(Tensor& t, TierKind tier) {

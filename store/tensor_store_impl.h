@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "strata/base/mutex.h"
@@ -245,6 +246,12 @@ struct TensorStore::Impl {
   bool moves_hold(TierKind tier, const Tensor& except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   Tensor* choose_victim(const Tensor& keep, TierKind tier, std::optional<uint64_t> beyond)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // A candidate copy's place in the eviction order, the smallest going first: Belady's furthest
+  // next use (never used again first), else the least recently used with copies prefetched and
+  // not yet used last; ties by the lower id. choose_victim takes the smallest; early write-back
+  // walks them in order.
+  using EvictionRank = std::tuple<uint64_t, uint64_t, TensorId>;
+  EvictionRank eviction_rank(TierKind tier, TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Starts evicting the copy: its write-back (when it holds the only newest bytes) in flight,
   // or null; the copy goes once that and its device work are done.
   absl::StatusOr<std::shared_ptr<InFlight>> evict_copy(Tensor& t, TierKind tier)
