@@ -58,6 +58,15 @@ struct Scenario {
     for (int i = 2; i < 6; ++i) order.push_back({w[i], kGpu, AccessMode::kRead});
     REQUIRE(f.store().set_access_plan(order).ok());
   }
+  // W0 and W1 overwritten on the GPU (seeds 1, 2); then W0's early write-back lands.
+  void overwrite_w0_w1() {
+    f.write(w[0], kBytes, 1, kGpu, AccessMode::kOverwrite);
+    REQUIRE(f.store().stats().early_writebacks == 0);  // the room it needs was free
+    f.write(w[1], kBytes, 2, kGpu, AccessMode::kOverwrite);
+    REQUIRE(eventually(f.store(), [](const StoreStats& st) {
+      return st.early_writebacks == 1 && st.moves_in_flight == 0;
+    }));
+  }
   static StoreSetup setup(std::optional<uint64_t> early_bytes) {
     StoreSetup s;
     s.gpu_bytes = 3 * kMiB + 64 * kKiB;  // three tensors and the arena's compaction reserve
@@ -78,12 +87,7 @@ TEST_CASE("A written copy the coming room will evict is written home early, then
     INFO("home " << to_string(home));
     Scenario s(home);
     TensorStore& store = s.f.store();
-    s.f.write(s.w[0], Scenario::kBytes, 1, kGpu, AccessMode::kOverwrite);
-    REQUIRE(store.stats().early_writebacks == 0);  // the room it needs was free
-    s.f.write(s.w[1], Scenario::kBytes, 2, kGpu, AccessMode::kOverwrite);
-    REQUIRE(eventually(store, [](const StoreStats& st) {
-      return st.early_writebacks == 1 && st.moves_in_flight == 0;
-    }));
+    s.overwrite_w0_w1();  // W0 written home early, and landed
     StoreStats st = store.stats();
     CHECK(st.early_writeback_bytes == Scenario::kBytes);
     CHECK(writebacks(st, home) == 1);
@@ -109,11 +113,7 @@ TEST_CASE("A copy written again after its early write-back is written back again
     INFO("home " << to_string(home));
     Scenario s(home);
     TensorStore& store = s.f.store();
-    s.f.write(s.w[0], Scenario::kBytes, 1, kGpu, AccessMode::kOverwrite);
-    s.f.write(s.w[1], Scenario::kBytes, 2, kGpu, AccessMode::kOverwrite);
-    REQUIRE(eventually(store, [](const StoreStats& st) {
-      return st.early_writebacks == 1 && st.moves_in_flight == 0;
-    }));
+    s.overwrite_w0_w1();
     // New bytes in the GPU copy: the home copy is stale again, and the early write-back wasted.
     s.f.write(s.w[0], Scenario::kBytes, 3, kGpu, AccessMode::kWrite);
     CHECK(store.stats().early_writebacks_wasted == 1);
