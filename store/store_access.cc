@@ -128,7 +128,9 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   s.counters.stall_ns +=
       waited ? static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start)) : 0;
   if (s.options.prefetch && !plan_first) s.plan_prefetches();
-  if (!s.options.prefetch) s.plan_early_writebacks();  // (else planned with the prefetches)
+  if (!s.options.prefetch && s.schedule.has_trace()) {  // (else planned with the prefetches)
+    s.plan_early_writebacks(s.schedule.upcoming(kMaxUpcoming));
+  }
   s.trace_acquire(t, tier, mode, start, was_hit, late);
   if (!status.ok()) {
     t.acquired.pop_back();

@@ -22,13 +22,6 @@ namespace strata {
 
 using Impl = TensorStore::Impl;
 
-namespace {
-
-// Accesses a round walks (it runs under the lock at every acquire, as the read-ahead's does).
-constexpr size_t kMaxUpcoming = 256;
-
-}  // namespace
-
 uint64_t Impl::early_writeback_bytes() const {
   return options.early_writeback_bytes.value_or(gpu.capacity() / 2);
 }
@@ -41,11 +34,9 @@ void Impl::order_for_eviction(TierKind tier, std::vector<TensorId>& candidates) 
   for (size_t i = 0; i < ranked.size(); ++i) candidates[i] = std::get<2>(ranked[i]);
 }
 
-void Impl::plan_early_writebacks() {
-  const uint64_t window = early_writeback_bytes();
-  if (window == 0 || !schedule.has_trace()) return;
-  const std::vector<DueAccess> next = schedule.upcoming(kMaxUpcoming);
-  for (TierKind tier : {TierKind::kGpu, TierKind::kCpu}) plan_early_writebacks(tier, next);
+void Impl::plan_early_writebacks(const std::vector<DueAccess>& upcoming) {
+  if (early_writeback_bytes() == 0) return;
+  for (TierKind tier : {TierKind::kGpu, TierKind::kCpu}) plan_early_writebacks(tier, upcoming);
 }
 
 void Impl::plan_early_writebacks(TierKind tier, const std::vector<DueAccess>& upcoming) {

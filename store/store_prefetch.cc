@@ -37,10 +37,8 @@ void Impl::stop_workers() {
 
 namespace {
 
-// Accesses a round plans: what the leads make due, and the read-ahead's walk (it runs under the
-// lock at every acquire: a window of many tiny tensors stops at this many accesses).
+// Accesses a round plans: what the leads make due.
 constexpr size_t kMaxDue = 64;
-constexpr size_t kMaxReadAhead = 256;
 
 }  // namespace
 
@@ -61,10 +59,14 @@ bool Impl::only_on_nvme(const Tensor& t, TierKind tier) const {
 void Impl::plan_prefetches() {
   if (!schedule.has_trace()) return;
   std::vector<DueAccess> plan = schedule.due_in_order(kMaxDue);
+  // The upcoming accesses, walked once for the read-ahead and the early write-backs.
+  const uint64_t window = read_ahead_bytes();
+  const std::vector<DueAccess> next = window > 0 || early_writeback_bytes() > 0
+                                          ? schedule.upcoming(kMaxUpcoming)
+                                          : std::vector<DueAccess>();
   // Read-ahead: the upcoming accesses within the window whose bytes must come from NVMe, and
   // (as due_in_order does) every access before the furthest of them, in need order.
-  if (const uint64_t window = read_ahead_bytes(); window > 0) {
-    std::vector<DueAccess> next = schedule.upcoming(kMaxReadAhead);
+  if (window > 0) {
     uint64_t bytes = 0;
     size_t furthest = 0;
     for (size_t i = 0; i < next.size(); ++i) {
@@ -76,10 +78,7 @@ void Impl::plan_prefetches() {
         furthest = i + 1;
       }
     }
-    if (furthest > plan.size()) {
-      next.resize(furthest);
-      plan = std::move(next);
-    }
+    if (furthest > plan.size()) plan.assign(next.begin(), next.begin() + furthest);
   }
   for (const DueAccess& due : plan) {
     const TensorId id = due.access.tensor;
@@ -96,7 +95,7 @@ void Impl::plan_prefetches() {
     prefetch_limit[k] = due.position;
   }
   if (!prefetch_queue.empty()) prefetch_work.SignalAll();
-  plan_early_writebacks();
+  plan_early_writebacks(next);
 }
 
 void Impl::run_worker() {

@@ -37,6 +37,10 @@ namespace strata {
 
 inline size_t tier_index(TierKind kind) { return static_cast<size_t>(kind); }
 
+// Upcoming accesses a planning round walks, for the read-ahead and the early write-backs (it runs
+// under the lock at every acquire: a window of many tiny tensors stops at this many accesses).
+inline constexpr size_t kMaxUpcoming = 256;
+
 inline constexpr std::array<TierKind, 3> kTiers = {TierKind::kGpu, TierKind::kCpu, TierKind::kNvme};
 
 struct TensorStore::Impl {
@@ -294,9 +298,10 @@ struct TensorStore::Impl {
 
   // store_early_writeback.cc
   uint64_t early_writeback_bytes() const;  // TensorStoreOptions::early_writeback_bytes, resolved
-  // Queues early write-backs of the written copies the room for the upcoming accesses will
-  // evict (called after prefetches are planned).
-  void plan_early_writebacks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Queues early write-backs of the written copies the room for the upcoming accesses
+  // (AccessSchedule::upcoming(kMaxUpcoming)) will evict; planned with the prefetches.
+  void plan_early_writebacks(const std::vector<DueAccess>& upcoming)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void plan_early_writebacks(TierKind tier, const std::vector<DueAccess>& upcoming)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // The copies in `tier` of `candidates`, in the order eviction would take them.
