@@ -42,8 +42,9 @@ uint64_t writebacks(const StoreStats& s, TierKind home) {
 // W2..W5 read there. After W1's acquire the next four accesses need 4 MiB of room and the tier
 // has one tensor's free: W0 (idle, written, needed furthest) is the copy their room will evict.
 struct Scenario {
-  explicit Scenario(TierKind home_tier, std::optional<uint64_t> early_bytes = 4 * kMiB)
-      : device(testing::host_device()), f(*device, setup(early_bytes)), home(home_tier) {
+  explicit Scenario(TierKind home_tier, std::optional<uint64_t> early_bytes = 4 * kMiB,
+                    std::shared_ptr<FaultInjector> faults = nullptr)
+      : device(testing::host_device()), f(*device, setup(early_bytes, faults)), home(home_tier) {
     for (int i = 0; i < 6; ++i) {
       auto t = f.store().create("w" + std::to_string(i), kBytes, home);
       REQUIRE(t.ok());
@@ -67,8 +68,10 @@ struct Scenario {
       return st.early_writebacks == 1 && st.moves_in_flight == 0;
     }));
   }
-  static StoreSetup setup(std::optional<uint64_t> early_bytes) {
+  static StoreSetup setup(std::optional<uint64_t> early_bytes,
+                          std::shared_ptr<FaultInjector> faults = nullptr) {
     StoreSetup s;
+    s.faults = std::move(faults);
     s.gpu_bytes = 3 * kMiB + 64 * kKiB;  // three tensors and the arena's compaction reserve
     s.options.prefetch = false;          // nothing else moves: the counts are exact
     s.options.early_writeback_bytes = early_bytes;
@@ -125,6 +128,30 @@ TEST_CASE("A copy written again after its early write-back is written back again
     CHECK(st.early_writebacks_used == 0);
     CHECK(s.f.holds(s.w[0], Scenario::kBytes, 3, kCpu));  // the new bytes, from home
   }
+}
+
+TEST_CASE("A failed early write-back loses nothing: the copy stays the newest and goes home later",
+          "[store][early_writeback]") {
+  auto faults = std::make_shared<FaultInjector>();
+  Scenario s(kNvme, 4 * kMiB, faults);
+  TensorStore& store = s.f.store();
+  FaultRule fail;  // the next write to the swap files fails (EIO): W0's early write-back
+  fail.op = IoOp::kWrite;
+  fail.times = 1;
+  faults->add(fail);
+  s.f.write(s.w[0], Scenario::kBytes, 1, kGpu, AccessMode::kOverwrite);
+  s.f.write(s.w[1], Scenario::kBytes, 2, kGpu, AccessMode::kOverwrite);
+  REQUIRE(eventually(store, [](const StoreStats& st) {
+    return st.early_writebacks == 1 && st.errors == 1 && st.moves_in_flight == 0;
+  }));
+  CHECK(faults->fired() == 1);
+  CHECK(store.stats().early_writebacks_used == 0);
+  // Its eviction writes it home (the copy was still the only newest one), and the bytes are there.
+  REQUIRE(store.evict(s.w[0], kGpu).ok());
+  REQUIRE(store.wait_evicted(s.w[0], kGpu).ok());
+  CHECK(store.stats().early_writebacks_used == 0);
+  CHECK(s.f.holds(s.w[0], Scenario::kBytes, 1, kCpu));
+  CHECK(store.stats().errors == 1);
 }
 
 TEST_CASE("Early write-back is off with early_writeback_bytes 0, and waits for a trace",
