@@ -120,6 +120,13 @@ void StreamQueue::drain() {
   while (completed_ < target) wait(&idle_, &mu_);
 }
 
+bool StreamQueue::idle() {
+  if (!owner->device_gates_for(this).empty()) return false;
+  MutexLock lock(&mu_);
+  std::erase_if(gates_, [](const auto& g) { return g->is_open(); });
+  return gates_.empty() && completed_ == submitted_;
+}
+
 void StreamQueue::run() {
   for (;;) {
     StreamWork op;

@@ -84,6 +84,9 @@ class StreamQueue {
   void add_gate(std::shared_ptr<StreamGate::State> gate);
   // Returns once all work enqueued before the call has run.
   void drain();
+  // True when all work enqueued so far has run and no closed gate would hold new work: a marker
+  // issued now (an event's record) is complete at once, with no trip through the worker.
+  bool idle();
 
   const std::shared_ptr<HostDeviceState> owner;  // keeps the links alive for queued copies
   uint64_t id = 0;                               // the native handle; set once, by create_stream

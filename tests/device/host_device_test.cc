@@ -178,6 +178,48 @@ TEST_CASE("An event is pending until its stream reaches it", "[device]") {
   CHECK(*device->query(**event));
 }
 
+TEST_CASE("An event recorded on an idle stream is complete at once", "[device]") {
+  // The fast path of record(): no trip through the stream's worker when nothing is queued (a
+  // DLPack consumer on the host then reads at once; a legal CUDA outcome too, nothing being
+  // before the event). It must not apply while anything could still run before the event:
+  // queued work, a closed stream gate, a closed device gate.
+  auto device = host_device();
+  auto stream = device->create_stream();
+  auto event = device->create_event();
+  REQUIRE(stream.ok());
+  REQUIRE(event.ok());
+  REQUIRE(device->record(**event, **stream).ok());
+  CHECK(*device->query(**event));  // without the fast path: pending until the worker's turn
+
+  // Work queued: pending until it has run, then the stream is idle again.
+  absl::Notification hold;
+  REQUIRE(device->launch_host_callback(**stream, [&] { hold.WaitForNotification(); }).ok());
+  REQUIRE(device->record(**event, **stream).ok());
+  CHECK_FALSE(*device->query(**event));
+  hold.Notify();
+  REQUIRE(device->synchronize(**stream).ok());
+  REQUIRE(device->record(**event, **stream).ok());
+  CHECK(*device->query(**event));
+
+  // A closed gate on an idle stream holds the marker as it holds any work issued after it.
+  {
+    auto gate = hold_stream(*device, **stream);
+    REQUIRE(gate.ok());
+    REQUIRE(device->record(**event, **stream).ok());
+    CHECK_FALSE(*device->query(**event));  // held, whether or not it reached the gate yet
+  }  // destroying the gate opens it
+  REQUIRE(device->synchronize(**event).ok());
+  CHECK(*device->query(**event));
+  {
+    auto gate = hold_device(*device, {});
+    REQUIRE(gate.ok());
+    REQUIRE(device->record(**event, **stream).ok());
+    CHECK_FALSE(*device->query(**event));
+  }
+  REQUIRE(device->synchronize(**event).ok());
+  CHECK(*device->query(**event));
+}
+
 TEST_CASE("A stream waiting on an event does not block the host", "[device]") {
   auto device = host_device();
   auto producer = device->create_stream();
