@@ -162,6 +162,49 @@ def test_slow_streams_give_the_same_bits(stage):
     assert all(torch.equal(state[k], want_state[k]) for k in want_state)
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_backward_on_another_thread_gives_the_same_bits(stage):
+    """On CUDA, torch runs backward on its autograd device thread, so the engine's calls come
+    from two threads in turn: forward's from the caller's, backward's (acquires for backward,
+    gradient adds, releases, reduce-scatters) from autograd's. Each backward here runs on a
+    thread of its own (a new one every step, as no thread is special to the engine), and
+    training equals the run on one thread, bitwise."""
+    x, y = data()
+
+    def run(backward_thread):
+        model = shard(make_mlp(), solo_communicator(host_runtime()), stage,
+                      fetch_policy=st.FetchPolicy(persist_below_bytes=0, reuse_window_bytes=0))
+        losses = []
+        for _ in range(3):
+            loss = nn.functional.mse_loss(model(x), y)
+            if backward_thread:
+                failed = []
+
+                def backward():
+                    try:
+                        loss.backward()
+                    except BaseException as e:  # noqa: BLE001: re-raised on the test's thread
+                        failed.append(e)
+
+                worker = threading.Thread(target=backward)
+                worker.start()
+                worker.join(60)
+                assert not worker.is_alive(), "backward on its own thread did not finish"
+                if failed:
+                    raise failed[0]
+            else:
+                loss.backward()
+            model.step()
+            losses.append(loss.detach().clone())
+        state = model.full_state_dict()
+        model.close()
+        return losses, state
+
+    (losses, state), (want, want_state) = run(True), run(False)
+    assert all(torch.equal(a, b) for a, b in zip(losses, want, strict=True))
+    assert all(torch.equal(state[k], want_state[k]) for k in want_state)
+
+
 class Block(nn.Module):
     def __init__(self, inner=None):
         super().__init__()
