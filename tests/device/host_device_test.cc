@@ -207,7 +207,8 @@ TEST_CASE("An event recorded on an idle stream is complete at once", "[device]")
     REQUIRE(gate.ok());
     REQUIRE(device->record(**event, **stream).ok());
     CHECK_FALSE(*device->query(**event));  // held, whether or not it reached the gate yet
-  }                                        // destroying the gate opens it
+    // Leaving the block destroys the gate, which opens it.
+  }
   REQUIRE(device->synchronize(**event).ok());
   CHECK(*device->query(**event));
   {
