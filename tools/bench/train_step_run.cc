@@ -3,9 +3,7 @@
 #include <absl/strings/str_format.h>
 #include <absl/time/clock.h>
 
-#include <algorithm>
 #include <string>
-#include <string_view>
 #include <thread>
 
 #include "bench/simulated_compute.h"
@@ -33,23 +31,9 @@ absl::Status run_step(TensorStore& store, Device& device, Stream& stream,
                       const std::shared_ptr<std::atomic<int64_t>>& spent_ns, ActivationStash* stash,
                       uint64_t activation_bytes, const std::shared_ptr<Timeline>& timeline) {
   std::vector<ActivationId> saved(tensors.size(), 0);  // by tensor index
-  // The layer's number within its pass, for the timeline's names.
-  std::vector<size_t> layer_in_pass(plan.size(), 0);
-  for (size_t i = 1; i < plan.size(); ++i) {
-    if (std::string_view(plan[i].pass) == plan[i - 1].pass) {
-      layer_in_pass[i] = layer_in_pass[i - 1] + 1;
-    }
-  }
   auto use = [&](size_t index) -> absl::Status {
     const PlannedLayer& layer = plan[index];
-    // Backward runs the layers in reverse.
-    const bool backward = std::string_view(layer.pass) == "backward";
-    const auto in_pass =
-        static_cast<size_t>(std::count_if(plan.begin(), plan.end(), [&](const PlannedLayer& l) {
-          return std::string_view(l.pass) == layer.pass;
-        }));
-    const size_t number = backward ? in_pass - 1 - layer_in_pass[index] : layer_in_pass[index];
-    const std::string name = absl::StrFormat("%s %d", layer.pass, number);
+    const std::string name = absl::StrFormat("%s %d", layer.pass, layer.layer);
     const int64_t layer_start = timeline != nullptr ? timeline->now_ns() : 0;
     size_t acquired = 0;
     absl::Status status;
