@@ -57,6 +57,19 @@ def step(model, x, y):
     return loss.detach().clone()
 
 
+def finished(model, losses):
+    """(losses, full state dict) of a run, its model closed."""
+    state = model.full_state_dict()
+    model.close()
+    return losses, state
+
+
+def assert_same_bits(run, reference):
+    (losses, state), (want, want_state) = run, reference
+    assert all(torch.equal(a, b) for a, b in zip(losses, want, strict=True))
+    assert all(torch.equal(state[k], want_state[k]) for k in want_state)
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_forward_and_backward_do_not_wait_on_the_host(stage):
     """With torch's stream a device stream, forward and backward issue everything (gathers,
@@ -153,13 +166,9 @@ def test_slow_streams_give_the_same_bits(stage):
             assert stepper.gates > 1
         else:
             losses = [step(model, x, y) for _ in range(3)]
-        state = model.full_state_dict()
-        model.close()
-        return losses, state
+        return finished(model, losses)
 
-    (losses, state), (want, want_state) = run(True), run(False)
-    assert all(torch.equal(a, b) for a, b in zip(losses, want, strict=True))
-    assert all(torch.equal(state[k], want_state[k]) for k in want_state)
+    assert_same_bits(run(True), run(False))
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -196,13 +205,9 @@ def test_backward_on_another_thread_gives_the_same_bits(stage):
                 loss.backward()
             model.step()
             losses.append(loss.detach().clone())
-        state = model.full_state_dict()
-        model.close()
-        return losses, state
+        return finished(model, losses)
 
-    (losses, state), (want, want_state) = run(True), run(False)
-    assert all(torch.equal(a, b) for a, b in zip(losses, want, strict=True))
-    assert all(torch.equal(state[k], want_state[k]) for k in want_state)
+    assert_same_bits(run(True), run(False))
 
 
 class Block(nn.Module):
@@ -275,14 +280,9 @@ def test_activation_checkpointing_at_stage_3(checkpointed, offload):
         if stash is not None:
             stash.stash.synchronize()
             assert stash.stats()["loads"] > 0
-        state = model.full_state_dict()
-        model.close()
-        return losses, state
+        return finished(model, losses)
 
-    losses, state = run(checkpointed, offload)
-    want, want_state = run(None, False)
-    assert all(torch.equal(a, b) for a, b in zip(losses, want, strict=True))
-    assert all(torch.equal(state[k], want_state[k]) for k in want_state)
+    assert_same_bits(run(checkpointed, offload), run(None, False))
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
