@@ -265,9 +265,10 @@ class HostDevice final : public Device {
     if (!owned.ok()) return owned.status();
     auto [host_event, host_stream] = *owned;
     std::shared_ptr<EventState> state = host_event->state;
-    // On an idle stream the event is complete when recorded, as CUDA's is: a host consumer's
-    // synchronize (an acquisition read through DLPack at once) does not wait for the worker's
-    // turn. The stream's lock in idle() orders the work that ran before it.
+    // On an idle stream the event is complete when recorded (nothing is before it; CUDA may
+    // report it a moment later, which no caller may rely on): a host consumer's synchronize (an
+    // acquisition read through DLPack at once) does not wait for the worker's turn. The
+    // stream's lock in idle() orders the work that ran before it.
     if (host_stream->queue->idle()) {
       MutexLock lock(&state->mu);
       ++state->latest;
