@@ -16,6 +16,7 @@
 
 #include "c_api_fixtures.h"
 #include "c_api_zero_fixtures.h"
+#include "skip.h"
 #include "strata/strata.h"
 #include "temp_dir.h"
 
@@ -46,7 +47,7 @@ struct Side {
 TEST_CASE("c_api: ZeRO over the ranks of a job matches one rank, bitwise", "[c_api][zero]") {
   const char* world = std::getenv("WORLD_SIZE");
   if (world == nullptr) {
-    WARN("SKIPPED: run under strata-run -n 2 (CTest: c_api.zero_ranks_2)");
+    strata::testing::skip("run under strata-run -n 2 (CTest: c_api.zero_ranks_2)");
     return;
   }
   // The job, and a one-rank job of its own (on another port) for the reference.

@@ -21,6 +21,7 @@
 
 #include "comm/device_copier.h"
 #include "comm/host_reduce.h"
+#include "skip.h"
 #include "strata/comm/communicator.h"
 #include "strata/config/config.h"
 #include "strata/device/backend.h"
@@ -45,8 +46,8 @@ std::unique_ptr<Job> start_job() {
   if (nccl) {
     // Every rank sees the same GPUs, so every rank makes the same choice.
     if (auto gpus = choose_backend(Backend::kCuda, launch->world_size - 1); !gpus.ok()) {
-      std::cout << "SKIPPED: the NCCL suite needs a GPU per rank (" << launch->world_size
-                << "): " << gpus.status().message() << std::endl;
+      testing::skip("the NCCL suite needs a GPU per rank (" + std::to_string(launch->world_size) +
+                    "): " + std::string(gpus.status().message()));
       return nullptr;
     }
     auto device = make_device(Backend::kCuda, launch->local_rank);
@@ -62,7 +63,7 @@ std::unique_ptr<Job> start_job() {
       CommOptions{.launch = *launch, .settings = config->comm, .device = job->device.get()});
   if (nccl && !comm.ok() &&
       comm.status().message().find("has no NCCL") != absl::string_view::npos) {
-    std::cout << "SKIPPED: " << comm.status().message() << std::endl;
+    testing::skip(std::string(comm.status().message()));
     return nullptr;
   }
   if (!comm.ok()) FAIL(comm.status().ToString());

@@ -10,6 +10,7 @@
 
 #include "comm/device_copier.h"
 #include "device/device_fixtures.h"
+#include "skip.h"
 #include "strata/comm/communicator.h"
 
 namespace strata {
@@ -27,7 +28,7 @@ std::unique_ptr<Communicator> nccl_or_skip(Device& device, bool debug = false) {
   auto comm = Communicator::create(options);
   if (!comm.ok() && comm.status().code() == absl::StatusCode::kFailedPrecondition &&
       comm.status().message().find("has no NCCL") != absl::string_view::npos) {
-    std::cout << "SKIPPED: " << comm.status().message() << "\n";
+    testing::skip(std::string(comm.status().message()));
     return nullptr;
   }
   REQUIRE(comm.ok());

@@ -3,9 +3,10 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-#include <iostream>
 #include <memory>
+#include <string>
 
+#include "skip.h"
 #include "strata/device/backend.h"
 #include "strata/device/host_device.h"
 
@@ -21,7 +22,7 @@ inline std::unique_ptr<Device> host_device(HostDeviceOptions options = {}) {
 inline std::unique_ptr<Device> cuda_device_or_skip() {
   auto choice = choose_backend(Backend::kCuda, 0);
   if (!choice.ok()) {
-    std::cout << "SKIPPED: no CUDA device: " << choice.status().message() << "\n";
+    skip("no CUDA device: " + std::string(choice.status().message()));
     return nullptr;
   }
   auto device = make_device(Backend::kCuda, 0);

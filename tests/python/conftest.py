@@ -1,10 +1,38 @@
 """Fixtures for the strata Python module's tests (run by CTest as python.pytest)."""
 
+import os
 import socket
 
 import pytest
 
 import strata
+
+
+# STRATA_TEST_NO_SKIP=1 (as for the C++ tests, tests/skip.h): a run on a machine that must run
+# everything (a GPU box with NCCL), where every skipped test or module fails instead, naming why
+# it could not run. CI does not set it.
+def skips_fail():
+    return os.environ.get("STRATA_TEST_NO_SKIP", "") not in ("", "0")
+
+
+def _fail_a_skip(report):
+    if not skips_fail() or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"could not run, and STRATA_TEST_NO_SKIP makes that a failure: {why}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_a_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_a_skip(outcome.get_result())
 
 
 def free_port():

@@ -10,10 +10,10 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
-#include <iostream>
 #include <memory>
 #include <string>
 
+#include "skip.h"
 #include "strata/device/backend.h"
 #include "strata/runtime/runtime.h"
 #include "strata/store/tensor_store.h"
@@ -94,7 +94,7 @@ class StoreRig {
     if (variant.backend == Backend::kCuda) {
       auto choice = choose_backend(Backend::kCuda, 0);
       if (!choice.ok()) {
-        std::cout << "SKIPPED: no CUDA device: " << choice.status().message() << "\n";
+        skip("no CUDA device: " + std::string(choice.status().message()));
         return nullptr;
       }
     }
@@ -118,8 +118,7 @@ class StoreRig {
       probe.io_engine = IoEngineKind::kAuto;
       auto loaded = load_configuration(probe);
       if (loaded.ok() && !loaded->second.io_uring_available) {
-        std::cout << "SKIPPED: io_uring is refused here: " << loaded->second.io_uring_detail
-                  << "\n";
+        skip("io_uring is refused here: " + loaded->second.io_uring_detail);
         return nullptr;
       }
     }
