@@ -9,6 +9,10 @@ only what the wheel holds: the module strata._strata, strata-info and strata-run
 build-pip/<interpreter's extension suffix>/ in the source tree and is kept: a second `pip install`
 or `pip wheel` of the same tree for the same interpreter rebuilds only what changed.
 
+A CUDA build needs NCCL's header (the CUDA toolkit's, or torch's nvidia-nccl-cuXX wheel installed
+in this interpreter): without it the configure step fails, naming the wheel, unless NCCL is left out
+on purpose (CMAKE_ARGS=-DSTRATA_WITH_NCCL=OFF).
+
 As scikit-build-core does: CMAKE_ARGS (extra CMake arguments, e.g. "-DSTRATA_WITH_CUDA=OFF"),
 CMAKE_BUILD_PARALLEL_LEVEL (jobs) and CMAKE_GENERATOR are honoured. setuptools is the backend only
 because Debian 12 does not package scikit-build-core (pyproject.toml).
@@ -71,6 +75,12 @@ class CMakeBuild(build_ext):
             f"-DPython3_EXECUTABLE={sys.executable}",
             "-DSTRATA_PYTHON_REQUIRED=ON",
             "-DSTRATA_PYTHON_INSTALL_DIR=.",
+            # pip shows a build's output only when it fails: a CUDA build that finds no nccl.h
+            # (the CUDA toolkit's, or torch's nvidia-nccl wheel on this interpreter's sys.path)
+            # fails, naming the wheel, instead of making a GPU wheel without the NCCL backend
+            # unseen. Opting out: CMAKE_ARGS=-DSTRATA_WITH_NCCL=OFF (cmake/StrataNccl.cmake).
+            "-DSTRATA_WITH_NCCL=ON",
+            "-DSTRATA_NCCL_REQUIRED=ON",
         ]
         configure += shlex.split(os.environ.get("CMAKE_ARGS", ""))  # last: they override
         targets = ["strata_python", "strata-info", "strata-run"]
@@ -83,8 +93,9 @@ class CMakeBuild(build_ext):
         for step, command in (("configure", configure), ("build", build), ("install", install)):
             print("strata:", " ".join(shlex.quote(c) for c in command), flush=True)
             if subprocess.call(command) != 0:
-                hint = (f" Missing packages are named above; Debian: apt install "
-                        f"{DEBIAN_PACKAGES}" if step == "configure" else "")
+                hint = (f" The reason is the CMake Error above (missing Debian packages: apt "
+                        f"install {DEBIAN_PACKAGES}; NCCL's header: the wheel it names)"
+                        if step == "configure" else "")
                 fail(f"CMake's {step} step failed (build folder {build_dir}).{hint}")
 
 

@@ -26,17 +26,21 @@ endif()
 if(STRATA_WITH_CUDA)
   message(STATUS "strata: CUDA ${CUDAToolkit_VERSION} found in ${CUDAToolkit_BIN_DIR}; "
                  "building the CUDA backend")
-  # NCCL: only its header at build time; the library is found and loaded at run time
-  # (comm/nccl_library.cc: the system's, or torch's nvidia-nccl wheel), never linked.
-  find_path(STRATA_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-  if(STRATA_NCCL_INCLUDE_DIR)
-    message(STATUS "strata: nccl.h found in ${STRATA_NCCL_INCLUDE_DIR}; building the NCCL "
-                   "backend (libnccl is loaded at run time)")
-  else()
-    message(STATUS "strata: nccl.h not found under the CUDA toolkit or the system paths: the "
-                   "NCCL communicator is left out, collectives use Gloo")
-  endif()
 else()
   message(STATUS "strata: CUDA toolkit not found: the CUDA backend is left out "
                  "(host backend only)")
 endif()
+
+# NCCL: only its header at build time, from the CUDA toolkit or torch's nvidia-nccl wheel on the
+# sys.path of the interpreter the Python module is built for (bindings/python picks the same one:
+# Python3_EXECUTABLE, else /usr/bin/python3). The library is loaded at run time, never linked.
+include(StrataNccl)
+if(DEFINED Python3_EXECUTABLE)
+  set(strata_nccl_python "${Python3_EXECUTABLE}")
+elseif(EXISTS /usr/bin/python3)
+  set(strata_nccl_python /usr/bin/python3)
+else()
+  find_program(strata_nccl_python NAMES python3)
+endif()
+strata_configure_nccl(CUDA ${STRATA_WITH_CUDA} CUDA_VERSION "${CUDAToolkit_VERSION}"
+                      CUDA_INCLUDE_DIRS ${CUDAToolkit_INCLUDE_DIRS} PYTHON "${strata_nccl_python}")

@@ -62,8 +62,8 @@ absl::StatusOr<CommBackendKind> choose_backend(const std::vector<CommCapability>
   if (!without_nccl.empty()) {
     message += cat(" ", name_ranks(without_nccl), " found no NCCL");
     fix +=
-        cat(", or install NCCL where it is missing (pip install nvidia-nccl-cu12, or set "
-            "STRATA_NCCL_LIBRARY; strata-info shows where NCCL was searched)");
+        cat(", or install NCCL where it is missing (pip install ", nccl_wheel(),
+            ", or set STRATA_NCCL_LIBRARY; strata-info shows where NCCL was searched)");
   }
   if (!without_gpu.empty()) {
     message += cat(without_nccl.empty() ? " " : " and ", name_ranks(without_gpu),
@@ -72,6 +72,16 @@ absl::StatusOr<CommBackendKind> choose_backend(const std::vector<CommCapability>
   }
   return absl::FailedPreconditionError(
       to_absl(cat(message, ". Every rank must use the same backend. ", fix, ".")));
+}
+
+std::string gloo_on_cuda_warning(CommBackendKind agreed, bool cuda_device, bool nccl_built,
+                                 std::string_view build_note, std::string_view library_error) {
+  if (agreed != CommBackendKind::kGloo || !cuda_device) return "";
+  const std::string_view head =
+      "STRATA_COMM_BACKEND=auto: using Gloo on a CUDA device (its collectives go through host "
+      "memory, slower than NCCL; STRATA_COMM_BACKEND=gloo chooses this without a warning): ";
+  if (!nccl_built) return cat(head, "this build of strata has no NCCL backend (", build_note, ")");
+  return cat(head, library_error);
 }
 
 absl::StatusOr<CommBackendKind> agree_on_backend(TcpStore& store, int rank, int world_size,

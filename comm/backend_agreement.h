@@ -33,6 +33,12 @@ CommCapability local_capability(bool cuda_device);
 // FailedPrecondition naming the ranks that cannot use NCCL while others can.
 absl::StatusOr<CommBackendKind> choose_backend(const std::vector<CommCapability>& by_rank);
 
+// The warning for a CUDA device that `auto` left on Gloo, or "" when there is none to give (no
+// CUDA device, or another verdict). `nccl_built`/`build_note`: nccl_backend_built() and
+// nccl_backend_note(); `library_error`: why the NCCL library was not loaded (where built).
+std::string gloo_on_cuda_warning(CommBackendKind agreed, bool cuda_device, bool nccl_built,
+                                 std::string_view build_note, std::string_view library_error);
+
 // Posts `mine` as rank `rank`'s capability, reads every rank's (waiting up to the store's
 // timeout: an error names the ranks that never posted) and returns choose_backend's verdict.
 absl::StatusOr<CommBackendKind> agree_on_backend(TcpStore& store, int rank, int world_size,

@@ -40,9 +40,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::create(const CommOpt
   if (kind == CommBackendKind::kNccl) {
     if (!nccl_backend_built()) {
       return absl::FailedPreconditionError(
-          "STRATA_COMM_BACKEND=nccl but this build of strata has no NCCL backend (CMake found "
-          "no CUDA toolkit or no nccl.h): build strata where the CUDA toolkit and NCCL's header "
-          "are, or use STRATA_COMM_BACKEND=gloo");
+          to_absl(cat("STRATA_COMM_BACKEND=nccl but this build of strata has no NCCL backend (",
+                      nccl_backend_note(), "), or use STRATA_COMM_BACKEND=gloo")));
     }
     if (!cuda_device) {
       return absl::FailedPreconditionError(
@@ -65,12 +64,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::create(const CommOpt
         comm_internal::local_capability(cuda_device));
     if (!agreed.ok()) return agreed.status();
     kind = *agreed;
-    if (kind == CommBackendKind::kGloo && cuda_device && nccl_backend_built() &&
-        !nccl_library().found()) {
-      // Every rank lacks NCCL: Gloo works, on host buffers; say why it was not NCCL.
-      STRATA_LOG(kWarn, "STRATA_COMM_BACKEND=auto: using Gloo on a CUDA device: %s",
-                 nccl_library().error.message());
-    }
+    // Every rank lacks NCCL (not built, or not found): Gloo works, on host buffers; say once
+    // per process why it was not NCCL.
+    const std::string warning = comm_internal::gloo_on_cuda_warning(
+        kind, cuda_device, nccl_backend_built(), nccl_backend_note(),
+        nccl_backend_built() ? std::string(nccl_library().error.message()) : std::string());
+    if (!warning.empty()) log::warn_once(warning);
   }
 #if defined(STRATA_HAVE_NCCL)
   if (kind == CommBackendKind::kNccl) {

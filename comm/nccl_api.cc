@@ -6,6 +6,7 @@
 
 #include "strata/base/text.h"
 #include "strata/comm/nccl_library.h"
+#include "strata/testing/nccl_library_testing.h"
 
 namespace strata::comm_internal {
 namespace {
@@ -13,8 +14,7 @@ namespace {
 using text::cat;
 using text::to_absl;
 
-absl::StatusOr<NcclApi> resolve() {
-  const NcclSearch& library = nccl_library();
+absl::StatusOr<NcclApi> resolve(const NcclSearch& library) {
   if (!library.found()) return library.error;
   NcclApi api{};
   std::string missing;
@@ -45,13 +45,13 @@ absl::StatusOr<NcclApi> resolve() {
     return absl::FailedPreconditionError(
         to_absl(cat(library.path, " (NCCL ", nccl_version_text(library.version), ") lacks ",
                     missing, ": use NCCL ", nccl_version_text(kMinNcclVersion),
-                    " or newer (pip install nvidia-nccl-cu12, or set STRATA_NCCL_LIBRARY)")));
+                    " or newer (pip install ", nccl_wheel(), ", or set STRATA_NCCL_LIBRARY)")));
   }
   return api;
 }
 
 const absl::StatusOr<NcclApi>& table() {
-  static const absl::StatusOr<NcclApi> api = resolve();  // once, thread-safe
+  static const absl::StatusOr<NcclApi> api = resolve(nccl_library());  // once, thread-safe
   return api;
 }
 
@@ -70,3 +70,30 @@ const NcclApi& nccl() {
 }
 
 }  // namespace strata::comm_internal
+
+namespace strata::testing {
+namespace {
+
+NcclApiProbe probe(const comm_internal::NcclApi& api) {
+  NcclApiProbe out;
+  api.GetVersion(&out.version);
+  out.no_error = api.GetErrorString(ncclSuccess);
+  out.has_split = api.CommSplit != nullptr;
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<NcclApiProbe> probe_nccl_api(const NcclSearch& search) {
+  absl::StatusOr<comm_internal::NcclApi> api = comm_internal::resolve(search);
+  if (!api.ok()) return api.status();
+  return probe(*api);
+}
+
+absl::StatusOr<NcclApiProbe> probe_loaded_nccl_api() {
+  absl::StatusOr<const comm_internal::NcclApi*> api = comm_internal::load_nccl_api();
+  if (!api.ok()) return api.status();
+  return probe(**api);
+}
+
+}  // namespace strata::testing

@@ -18,11 +18,14 @@ using text::cat;
 using text::to_absl;
 
 constexpr std::string_view kSoname = "libnccl.so.2";
-constexpr std::string_view kFix =
-    "Fix: install torch's NCCL wheel (pip install nvidia-nccl-cu12), or set STRATA_NCCL_LIBRARY "
-    "to the path of libnccl.so.2";
 
-// NODELETE: the functions stay valid for the life of the process, as in KvikIO's shim.
+#if !defined(STRATA_NCCL_NOTE) || !defined(STRATA_NCCL_WHEEL)
+#error "comm/CMakeLists.txt defines STRATA_NCCL_NOTE and STRATA_NCCL_WHEEL for this file"
+#endif
+
+// NODELETE: the functions stay valid for the life of the process, as in KvikIO's shim. A
+// candidate passed over (too old, not NCCL) stays loaded too: RTLD_LOCAL keeps its symbols
+// from anyone else, and unloading a library whose constructors ran is the riskier choice.
 constexpr int kOpenFlags = RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE;
 
 std::string last_dl_error() {
@@ -44,31 +47,41 @@ const char* env(const char* name) {
   return value != nullptr && *value != '\0' ? value : nullptr;
 }
 
-// Checks that `handle` is NCCL and new enough; fills `search` (found, or the error).
-void accept(NcclSearch& search, void* handle, std::string path, std::string step) {
+// Why the loaded `handle` cannot serve as NCCL ("" when it can; then `version` is set).
+std::string unusable(void* handle, int& version) {
   using GetVersion = int (*)(int*);  // ncclResult_t ncclGetVersion(int*)
   auto get_version = reinterpret_cast<GetVersion>(dlsym(handle, "ncclGetVersion"));
-  int version = 0;
-  if (get_version == nullptr) {
-    search.error = absl::FailedPreconditionError(
-        to_absl(cat(path, " (", step, ") is not NCCL: it has no ncclGetVersion. ", kFix)));
-  } else if (get_version(&version) != 0) {
-    search.error = absl::FailedPreconditionError(
-        to_absl(cat(path, " (", step, "): ncclGetVersion failed. ", kFix)));
-  } else if (version < kMinNcclVersion) {
-    search.error = absl::FailedPreconditionError(to_absl(
-        cat(path, " (", step, ") is NCCL ", nccl_version_text(version), "; strata needs NCCL ",
-            nccl_version_text(kMinNcclVersion), " or newer. ", kFix)));
-  } else {
-    search.handle = handle;
-    search.version = version;
+  version = 0;
+  if (get_version == nullptr) return "is not NCCL: it has no ncclGetVersion";
+  if (get_version(&version) != 0) return "is not usable: ncclGetVersion failed";
+  if (version < kMinNcclVersion) {
+    return cat("is NCCL ", nccl_version_text(version), "; strata needs NCCL ",
+               nccl_version_text(kMinNcclVersion), " or newer");
   }
-  search.tried.push_back(cat(step, ": ", path, search.handle != nullptr ? " (loaded)" : ""));
-  search.path = std::move(path);
-  search.step = std::move(step);
+  return "";
 }
 
-// dlopen of one candidate: true when it loaded (then accepted or rejected; the search ends).
+// A loaded candidate: taken (true) when it is a new enough NCCL; else listed as passed over, so
+// that the search goes on to the next place (a newer NCCL may be further on), or as refused
+// where the search ends with it (`last`: STRATA_NCCL_LIBRARY).
+bool take(NcclSearch& search, void* handle, std::string path, std::string step, bool last = false) {
+  int version = 0;
+  const std::string problem = unusable(handle, version);
+  if (!problem.empty()) {
+    search.tried.push_back(
+        cat(step, ": ", path, " ", problem, last ? " (refused)" : " (passed over)"));
+    search.passed_over.push_back(cat(path, " (", step, ") ", problem));
+    return false;
+  }
+  search.tried.push_back(cat(step, ": ", path, " (loaded)"));
+  search.handle = handle;
+  search.version = version;
+  search.path = std::move(path);
+  search.step = std::move(step);
+  return true;
+}
+
+// dlopen of one candidate: true when it is taken (the search ends).
 bool try_file(NcclSearch& search, const std::string& file, std::string_view step) {
   std::error_code ec;
   if (file.find('/') != std::string::npos && !std::filesystem::exists(file, ec)) {
@@ -80,13 +93,13 @@ bool try_file(NcclSearch& search, const std::string& file, std::string_view step
     search.tried.push_back(cat(step, ": ", file, ": ", last_dl_error()));
     return false;
   }
-  accept(search, handle, loaded_path(handle, file), std::string(step));
-  return true;
+  return take(search, handle, loaded_path(handle, file), std::string(step));
 }
 
 NcclSearch search(const testing::NcclSearchSteps& steps) {
   NcclSearch search;
   if (const char* path = env("STRATA_NCCL_LIBRARY")) {
+    // Named by the user: used or an error, nothing else tried.
     void* handle = dlopen(path, kOpenFlags);
     if (handle == nullptr) {
       const std::string why = last_dl_error();
@@ -97,7 +110,11 @@ NcclSearch search(const testing::NcclSearchSteps& steps) {
               "system")));
       return search;
     }
-    accept(search, handle, loaded_path(handle, path), "STRATA_NCCL_LIBRARY");
+    const std::string loaded = loaded_path(handle, path);
+    if (!take(search, handle, loaded, "STRATA_NCCL_LIBRARY", /*last=*/true)) {
+      search.error =
+          absl::FailedPreconditionError(to_absl(cat(search.passed_over.front(), ". ", nccl_fix())));
+    }
     return search;
   }
   search.tried.push_back("STRATA_NCCL_LIBRARY: not set");
@@ -106,8 +123,9 @@ NcclSearch search(const testing::NcclSearchSteps& steps) {
   if (!steps.already_loaded) {
     search.tried.push_back("already loaded in this process: left out (test)");
   } else if (void* handle = dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
-    accept(search, handle, loaded_path(handle, soname), "already loaded in this process");
-    return search;
+    if (take(search, handle, loaded_path(handle, soname), "already loaded in this process")) {
+      return search;
+    }
   } else {
     search.tried.push_back(cat("already loaded in this process: no ", soname));
   }
@@ -132,8 +150,15 @@ NcclSearch search(const testing::NcclSearchSteps& steps) {
     return search;
   }
 
-  search.error = absl::NotFoundError(to_absl(cat("NCCL (", soname, ") was not found. Searched: ",
-                                                 text::join(search.tried, "; "), ". ", kFix)));
+  if (search.passed_over.empty()) {
+    search.error = absl::NotFoundError(
+        to_absl(cat("NCCL (", soname, ") was not found. Searched: ", text::join(search.tried, "; "),
+                    ". ", nccl_fix())));
+  } else {
+    search.error = absl::FailedPreconditionError(
+        to_absl(cat("no NCCL that strata can use was found: ", text::join(search.passed_over, "; "),
+                    ". Searched: ", text::join(search.tried, "; "), ". ", nccl_fix())));
+  }
   return search;
 }
 
@@ -158,8 +183,26 @@ bool nccl_backend_built() {
 #endif
 }
 
+std::string_view nccl_backend_note() { return STRATA_NCCL_NOTE; }
+
+std::string_view nccl_wheel() { return STRATA_NCCL_WHEEL; }
+
+std::string nccl_fix() {
+  return cat("Fix: install torch's NCCL wheel (pip install ", nccl_wheel(),
+             "), or set STRATA_NCCL_LIBRARY to the path of libnccl.so.2");
+}
+
 namespace testing {
 NcclSearch search_nccl_uncached(NcclSearchSteps steps) { return search(steps); }
+#if !defined(STRATA_HAVE_NCCL)
+// comm/nccl_api.cc defines these where the NCCL backend is built.
+absl::StatusOr<NcclApiProbe> probe_nccl_api(const NcclSearch&) {
+  return absl::UnimplementedError("this build of strata has no NCCL backend");
+}
+absl::StatusOr<NcclApiProbe> probe_loaded_nccl_api() {
+  return absl::UnimplementedError("this build of strata has no NCCL backend");
+}
+#endif
 }  // namespace testing
 
 }  // namespace strata

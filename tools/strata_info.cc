@@ -88,6 +88,7 @@ std::string path_text(const PathInfo& p) {
 struct LibraryLines {
   std::string cuda_runtime;
   std::string cuda_driver;
+  std::string nccl_backend;  // built or not, and why (the build's cmake/StrataNccl.cmake)
   std::string nccl;
   std::vector<std::string> nccl_searched;
 };
@@ -103,8 +104,9 @@ LibraryLines library_lines() {
                                           cuda.driver_path.empty() ? "?" : cuda.driver_path,
                                           cuda_version_text(cuda.driver_version))
                         : absl::StrFormat("not found: no GPU driver (%s)", cuda.driver_error);
+  out.nccl_backend = std::string(nccl_backend_note());
   if (!nccl_backend_built()) {
-    out.nccl = "not used: this build has no NCCL backend (no CUDA or no nccl.h at build time)";
+    out.nccl = "not searched: this build has no NCCL backend (above)";
     return out;
   }
   const NcclSearch& nccl = nccl_library();
@@ -201,6 +203,7 @@ void print_text(const MachineInfo& m, const ResolvedConfig* config, const CpuPoo
   out << "\nLibraries\n";
   row("CUDA runtime", libraries.cuda_runtime);
   row("CUDA driver", libraries.cuda_driver);
+  row("NCCL backend", libraries.nccl_backend);
   row("NCCL", libraries.nccl);
   for (const std::string& step : libraries.nccl_searched) row("", "searched: " + step);
   std::cout << out.str();
@@ -345,6 +348,7 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSett
   root.raw("libraries", JsonObject()
                             .str("cuda_runtime", libraries.cuda_runtime)
                             .str("cuda_driver", libraries.cuda_driver)
+                            .str("nccl_backend", libraries.nccl_backend)
                             .str("nccl", libraries.nccl)
                             .raw("nccl_searched", json_list(searched))
                             .done());

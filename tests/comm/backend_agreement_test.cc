@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/rank_processes.h"
+#include "strata/comm/nccl_library.h"
 
 namespace strata {
 namespace {
@@ -40,7 +41,31 @@ TEST_CASE("auto: unanimous ranks get their backend, mixed ones a named error", "
   CHECK(contains(m, "ranks 1 and 4 found no NCCL"));
   CHECK(contains(m, "rank 3 has no GPU"));
   CHECK(contains(m, "set STRATA_COMM_BACKEND=gloo on every rank"));
-  CHECK(contains(m, "pip install nvidia-nccl-cu12"));
+  CHECK(contains(m, "pip install " + std::string(nccl_wheel()) + ","));
+}
+
+TEST_CASE("auto: Gloo on a CUDA device is warned about, naming why NCCL was not used",
+          "[comm][auto]") {
+  using comm_internal::gloo_on_cuda_warning;
+  constexpr auto kGloo = CommBackendKind::kGloo;
+  const std::string note = "not built: CUDA 13.0 was found but NCCL's header nccl.h was not";
+  // Nothing to say: NCCL chosen, or no CUDA device.
+  CHECK(gloo_on_cuda_warning(CommBackendKind::kNccl, true, true, note, "").empty());
+  CHECK(gloo_on_cuda_warning(kGloo, false, false, note, "").empty());
+  CHECK(gloo_on_cuda_warning(kGloo, false, true, note, "NCCL was not found").empty());
+  // This build has no NCCL backend: the build's reason.
+  const std::string not_built = gloo_on_cuda_warning(kGloo, true, false, note, "");
+  INFO(not_built);
+  CHECK(contains(not_built, "STRATA_COMM_BACKEND=auto: using Gloo on a CUDA device"));
+  CHECK(contains(not_built, "this build of strata has no NCCL backend (" + note + ")"));
+  CHECK(contains(not_built, "STRATA_COMM_BACKEND=gloo chooses this without a warning"));
+  // Built, but the library was not found: the search's error.
+  const std::string not_found =
+      gloo_on_cuda_warning(kGloo, true, true, note, "NCCL (libnccl.so.2) was not found.");
+  INFO(not_found);
+  CHECK(contains(not_found, "using Gloo on a CUDA device"));
+  CHECK(contains(not_found, "NCCL (libnccl.so.2) was not found."));
+  CHECK_FALSE(contains(not_found, note));
 }
 
 TEST_CASE("auto: a capability survives the rendezvous, and garbage is named", "[comm][auto]") {

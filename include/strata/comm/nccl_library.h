@@ -8,7 +8,9 @@
 //      nvidia-nccl wheel's lib/ directories there).
 //   4. The system: dlopen("libnccl.so.2") (LD_LIBRARY_PATH, ld.so.cache), then
 //      /usr/local/cuda/lib64.
-// The version comes from ncclGetVersion; older than kMinNcclVersion is an error naming it.
+// The version comes from ncclGetVersion. In steps 2-4 a library older than kMinNcclVersion (or
+// not NCCL) is passed over and listed, and the search goes on: a newer one may be further on.
+// Only when none is usable is it an error, naming each one passed over.
 // A missing NCCL is an error only where NCCL is needed (STRATA_COMM_BACKEND=nccl, or a
 // communicator on a CUDA device); the error names every place searched and the fix.
 #pragma once
@@ -30,6 +32,9 @@ struct NcclSearch {
   std::string step;  // the step that found it ("STRATA_NCCL_SEARCH_PATH", ...)
   // Each place tried, in order, with what happened ("/x/libnccl.so.2: no such file").
   std::vector<std::string> tried;
+  // The libraries loaded but not usable ("/x/libnccl.so.2 (STRATA_NCCL_SEARCH_PATH) is NCCL
+  // 2.7.8; strata needs NCCL 2.14.0 or newer"), in search order.
+  std::vector<std::string> passed_over;
   absl::Status error;      // OK when found; else what went wrong, every place tried and the fix
   void* handle = nullptr;  // dlopen's handle, for comm's table of NCCL functions
 };
@@ -42,5 +47,17 @@ std::string nccl_version_text(int code);
 
 // True where this build has the NCCL communicator (CUDA and nccl.h were found at build time).
 bool nccl_backend_built();
+
+// Why this build has the NCCL backend or not, as CMake decided (cmake/StrataNccl.cmake):
+// "built against nccl.h 2.28.9 in /usr/local/cuda/include", or "not built: <why>. Fix: ...".
+std::string_view nccl_backend_note();
+
+// The pip wheel that carries NCCL for the CUDA major this build was made with
+// ("nvidia-nccl-cu13" for CUDA 13; a build without CUDA names the current ones).
+std::string_view nccl_wheel();
+
+// The fix that ends every "no usable NCCL" message: "Fix: install torch's NCCL wheel (pip
+// install nvidia-nccl-cu13), or set STRATA_NCCL_LIBRARY to the path of libnccl.so.2".
+std::string nccl_fix();
 
 }  // namespace strata
