@@ -2,6 +2,8 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -71,54 +73,105 @@ std::shared_ptr<HostBuffer> copy_of(const HostArray& data) {
   return result;
 }
 
-// Arrays here are host memory, which only the Gloo backend reduces and moves.
-void require_gloo(const PyCommunicator& c, const std::string& op) {
-  if (c.comm->backend() == CommBackendKind::kGloo) return;
-  raise(absl::StatusCode::kFailedPrecondition,
-        op + ": arrays here are host memory, which only the Gloo backend reduces and moves; this " +
-            "communicator is " + std::string(to_string(c.comm->backend())) +
-            " (STRATA_COMM_BACKEND=gloo, or a Communicator without a CUDA runtime)");
-}
-
 // A collective's outcome once it has finished on the host.
 absl::Status finished(absl::StatusOr<std::unique_ptr<CollectiveWork>> work) {
   if (!work.ok()) return work.status();
   return (*work)->synchronize();
 }
 
-// Runs `collective(buffer, count, type)` in place on a copy of `data`, without the GIL, waits
-// for it, and returns the copy: a new array of the input's shape and dtype.
+// Host arrays on a communicator that takes device buffers only (NCCL): the copy travels through
+// device memory of the communicator's runtime, piece by piece (each piece copied in, reduced or
+// broadcast there, copied back, on one stream). A piece is at most kBouncePieceBytes, so a
+// start-up broadcast of a whole model takes that much device memory beside the runtime's arena,
+// not the model's size; every rank cuts the same pieces (the same shape and dtype on every
+// rank), so each piece is one collective on all of them. A buffer up to kBounceKeptBytes is kept
+// for the next call (a step's loss reduction then costs no allocation); a larger one is freed.
+constexpr uint64_t kBouncePieceBytes = uint64_t{16} << 20;
+constexpr uint64_t kBounceKeptBytes = uint64_t{1} << 20;
+
 template <typename Collective>
-py::object on_copy(const HostArray& data, Collective collective) {
+absl::Status bounced(PyCommunicator& c, void* host, uint64_t count, DataType type,
+                     Collective& collective) {
+  const uint64_t size = element_size(type);
+  const uint64_t piece_count = std::max<uint64_t>(1, kBouncePieceBytes / size);
+  const uint64_t bytes = std::max<uint64_t>(size, std::min(count, piece_count) * size);
+  Device& device = c.rt->device();
+  MutexLock lock(&c.bounce_mutex);
+  if (c.bounce_memory == nullptr || c.bounce_memory->size() < bytes) {
+    c.bounce_memory.reset();
+    absl::StatusOr<std::unique_ptr<DeviceMemory>> memory = device.allocate_device_memory(bytes);
+    if (!memory.ok()) return memory.status();
+    c.bounce_memory = *std::move(memory);
+  }
+  if (c.bounce_stream == nullptr) {
+    absl::StatusOr<std::unique_ptr<Stream>> stream = device.create_stream();
+    if (!stream.ok()) return stream.status();
+    c.bounce_stream = *std::move(stream);
+  }
+  void* on_device = c.bounce_memory->data();
+  Stream& stream = *c.bounce_stream;
+  auto* at = static_cast<std::byte*>(host);
+  absl::Status status;
+  uint64_t done = 0;
+  do {  // an empty array is one empty collective, as on the host path
+    const uint64_t n = std::min(count - done, piece_count);
+    status = device.copy_async(on_device, at, n * size, CopyKind::kHostToDevice, stream);
+    if (status.ok()) status = finished(collective(on_device, n, type, {.stream = &stream}));
+    if (status.ok()) {
+      status = device.copy_async(at, on_device, n * size, CopyKind::kDeviceToHost, stream);
+    }
+    if (status.ok()) status = device.synchronize(stream);
+    at += n * size;
+    done += n;
+  } while (status.ok() && done < count);
+  if (c.bounce_memory->size() > kBounceKeptBytes) c.bounce_memory.reset();
+  return status;
+}
+
+// Runs `collective(buffer, count, type, options)` in place on a copy of `data`, without the GIL,
+// waits for it, and returns the copy: a new array of the input's shape and dtype. Where the
+// communicator takes device buffers only, through device memory (bounced() above).
+template <typename Collective>
+py::object on_copy(PyCommunicator& c, const HostArray& data, const std::string& op,
+                   Collective collective) {
   const DataType type = data_type(data);
   std::shared_ptr<HostBuffer> result = copy_of(data);
   void* buffer = result->data();
   const uint64_t count = data.count();
-  unlocked_check([&] { return finished(collective(buffer, count, type)); });
+  if (!c.comm->needs_device_buffers()) {
+    unlocked_check([&] { return finished(collective(buffer, count, type, {})); });
+  } else if (c.rt == nullptr) {
+    raise(absl::StatusCode::kFailedPrecondition,
+          op + ": this communicator is " + std::string(to_string(c.comm->backend())) +
+              ", which moves device memory only, and has no Runtime whose device memory the " +
+              "host array could go through: create it with Communicator.from_environment(runtime)");
+  } else {
+    unlocked_check([&] { return bounced(c, buffer, count, type, collective); });
+  }
   return to_python(std::move(result));
 }
 
 py::object all_reduce(PyCommunicator& c, const py::handle& input, const std::string& op_text) {
-  require_gloo(c, "all_reduce");
   const ReduceOp op = parse_op(op_text);
-  return on_copy(HostArray(input, "all_reduce: array"),
-                 [&](void* buffer, uint64_t count, DataType type) {
-                   return c.comm->all_reduce(buffer, buffer, count, type, op);
-                 });
+  return on_copy(
+      c, HostArray(input, "all_reduce: array"), "all_reduce",
+      [&](void* buffer, uint64_t count, DataType type, const CollectiveOptions& options) {
+        return c.comm->all_reduce(buffer, buffer, count, type, op, options);
+      });
 }
 
 // root's `array` on every rank: a new array of the same shape and dtype.
 py::object broadcast(PyCommunicator& c, const py::handle& input, int root) {
-  require_gloo(c, "broadcast");
   if (root < 0 || root >= c.comm->size()) {
     raise(absl::StatusCode::kInvalidArgument, "broadcast: root " + std::to_string(root) +
                                                   " is not a rank of this job (0.." +
                                                   std::to_string(c.comm->size() - 1) + ")");
   }
-  return on_copy(HostArray(input, "broadcast: array"),
-                 [&](void* buffer, uint64_t count, DataType type) {
-                   return c.comm->broadcast(buffer, count, type, root);
-                 });
+  return on_copy(
+      c, HostArray(input, "broadcast: array"), "broadcast",
+      [&](void* buffer, uint64_t count, DataType type, const CollectiveOptions& options) {
+        return c.comm->broadcast(buffer, count, type, root, options);
+      });
 }
 
 py::dict comm_stats(const CommStats& s) {
@@ -160,11 +213,13 @@ comm_backend="gloo", comm_debug=True); None unsets.)doc")
           "Per collective kind {calls, bytes, wire_bytes}, and total_bytes, total_wire_bytes.")
       .def("all_reduce", &all_reduce, py::arg("array"), py::arg("op") = "sum",
            "A new numpy array (a memoryview without numpy): `array` (host memory: numpy, "
-           "torch CPU, any buffer; row-major) reduced over the ranks (sum, average, max, min); "
-           "Gloo only. Every rank calls it with the same shape and dtype.")
+           "torch CPU, any buffer; row-major) reduced over the ranks (sum, average, max, min). "
+           "Any backend: on NCCL the array goes through the runtime's device memory. Every rank "
+           "calls it with the same shape and dtype.")
       .def("broadcast", &broadcast, py::arg("array"), py::arg("root") = 0,
            "A new numpy array (a memoryview without numpy): rank `root`'s `array` on every "
-           "rank; Gloo only. Every rank calls it with the same shape and dtype.")
+           "rank. Any backend: on NCCL the array goes through the runtime's device memory. Every "
+           "rank calls it with the same shape and dtype.")
       .def(
           "barrier",
           [](PyCommunicator& c) { unlocked_check([&] { return finished(c.comm->barrier()); }); },

@@ -6,9 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "comm.h"
 #include "errors.h"
 #include "runtime.h"
 #include "strata/device/host_device.h"
+#include "strata/testing/device_buffers_only.h"
 #include "stream.h"
 
 namespace py = pybind11;
@@ -76,6 +78,19 @@ Holds device work issued while it is closed until open() (or the end of a `with`
         "Holds work issued on every stream of the runtime's (host) device, the store's own "
         "included, except the `exempt` strata.Streams.");
   m.def("hold_stream", &hold_one, py::arg("stream"), "Holds work issued on one strata.Stream.");
+  m.def(
+      "device_buffers_only",
+      [](PyCommunicator& c) {
+        if (c.rt == nullptr) {
+          raise(absl::StatusCode::kInvalidArgument,
+                "device_buffers_only: the communicator has no Runtime whose device memory it "
+                "could take: create it with Communicator.from_environment(runtime)");
+        }
+        c.comm = testing::device_buffers_only(std::move(c.comm), c.rt->device());
+      },
+      py::arg("communicator"),
+      "Makes `communicator` take its runtime's device memory only, as NCCL does: every host "
+      "buffer is refused (strata/testing/device_buffers_only.h). Call it on every rank.");
   m.def(
       "copy_async",
       [](PyStream& stream, uintptr_t dst, uintptr_t src, uint64_t nbytes, const std::string& kind) {

@@ -92,6 +92,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual CommBackendKind backend() const = 0;
+  // True where the collectives take the device's memory only (NCCL: CUDA buffers): host memory
+  // must be staged through device memory by the caller (the Python collectives do).
+  virtual bool needs_device_buffers() const { return backend() == CommBackendKind::kNccl; }
   virtual CommStats stats() const = 0;
   // One line: backend, rank/size, rendezvous address, timeout.
   virtual std::string description() const = 0;
