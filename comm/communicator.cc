@@ -7,6 +7,7 @@
 
 #include "backend_agreement.h"
 #include "gloo_communicator.h"
+#include "gpu_assignment.h"
 #include "job_monitor.h"
 #include "strata/base/log.h"
 #include "strata/base/text.h"
@@ -70,6 +71,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::create(const CommOpt
         kind, cuda_device, nccl_backend_built(), nccl_backend_note(),
         nccl_backend_built() ? std::string(nccl_library().error.message()) : std::string());
     if (!warning.empty()) log::warn_once(warning);
+  }
+  if (kind != CommBackendKind::kNccl) {
+    // Ranks may share a GPU here, if their arenas divided it (NCCL's own check is stricter).
+    if (absl::Status s =
+            comm_internal::check_gpu_sharing((*monitor)->store(), options.launch, options.device);
+        !s.ok()) {
+      return s;
+    }
   }
 #if defined(STRATA_HAVE_NCCL)
   if (kind == CommBackendKind::kNccl) {

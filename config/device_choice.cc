@@ -1,7 +1,9 @@
 // choose_device(): which GPU this rank uses (STRATA_DEVICE, else LOCAL_RANK, else 0) and how
 // many local ranks are taken to share it, for the budgets of resolve().
 #include <absl/status/status.h>
+#include <absl/strings/numbers.h>
 
+#include <optional>
 #include <string>
 
 #include "config_internal.h"
@@ -22,6 +24,33 @@ std::string devices_text(int count) {
   return cat(count, " CUDA device", count == 1 ? " is" : "s are", " visible");
 }
 
+// Whether a variable this rank has came unchanged from the launch (the same on every local
+// rank) or was set for this rank: compared with the parent process's environment.
+enum class Origin { kInherited, kPerRank, kUnknown };
+
+Origin origin_of(bool same_as_parent, const ParentEnvironment& parent) {
+  if (!parent.readable) return Origin::kUnknown;
+  return same_as_parent ? Origin::kInherited : Origin::kPerRank;
+}
+
+std::string parent_text(const ParentEnvironment& parent) {
+  return cat("process ", parent.pid, ", which started this one");
+}
+
+std::string parent_value(std::string_view name, const std::optional<std::string>& value) {
+  return value ? cat(name, "=", *value) : cat(name, " unset");
+}
+
+// STRATA_DEVICE as the parent has it, parsed as Config does (nullopt: unset or not a number).
+std::optional<int> parent_device(const ParentEnvironment& parent) {
+  int ordinal = 0;
+  if (!parent.strata_device ||
+      !absl::SimpleAtoi(to_absl(text::trim(*parent.strata_device)), &ordinal) || ordinal < 0) {
+    return std::nullopt;
+  }
+  return ordinal;
+}
+
 }  // namespace
 
 absl::StatusOr<DeviceChoice> choose_device(const Config& config, const MachineInfo& machine) {
@@ -29,11 +58,19 @@ absl::StatusOr<DeviceChoice> choose_device(const Config& config, const MachineIn
   const LocalRanks& local = config.local;
   const int ranks = local.count();
   const int count = machine.gpu_count;
-  // A CUDA_VISIBLE_DEVICES that shows one device is taken as the launcher's per-rank choice
-  // (Slurm's --gpus-per-task=1, wrappers that set it from LOCAL_RANK): that device is this
-  // rank's own. If every rank was shown the same one, the communicator's cross-rank check names
-  // them, and a GPU arena that does not fit fails with an error naming STRATA_GPU_BYTES.
-  const bool own_visible_device = cuda && count == 1 && machine.cuda_visible_devices.has_value();
+  const ParentEnvironment& parent = machine.parent;
+  // A CUDA_VISIBLE_DEVICES that shows one device is the launcher's per-rank choice (Slurm's
+  // --gpus-per-task=1, wrappers that set it from LOCAL_RANK) when it was set for this rank:
+  // that device is this rank's own. Inherited unchanged from the launch (CUDA_VISIBLE_DEVICES=0
+  // torchrun ...), it shows every local rank the same device, which they then share. When the
+  // parent's environment cannot be read (Slurm's slurmstepd runs as root), it is taken as this
+  // rank's own, as Slurm's binding sets it; the communicator's cross-rank check
+  // (comm/gpu_assignment.h) names the ranks should they share it after all.
+  const bool one_visible = cuda && count == 1 && machine.cuda_visible_devices.has_value();
+  const Origin visible_origin =
+      origin_of(machine.cuda_visible_devices == parent.cuda_visible_devices, parent);
+  const bool shared_visible_device = one_visible && visible_origin == Origin::kInherited;
+  const bool own_visible_device = one_visible && !shared_visible_device;
 
   DeviceChoice d;
   if (config.device) {
@@ -42,10 +79,11 @@ absl::StatusOr<DeviceChoice> choose_device(const Config& config, const MachineIn
   } else if (local.rank) {
     d.ordinal = *local.rank;
     d.reason = cat("from ", kLocalRank, "=", *local.rank, " (", kDevice, " unset)");
-    if (cuda && d.ordinal >= count && own_visible_device) {
+    if (cuda && d.ordinal >= count && one_visible) {
       d.ordinal = 0;
-      d.reason = cat("the one device ", visible_text(machine), " shows this rank (", kLocalRank,
-                     "=", *local.rank, ", ", kDevice, " unset)");
+      d.reason = cat("the one device ", visible_text(machine),
+                     shared_visible_device ? " shows every local rank" : " shows this rank", " (",
+                     kLocalRank, "=", *local.rank, ", ", kDevice, " unset)");
     }
   } else {
     d.reason = cat("neither ", kDevice, " nor ", kLocalRank, " is set");
@@ -67,8 +105,24 @@ absl::StatusOr<DeviceChoice> choose_device(const Config& config, const MachineIn
 
   // How many local ranks use this device.
   if (ranks == 1) return d;
-  if (own_visible_device) {
-    d.sharing_reason = cat(visible_text(machine), " shows this rank one device of its own");
+  if (shared_visible_device) {
+    d.sharing = ranks;
+    d.sharing_reason = cat(visible_text(machine), " is inherited from the launch (",
+                           parent_text(parent), ", has it too), so it shows all ", kLocalWorldSize,
+                           "=", ranks, " ranks the same one device");
+  } else if (own_visible_device) {
+    d.sharing_reason =
+        visible_origin == Origin::kPerRank
+            ? cat(visible_text(machine),
+                  " shows this rank one device of its own (set for this rank: ",
+                  parent_text(parent), ", has ",
+                  parent_value("CUDA_VISIBLE_DEVICES", parent.cuda_visible_devices), ")")
+            : cat(visible_text(machine),
+                  " shows this rank one device, taken as its own (whether the launcher set it per "
+                  "rank is unknown: ",
+                  parent.problem.empty() ? std::string("the parent process was not probed")
+                                         : parent.problem,
+                  ")");
   } else if (!config.device && local.rank) {
     d.sharing_reason = cat(kLocalRank, " gives each of the ", kLocalWorldSize, "=", ranks,
                            " ranks its own device");
@@ -76,10 +130,16 @@ absl::StatusOr<DeviceChoice> choose_device(const Config& config, const MachineIn
     d.sharing = ranks;
     d.sharing_reason =
         cat(kLocalRank, " is unset, so all ", kLocalWorldSize, "=", ranks, " ranks use device 0");
+  } else if (origin_of(parent_device(parent) == config.device, parent) == Origin::kInherited) {
+    // The launch gave every local rank this STRATA_DEVICE.
+    d.sharing = ranks;
+    d.sharing_reason = cat(kDevice, "=", *config.device, " is inherited from the launch (",
+                           parent_text(parent), ", has it too), so all ", kLocalWorldSize, "=",
+                           ranks, " ranks use device ", *config.device);
   } else {
-    // Other ranks' STRATA_DEVICE is unknown here; with more ranks than devices, some device has
-    // at least this many (an explicit constant STRATA_DEVICE shared by all is caught by the
-    // communicator's check, and its arena by cudaMalloc).
+    // Set per rank (or unknown): the others' STRATA_DEVICE is unknown here; with more ranks than
+    // devices, some device has at least this many (more than that is caught by the
+    // communicator's check).
     d.sharing = (ranks + count - 1) / count;
     d.sharing_reason =
         cat(kDevice, " is set and ", kLocalWorldSize, "=", ranks, " ranks share ", count,

@@ -210,6 +210,34 @@ std::optional<uint32_t> logical_block_size(dev_t device) {
 
 }  // namespace
 
+ParentEnvironment probe_parent_environment(int pid) {
+  ParentEnvironment parent;
+  parent.pid = pid;
+  const std::string path = cat("/proc/", pid, "/environ");
+  // NUL-separated NAME=value entries; another user's process (and a gone one) is refused.
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    parent.problem = cat(path, ": ", errno_text(errno));
+    return parent;
+  }
+  std::string entry;
+  while (std::getline(in, entry, '\0')) {
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string_view name(entry.data(), eq);
+    if (name == "CUDA_VISIBLE_DEVICES") parent.cuda_visible_devices = entry.substr(eq + 1);
+    if (name == "STRATA_DEVICE") parent.strata_device = entry.substr(eq + 1);
+  }
+  if (in.bad()) {
+    parent.problem = cat(path, ": ", errno_text(errno));
+    parent.cuda_visible_devices.reset();
+    parent.strata_device.reset();
+    return parent;
+  }
+  parent.readable = true;
+  return parent;
+}
+
 const PathInfo* MachineInfo::find_path(std::string_view path) const {
   for (const PathInfo& info : paths) {
     if (info.path == path) return &info;
@@ -274,6 +302,7 @@ absl::StatusOr<MachineInfo> probe_machine(const std::vector<std::string>& nvme_p
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible != nullptr) {
     m.cuda_visible_devices = visible;
   }
+  m.parent = probe_parent_environment(static_cast<int>(getppid()));
   // The NVMe floor's own probe (a ring set up and a READ through it), so that the facts shown
   // here are the ones decide_io_engine() judges by.
   const IoUringProbe uring = probe_io_uring();

@@ -205,6 +205,7 @@ absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& 
     } else {
       r.gpu_bytes = *gpu;
       r.gpu_bytes_basis = basis(gpu_setting, gpu_share_text);
+      r.gpu_budget_sharing = cuda && gpu_setting.is_percent ? r.gpu_sharing : 0;
     }
   }
 

@@ -77,6 +77,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::create(const Config& config,
     if (!device.ok()) return device.status();
     runtime->device_ = *std::move(device);
   }
+  // The arena is a share of the GPU: the communicator checks that no more ranks share it.
+  runtime->device_->set_budget_sharing(c.gpu_budget_sharing);
   auto gpu = MemoryTier::create_gpu_arena(*runtime->device_, c.gpu_bytes);
   if (!gpu.ok()) return context(gpu.status(), "STRATA_GPU_BYTES");
   runtime->gpu_ = *std::move(gpu);

@@ -183,6 +183,17 @@ void print_text(const MachineInfo& m, const ResolvedConfig* config, const CpuPoo
                         why, m.backend == Backend::kCuda ? "" : " (unused on host)"));
   }
   row("CUDA_VISIBLE_DEVICES", m.cuda_visible_devices.value_or("unset"));
+  // What the device choice compares with: the same value there is inherited from the launch.
+  const ParentEnvironment& parent = m.parent;
+  row("launched by",
+      parent.readable
+          ? absl::StrFormat(
+                "process %d, which has CUDA_VISIBLE_DEVICES%s and STRATA_DEVICE%s", parent.pid,
+                parent.cuda_visible_devices ? "=" + *parent.cuda_visible_devices
+                                            : std::string(" unset"),
+                parent.strata_device ? "=" + *parent.strata_device : std::string(" unset"))
+          : absl::StrFormat("process %d, whose environment cannot be read (%s)", parent.pid,
+                            parent.problem));
   row("CPU", absl::StrFormat("%s, %u CPUs available", m.cpu_model, m.cpu_count));
   const CpuLines cpus = cpu_lines(pool);
   row("NUMA nodes", cpus.nodes_text);
@@ -292,9 +303,20 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSett
   machine.str("backend", to_string(m.backend))
       .str("backend_reason", m.backend_reason)
       .num("gpu_count", static_cast<uint64_t>(m.gpu_count))
-      .raw("cuda_visible_devices", m.cuda_visible_devices
-                                       ? text::json_quote(*m.cuda_visible_devices)
-                                       : std::string("null"));
+      .raw("cuda_visible_devices",
+           m.cuda_visible_devices ? text::json_quote(*m.cuda_visible_devices) : std::string("null"))
+      .raw("parent",
+           JsonObject()
+               .num("pid", static_cast<uint64_t>(m.parent.pid))
+               .flag("readable", m.parent.readable)
+               .str("problem", m.parent.problem)
+               .raw("cuda_visible_devices", m.parent.cuda_visible_devices
+                                                ? text::json_quote(*m.parent.cuda_visible_devices)
+                                                : std::string("null"))
+               .raw("strata_device", m.parent.strata_device
+                                         ? text::json_quote(*m.parent.strata_device)
+                                         : std::string("null"))
+               .done());
   if (m.gpu) {
     machine.raw("gpu", JsonObject()
                            .num("ordinal", static_cast<uint64_t>(m.gpu->ordinal))

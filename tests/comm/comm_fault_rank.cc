@@ -7,6 +7,9 @@
 // split-fewer (it calls Communicator::split once where the others call it twice), split-die (it is
 // killed inside its split group's all_reduce), claim-nccl
 // (it claims a GPU and NCCL for STRATA_COMM_BACKEND=auto: STRATA_TESTING_CLAIM_NCCL).
+//   comm_fault_rank shared-gpu SHARING
+// Every rank claims the same simulated GPU (strata/testing/simulated_gpu.h) on a host device
+// whose arena assumed SHARING ranks on it, and passes a barrier.
 // Prints "rank R: ok" or "rank R: error: <message>" on stderr and exits 0 or 1.
 #include <signal.h>
 #include <unistd.h>
@@ -18,6 +21,8 @@
 #include <vector>
 
 #include "strata/comm/communicator.h"
+#include "strata/device/backend.h"
+#include "strata/testing/simulated_gpu.h"
 
 namespace {
 
@@ -37,11 +42,25 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: comm_fault_rank "
-        "ok|die|other-op|other-size|fewer|freeze|split-fewer|split-die|claim-nccl FAULTY_RANK\n");
+        "ok|die|other-op|other-size|fewer|freeze|split-fewer|split-die|claim-nccl FAULTY_RANK\n"
+        "       comm_fault_rank shared-gpu SHARING\n");
     return 2;
   }
   const std::string scenario = argv[1];
   const int faulty = std::atoi(argv[2]);
+  if (scenario == "shared-gpu") {
+    absl::StatusOr<std::unique_ptr<strata::Device>> device =
+        strata::make_device(strata::Backend::kHost, 0);
+    if (!device.ok()) return report(-1, device.status());
+    (*device)->set_budget_sharing(faulty);
+    strata::testing::simulate_gpu_for_testing(
+        strata::testing::SimulatedGpu{.pci_bus_id = "0000:3b:00.0", .ordinal = 0});
+    auto comm = strata::Communicator::from_environment(device->get());
+    if (!comm.ok()) return report(-1, comm.status());
+    auto joined = (*comm)->barrier();
+    if (!joined.ok()) return report((*comm)->rank(), joined.status());
+    return report((*comm)->rank(), (*joined)->wait());
+  }
   if (scenario == "claim-nccl" && std::getenv("RANK") != nullptr &&
       std::atoi(std::getenv("RANK")) == faulty) {
     setenv("STRATA_TESTING_CLAIM_NCCL", "1", 1);

@@ -80,5 +80,35 @@ TEST_CASE("Runtime refuses a configuration that cannot work", "[runtime]") {
   CHECK_THAT(std::string(runtime.status().message()), Catch::Contains("STRATA_GPU_BYTES"));
 }
 
+TEST_CASE("Runtime tells its device what its GPU arena assumed", "[runtime][gpu-sharing]") {
+  // The host backend's arena is host memory: nothing assumed, whatever the device said before.
+  auto host = Config::from_variables(
+      {{"STRATA_BACKEND", "host"}, {"STRATA_GPU_BYTES", "4MiB"}, {"STRATA_CPU_BYTES", "16MiB"}});
+  REQUIRE(host.ok());
+  RuntimeOptions options;
+  options.device = testing::host_device();
+  options.device->set_budget_sharing(5);
+  auto runtime = Runtime::create(*host, std::move(options));
+  REQUIRE(runtime.ok());
+  CHECK((*runtime)->device().budget_sharing() == 0);
+}
+
+TEST_CASE("Runtime tells its CUDA device that its arena is half a GPU",
+          "[runtime][gpu-sharing][cuda]") {
+  // Two local ranks, neither LOCAL_RANK nor STRATA_DEVICE set, so both on device 0; the arena
+  // (a percentage) is half a GPU's share, and the device says so.
+  if (testing::cuda_device_or_skip() == nullptr) return;
+  auto cuda = Config::from_variables({{"STRATA_BACKEND", "cuda"},
+                                      {"STRATA_GPU_BYTES", "1%"},
+                                      {"STRATA_CPU_BYTES", "16MiB"},
+                                      {"LOCAL_WORLD_SIZE", "2"}});
+  REQUIRE(cuda.ok());
+  auto on_gpu = Runtime::create(*cuda);
+  INFO(on_gpu.status());
+  REQUIRE(on_gpu.ok());
+  CHECK((*on_gpu)->config().gpu_budget_sharing == 2);
+  CHECK((*on_gpu)->device().budget_sharing() == 2);
+}
+
 }  // namespace
 }  // namespace strata

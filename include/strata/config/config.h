@@ -100,20 +100,25 @@ struct DeviceChoice {
   // nor LOCAL_RANK is set", or the CUDA_VISIBLE_DEVICES case.
   std::string reason;
   // Local ranks assumed to use this device (its memory budget is divided among them): 1 when
-  // LOCAL_RANK picks (one device per rank) or CUDA_VISIBLE_DEVICES shows this rank one device;
-  // with STRATA_DEVICE set, the fewest per device that LOCAL_WORLD_SIZE ranks over the visible
-  // devices allow (ceil(ranks / devices)); with neither set, every local rank (all use 0).
-  // Always 1 on the host backend, whose "device" memory is this rank's share of RAM.
+  // LOCAL_RANK picks (one device per rank) or a CUDA_VISIBLE_DEVICES set for this rank shows it
+  // one device; every local rank (LOCAL_WORLD_SIZE) when a CUDA_VISIBLE_DEVICES showing one
+  // device, or STRATA_DEVICE, is inherited from the launch (the parent process has the same
+  // value: MachineInfo::parent), and with neither STRATA_DEVICE nor LOCAL_RANK set (all use 0);
+  // with STRATA_DEVICE set per rank, the fewest per device that LOCAL_WORLD_SIZE ranks over the
+  // visible devices allow (ceil(ranks / devices)). Always 1 on the host backend, whose "device"
+  // memory is this rank's share of RAM.
   int sharing = 1;
   std::string sharing_reason;  // empty when sharing is 1 for want of other local ranks
 };
 
-// The device for `config` on `machine` (backend, gpu_count and cuda_visible_devices used;
-// gpu ignored). STRATA_DEVICE set wins; else LOCAL_RANK; else 0. On cuda, a number that is not
-// below machine.gpu_count is an error naming LOCAL_RANK, STRATA_DEVICE and the count — except
-// that with STRATA_DEVICE unset and exactly one device visible through CUDA_VISIBLE_DEVICES,
-// that device is this rank's (Slurm's --gpus-per-task, per-rank wrappers). On the host backend
-// the number is unused and not range-checked, but chosen and explained the same way.
+// The device for `config` on `machine` (backend, gpu_count, cuda_visible_devices and parent
+// used; gpu ignored). STRATA_DEVICE set wins; else LOCAL_RANK; else 0. On cuda, a number that is
+// not below machine.gpu_count is an error naming LOCAL_RANK, STRATA_DEVICE and the count —
+// except that with STRATA_DEVICE unset and exactly one device visible through
+// CUDA_VISIBLE_DEVICES, that device (0) is the rank's: its own when the variable was set for this
+// rank (Slurm's --gpus-per-task, per-rank wrappers) or when that cannot be told, shared by every
+// local rank when it is inherited from the launch. On the host backend the number is unused and
+// not range-checked, but chosen and explained the same way.
 absl::StatusOr<DeviceChoice> choose_device(const Config& config, const MachineInfo& machine);
 
 struct ResolvedConfig {
@@ -123,6 +128,12 @@ struct ResolvedConfig {
   std::string device_reason;  // DeviceChoice::reason
   int gpu_sharing = 1;        // DeviceChoice::sharing
   std::string gpu_sharing_reason;
+  // The local ranks the GPU arena was sized for, which the runtime tells its device
+  // (Device::set_budget_sharing) and the communicator checks against the ranks that really
+  // share the GPU: gpu_sharing when STRATA_GPU_BYTES is a percentage on cuda (a share of the
+  // GPU); 0 when it is a size (the user's own figure: whether the arenas fit is the
+  // allocation's to say) and on the host backend.
+  int gpu_budget_sharing = 0;
   std::optional<int> local_rank;  // LOCAL_RANK as set
   int local_ranks = 1;            // LOCAL_WORLD_SIZE (1 when unset): ranks sharing this node's RAM
   uint64_t gpu_bytes = 0;

@@ -30,6 +30,22 @@ struct PathInfo {
   std::string filesystem;              // "ext4", "xfs", "tmpfs", ... or "unknown (0x...)"
 };
 
+// The environment of the process that started this one (its parent: the launcher, or a shell
+// or wrapper between the launcher and the rank), read from /proc/<pid>/environ: what it was given
+// when it started. choose_device() compares this process's CUDA_VISIBLE_DEVICES and STRATA_DEVICE
+// with it: the same value there was inherited from the launch (torchrun, strata-run and mpirun
+// pass the user's environment through), so every local rank has it; another value was set for
+// this rank (Slurm's per-task GPU binding, a per-rank wrapper).
+struct ParentEnvironment {
+  int pid = 0;
+  // False when not probed (a MachineInfo filled by hand) or unreadable (a parent of another
+  // user, such as Slurm's slurmstepd, which runs as root; no /proc): then nothing is known.
+  bool readable = false;
+  std::string problem;                              // why not readable
+  std::optional<std::string> cuda_visible_devices;  // nullopt: unset there
+  std::optional<std::string> strata_device;
+};
+
 struct MachineInfo {
   // Physical memory, lowered to the cgroup memory limit when one applies (containers).
   uint64_t physical_memory_bytes = 0;
@@ -52,6 +68,7 @@ struct MachineInfo {
   // CUDA_VISIBLE_DEVICES as this process sees it (nullopt: unset). A launcher that sets it per
   // rank (Slurm's --gpus-per-task) shows each rank its own devices, numbered from 0.
   std::optional<std::string> cuda_visible_devices;
+  ParentEnvironment parent;  // the parent process's CUDA_VISIBLE_DEVICES and STRATA_DEVICE
 
   // Filled by the caller from the device layer (choose_backend and gpu_info in
   // strata/device/backend.h; probe_machine_for in strata/config/config.h does it all).
@@ -71,6 +88,10 @@ absl::StatusOr<MachineInfo> probe_machine(const std::vector<std::string>& nvme_p
 
 // One path's facts (used by probe_machine; exposed for tests).
 PathInfo probe_path(const std::string& path);
+
+// The environment process `pid` started with (probe_machine reads getppid()'s; exposed for
+// tests). Unreadable is not an error: readable is false and problem says why.
+ParentEnvironment probe_parent_environment(int pid);
 
 // Whether `bytes` of buffers can be registered with io_uring under the memlock limit.
 inline bool memlock_allows(const MachineInfo& machine, uint64_t bytes) {

@@ -11,6 +11,7 @@
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -120,6 +121,14 @@ class Device {
   virtual std::string pci_bus_id() const { return {}; }
   // The GPU's CUDA ordinal (cuda:N); -1 where there is no GPU (the host backend).
   virtual int ordinal() const { return -1; }
+  // How many processes (ranks) this process's memory budget on the device assumed share it,
+  // itself included: the runtime sizes a percentage GPU arena as a share of the GPU (the
+  // configuration's DeviceChoice::sharing) and says so here; 0 when nothing was budgeted as a
+  // share (an absolute size, the host backend, a device made outside a runtime). The
+  // communicator compares it, across the ranks, with how many really share the GPU
+  // (comm/gpu_assignment.h).
+  void set_budget_sharing(int ranks) { budget_sharing_.store(ranks, std::memory_order_relaxed); }
+  int budget_sharing() const { return budget_sharing_.load(std::memory_order_relaxed); }
   // Makes this device current on the calling thread (cudaSetDevice), for libraries that work on
   // the current device (NCCL); nothing to do on the host backend.
   virtual absl::Status make_current() { return absl::OkStatus(); }
@@ -177,6 +186,9 @@ class Device {
   virtual absl::StatusOr<bool> query(Event& event) = 0;
   virtual absl::Status synchronize(Event& event) = 0;
   virtual absl::Status synchronize(Stream& stream) = 0;
+
+ private:
+  std::atomic<int> budget_sharing_{0};
 };
 
 }  // namespace strata
