@@ -55,8 +55,20 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::create(const CommOpt
           to_absl(cat("STRATA_COMM_BACKEND=nccl: ", nccl.error.message())));
     }
   }
+  if (options.launch.agent_store && options.launcher_store == nullptr &&
+      options.launch.world_size > 1) {
+    return absl::FailedPreconditionError(to_absl(cat(
+        "TORCHELASTIC_USE_AGENT_STORE=True: torchrun started this process, and its agent serves "
+        "a torch TCPStore on MASTER_ADDR:MASTER_PORT (",
+        options.launch.master_addr, ":", options.launch.master_port,
+        ") for the job's life, so strata's rank 0 cannot serve its rendezvous there. strata "
+        "joins through that store from Python (strata.Communicator.from_environment() in the "
+        "trainer's process); its C++ and C APIs do not speak torch's store protocol (it changes "
+        "between torch versions): launch a C++ trainer with strata-run (strata-run -n N "
+        "./trainer), or pass CommOptions::launcher_store (a LauncherStore over that store)")));
+  }
   absl::StatusOr<std::unique_ptr<comm_internal::JobMonitor>> monitor =
-      comm_internal::JobMonitor::join(options.launch, options.settings);
+      comm_internal::JobMonitor::join(options.launch, options.settings, options.launcher_store);
   if (!monitor.ok()) return monitor.status();
   if (kind == CommBackendKind::kAuto) {
     // Every rank must choose alike: the choice is agreed through the rendezvous.

@@ -113,6 +113,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorBase::split(int color,
   CommOptions sub = options_;
   sub.launch.rank = static_cast<int>(self - group.begin());
   sub.launch.world_size = static_cast<int>(group.size());
+  // The group meets through the parent's store, never through the launcher's.
+  sub.launch.agent_store = false;
+  sub.launcher_store = nullptr;
   // Group rank 0 serves the group's rendezvous where the parent's peers reach it.
   const std::string announce = cat(prefix, "color/", color);
   std::unique_ptr<JobMonitor> monitor;

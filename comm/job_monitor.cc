@@ -8,8 +8,10 @@
 #include <thread>
 
 #include "gloo_peers.h"
+#include "rendezvous_address.h"
 #include "strata/base/log.h"
 #include "strata/base/text.h"
+#include "tcp_store_protocol.h"
 
 namespace strata::comm_internal {
 namespace {
@@ -52,19 +54,27 @@ JobMonitor::JobMonitor(LaunchInfo launch, CommSettings settings)
     : launch_(std::move(launch)), settings_(settings) {}
 
 absl::StatusOr<std::unique_ptr<JobMonitor>> JobMonitor::join(const LaunchInfo& launch,
-                                                             const CommSettings& settings) {
+                                                             const CommSettings& settings,
+                                                             LauncherStore* launcher) {
   std::unique_ptr<JobMonitor> monitor(new JobMonitor(launch, settings));
-  if (launch.rank == 0) {
-    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
-        TcpStoreServer::start(launch.master_addr, launch.master_port, launch.world_size);
+  // A job of one rank has nobody to meet and takes no announcement (the other ranks' counts
+  // stay in step). Where MASTER_PORT is someone else's (torchrun's agent, torch.distributed),
+  // it serves on a free port instead.
+  const bool port_taken = launcher != nullptr || launch.agent_store;
+  if (launcher != nullptr && launch.world_size > 1) {
+    if (absl::Status s = monitor->meet_through(*launcher); !s.ok()) return s;
+  } else if (launch.rank == 0) {
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::start(
+        launch.master_addr, port_taken ? uint16_t{0} : launch.master_port, launch.world_size);
     if (!server.ok()) return server.status();
     monitor->server_ = *std::move(server);
     monitor->launch_.master_port =
         monitor->server_->port();  // a lone rank's port 0: the one chosen
   }
+  const LaunchInfo& where = monitor->launch_;
   TcpStore::Options options;
-  options.host = launch.master_addr;
-  options.port = monitor->server_ ? monitor->server_->port() : launch.master_port;
+  options.host = where.master_addr;
+  options.port = where.master_port;
   options.rank = launch.rank;
   options.world_size = launch.world_size;
   options.timeout = settings.timeout;
@@ -85,6 +95,52 @@ absl::StatusOr<std::unique_ptr<JobMonitor>> JobMonitor::join(const LaunchInfo& l
   monitor->watcher_store_ = *std::move(watcher_store);
   monitor->watcher_ = std::thread([m = monitor.get()] { m->watch(); });
   return monitor;
+}
+
+absl::Status JobMonitor::meet_through(LauncherStore& launcher) {
+  const std::string key = next_announcement_key(launch_);
+  const std::string me = cat("rank ", launch_.rank, " of ", launch_.world_size);
+  if (launch_.rank == 0) {
+    absl::StatusOr<std::string> host = local_address_towards(launch_.master_addr);
+    if (!host.ok()) return host.status();
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
+        TcpStoreServer::start(*host, 0, launch_.world_size);
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    launch_.master_addr = *host;
+    launch_.master_port = server_->port();
+    const std::string point = encode(RendezvousPoint{*host, launch_.master_port});
+    if (absl::Status s = launcher.set(key, point); !s.ok()) {
+      return absl::Status(
+          s.code(), to_absl(cat(me, ": announcing strata's rendezvous (", point, ") in ",
+                                launcher.description(), " under '", key, "': ", s.message())));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> value = launcher.get(key, settings_.timeout);
+  if (!value.ok()) {
+    const bool late = value.status().code() == absl::StatusCode::kDeadlineExceeded;
+    return absl::Status(
+        value.status().code(),
+        to_absl(cat(
+            me, ": ",
+            late ? cat("rank 0 did not announce strata's rendezvous in ", launcher.description(),
+                       " under '", key, "' within STRATA_COMM_TIMEOUT (",
+                       tcp_store::format_duration(settings_.timeout),
+                       "): rank 0 announces it when it creates its Communicator; is it "
+                       "running, and does every rank create the same communicators in "
+                       "the same order?")
+                 : cat("reading strata's rendezvous address from ", launcher.description(),
+                       " under '", key, "': ", value.status().message()))));
+  }
+  absl::StatusOr<RendezvousPoint> point = decode_rendezvous_point(*value);
+  if (!point.ok()) {
+    return absl::InvalidArgumentError(to_absl(cat(
+        me, ": ", launcher.description(), " holds under '", key, "' ", point.status().message())));
+  }
+  launch_.master_addr = point->host;
+  launch_.master_port = point->port;
+  return absl::OkStatus();
 }
 
 JobMonitor::~JobMonitor() {

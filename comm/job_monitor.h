@@ -21,6 +21,7 @@
 #include "collective_call.h"
 #include "strata/base/mutex.h"
 #include "strata/comm/launch.h"
+#include "strata/comm/launcher_store.h"
 #include "strata/comm/tcp_store.h"
 #include "strata/config/comm_settings.h"
 
@@ -29,8 +30,12 @@ namespace strata::comm_internal {
 class JobMonitor {
  public:
   // Rank 0 starts the server; every rank connects (waiting up to the timeout for the others).
+  // With a launcher's store (a job of several ranks), rank 0 serves on a free port and
+  // announces it there instead of binding MASTER_PORT (rendezvous_address.h); `launcher` is
+  // used only during the call.
   static absl::StatusOr<std::unique_ptr<JobMonitor>> join(const LaunchInfo& launch,
-                                                          const CommSettings& settings);
+                                                          const CommSettings& settings,
+                                                          LauncherStore* launcher = nullptr);
   // Leaves cleanly: every rank marks itself left; rank 0 keeps serving until every other rank
   // has left or is lost (bounded by the timeout), so that no rank mistakes a normal exit of
   // rank 0, or its exit after another rank's failure, for rank 0's own failure.
@@ -53,6 +58,9 @@ class JobMonitor {
 
  private:
   JobMonitor(LaunchInfo launch, CommSettings settings);
+  // Rank 0: serves on a free port of the interface towards MASTER_ADDR and announces it in
+  // `launcher`; the others read it. Sets launch_'s master_addr and master_port to that point.
+  absl::Status meet_through(LauncherStore& launcher);
   void watch();
   void post_state();
 

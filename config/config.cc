@@ -14,6 +14,7 @@
 #include "config_internal.h"
 #include "strata/base/log.h"
 #include "strata/base/text.h"
+#include "strata/config/slurm.h"
 #include "strata/nvme/io_engine.h"
 
 extern char** environ;
@@ -405,6 +406,17 @@ absl::StatusOr<Config> Config::from_variables(const std::map<std::string, std::s
     const auto it = vars.find(std::string(v.name));
     if (it != vars.end()) errors.add_prefixed(v.name, v.parse(config, it->second));
   }
+  // Under srun, SLURM_LOCALID and the tasks per node stand in for LOCAL_RANK and
+  // LOCAL_WORLD_SIZE where no torch launch variable is set (strata/config/slurm.h).
+  if (!has_torch_launch_variable(vars)) {
+    absl::StatusOr<std::optional<SlurmTask>> task = slurm_task(vars);
+    if (!task.ok()) {
+      errors.add(task.status());
+    } else if (task->has_value()) {
+      config.local.rank = (*task)->local_rank;
+      config.local.world_size = (*task)->local_world_size;
+    }
+  }
   for (const auto& [name, value] : vars) {
     if (!name.starts_with(kPrefix)) continue;
     const auto& known = known_variables();
@@ -431,7 +443,8 @@ std::map<std::string, std::string> Config::environment_variables() {
     const size_t equals = text.find('=');
     if (equals == std::string_view::npos) continue;
     const std::string_view name = text.substr(0, equals);
-    if (name.starts_with(kPrefix) || name == kLocalRank || name == kLocalWorldSize) {
+    if (name.starts_with(kPrefix) || name == kLocalRank || name == kLocalWorldSize ||
+        name == "RANK" || name == "WORLD_SIZE" || is_slurm_task_variable(name)) {
       vars.emplace(name, text.substr(equals + 1));
     }
   }

@@ -3,32 +3,29 @@
 
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
+#include <unistd.h>
 
-#include <array>
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <string_view>
 
+#include "strata/comm/launch.h"
 #include "strata/config/config.h"
 
 namespace strata::c_api {
 namespace {
 
-constexpr std::array<const char*, 5> kLaunchVariables = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                         "MASTER_ADDR", "MASTER_PORT"};
-
-bool is_launch_variable(const std::string& name) {
-  for (const char* v : kLaunchVariables) {
-    if (name == v) return true;
-  }
-  return false;
-}
-
-// The launch variables and the STRATA_* variables of the environment.
+// The launch variables (torch's, torchrun's, srun's: strata/comm/launch.h) and the STRATA_*
+// variables of the environment.
 std::map<std::string, std::string> environment() {
   std::map<std::string, std::string> vars = Config::environment_variables();
-  for (const char* name : kLaunchVariables) {
-    if (const char* value = std::getenv(name); value != nullptr) vars[name] = value;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    const size_t equals = text.find('=');
+    if (equals != std::string_view::npos && strata::is_launch_variable(text.substr(0, equals))) {
+      vars[std::string(text.substr(0, equals))] = std::string(text.substr(equals + 1));
+    }
   }
   return vars;
 }
@@ -42,7 +39,7 @@ absl::Status create_communicator(strata_runtime_t* runtime,
   std::map<std::string, std::string> launch_vars;
   std::map<std::string, std::string> strata_vars;
   for (const auto& [name, value] : vars) {
-    (is_launch_variable(name) ? launch_vars : strata_vars)[name] = value;
+    (strata::is_launch_variable(name) ? launch_vars : strata_vars)[name] = value;
   }
   auto launch = LaunchInfo::from_variables(launch_vars);
   if (!launch.ok()) return launch.status();
@@ -102,7 +99,7 @@ strata_status_t strata_communicator_create(strata_runtime_t* runtime,
       const strata_setting_t& setting = settings[i];
       if (setting.name == nullptr) return null_argument(absl::StrCat("settings[", i, "].name"));
       const std::string name = setting.name;
-      if (!is_launch_variable(name) && !absl::StartsWith(name, "STRATA_")) {
+      if (!strata::is_launch_variable(name) && !absl::StartsWith(name, "STRATA_")) {
         return absl::InvalidArgumentError(
             absl::StrCat("settings[", i, "].name '", name,
                          "' is neither a launch variable (RANK, WORLD_SIZE, LOCAL_RANK, "

@@ -137,10 +137,25 @@ struct ExecArgs {
   std::vector<char*> sh_argv;  // for a script without #! line, as execvp does
 };
 
+// The variables of a launch that this one replaces: torch's, and torchrun's that describe a
+// launch by its agent (a strata-run started under torchrun must not make its ranks look for
+// torchrun's store). srun's SLURM_* stay: torch's variables, set below, take precedence.
 bool is_launch_variable(std::string_view entry) {
-  static constexpr std::array<std::string_view, 8> kNames = {
-      "RANK",       "WORLD_SIZE",       "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
-      "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  static constexpr std::array<std::string_view, 15> kNames = {"RANK",
+                                                              "WORLD_SIZE",
+                                                              "LOCAL_RANK",
+                                                              "LOCAL_WORLD_SIZE",
+                                                              "GROUP_RANK",
+                                                              "GROUP_WORLD_SIZE",
+                                                              "ROLE_RANK",
+                                                              "ROLE_WORLD_SIZE",
+                                                              "ROLE_NAME",
+                                                              "MASTER_ADDR",
+                                                              "MASTER_PORT",
+                                                              "TORCHELASTIC_USE_AGENT_STORE",
+                                                              "TORCHELASTIC_RESTART_COUNT",
+                                                              "TORCHELASTIC_MAX_RESTARTS",
+                                                              "TORCHELASTIC_RUN_ID"};
   const size_t eq = entry.find('=');
   const std::string_view name = entry.substr(0, eq);
   return std::find(kNames.begin(), kNames.end(), name) != kNames.end();

@@ -23,6 +23,7 @@
 
 #include "strata/comm/comm_types.h"
 #include "strata/comm/launch.h"
+#include "strata/comm/launcher_store.h"
 #include "strata/config/comm_settings.h"
 
 namespace strata {
@@ -76,12 +77,18 @@ struct CommOptions {
   // Required for NCCL (the CUDA device whose buffers and streams the collectives use); with
   // Gloo, used only to wait on CollectiveOptions::stream.
   Device* device = nullptr;
+  // The store of the launcher or framework that started this job (torchrun's agent store, an
+  // initialised torch.distributed's), through which the ranks meet instead of rank 0 binding
+  // MASTER_PORT (strata/comm/launcher_store.h). Used only during create(). Required when
+  // launch.agent_store (TORCHELASTIC_USE_AGENT_STORE=True): the port is the agent's.
+  LauncherStore* launcher_store = nullptr;
 };
 
 class Communicator {
  public:
-  // Rendezvous at launch.master_addr:master_port (rank 0 serves it) and the engine's set-up.
-  // Backend kAuto: NCCL when this build has it and `device` is a CUDA device, else Gloo.
+  // Rendezvous at launch.master_addr:master_port (rank 0 serves it; through
+  // options.launcher_store where given) and the engine's set-up. Backend kAuto: NCCL when this
+  // build has it and `device` is a CUDA device, else Gloo.
   static absl::StatusOr<std::unique_ptr<Communicator>> create(const CommOptions& options);
   // Launch variables (RANK, WORLD_SIZE, ...) and STRATA_COMM_* from the environment.
   static absl::StatusOr<std::unique_ptr<Communicator>> from_environment(Device* device = nullptr);

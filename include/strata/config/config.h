@@ -86,10 +86,13 @@ struct Config {
 
   // Reads the process environment.
   static absl::StatusOr<Config> from_environment();
-  // The STRATA_* variables of the process environment, and LOCAL_RANK / LOCAL_WORLD_SIZE where
-  // set, for callers that add overrides.
+  // The STRATA_* variables of the process environment, the launch variables the local ranks
+  // come from (LOCAL_RANK, LOCAL_WORLD_SIZE, and RANK, WORLD_SIZE and srun's SLURM_* that stand
+  // in for them, strata/config/slurm.h) where set, for callers that add overrides.
   static std::map<std::string, std::string> environment_variables();
-  // Same, from a name → value map; other names not starting with STRATA_ are ignored.
+  // Same, from a name → value map; other names not starting with STRATA_ are ignored. Without
+  // any of torch's launch variables, an srun task's SLURM_LOCALID and tasks per node give
+  // LocalRanks.
   static absl::StatusOr<Config> from_variables(const std::map<std::string, std::string>& vars);
 };
 
