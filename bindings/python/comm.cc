@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -11,6 +12,8 @@
 #include "environment.h"
 #include "errors.h"
 #include "host_array.h"
+#include "launcher_store.h"
+#include "strata/base/text.h"
 #include "strata/config/config.h"
 
 namespace py = pybind11;
@@ -18,26 +21,136 @@ namespace py = pybind11;
 namespace strata::python {
 namespace {
 
-std::shared_ptr<PyCommunicator> from_environment(const py::object& runtime,
-                                                 const py::kwargs& overrides) {
-  std::shared_ptr<PyRuntime> rt;
-  if (!runtime.is_none()) rt = runtime.cast<std::shared_ptr<PyRuntime>>();
-  const CommVariables vars = communicator_variables(overrides);
+// Joins the job `launch` describes, through `launcher` where one is given (the rendezvous waits
+// for the other ranks without the GIL; the launcher's store takes it for its calls).
+std::shared_ptr<PyCommunicator> join(const std::shared_ptr<PyRuntime>& rt, const LaunchInfo& launch,
+                                     const Config& config, LauncherStore* launcher) {
   absl::StatusOr<std::unique_ptr<Communicator>> comm;
   {
-    py::gil_scoped_release unlocked;  // the rendezvous waits for the other ranks
-    absl::StatusOr<LaunchInfo> launch = LaunchInfo::from_variables(vars.launch);
-    absl::StatusOr<Config> config = Config::from_variables(vars.strata);
-    if (!launch.ok()) {
-      comm = launch.status();
-    } else if (!config.ok()) {
-      comm = config.status();
-    } else {
-      comm = Communicator::create(CommOptions{
-          .launch = *launch, .settings = config->comm, .device = rt ? &rt->device() : nullptr});
-    }
+    py::gil_scoped_release unlocked;
+    comm = Communicator::create(CommOptions{.launch = launch,
+                                            .settings = config.comm,
+                                            .device = rt ? &rt->device() : nullptr,
+                                            .launcher_store = launcher});
   }
   return std::make_shared<PyCommunicator>(rt, check(std::move(comm)));
+}
+
+std::shared_ptr<PyRuntime> runtime_of(const py::object& runtime) {
+  if (runtime.is_none()) return nullptr;
+  return runtime.cast<std::shared_ptr<PyRuntime>>();
+}
+
+// A launcher's store failed to open (strata/_launch.py raised): the message is the user's.
+[[noreturn]] void raise_python_error(py::error_already_set& e, absl::StatusCode code) {
+  std::string message = py::str(e.value());
+  raise(code, std::move(message));
+}
+
+// The job of torch.distributed's default process group (`group`: strata/_launch.py's
+// torch_process_group()), its store the meeting point. RANK and WORLD_SIZE, where set, must be
+// torch's.
+std::shared_ptr<PyCommunicator> join_torch(const std::shared_ptr<PyRuntime>& rt,
+                                           const py::tuple& group, CommVariables vars) {
+  const py::object store = group[0];
+  const int rank = group[1].cast<int>();
+  const int world = group[2].cast<int>();
+  const std::string backend = group[3].cast<std::string>();
+  const std::string host = group[4].cast<std::string>();
+  for (const auto& [name, value] : {std::pair<std::string, int>{"RANK", rank},
+                                    std::pair<std::string, int>{"WORLD_SIZE", world}}) {
+    const auto it = vars.launch.find(name);
+    if (it != vars.launch.end() && text::trim(it->second) != std::to_string(value)) {
+      raise(absl::StatusCode::kFailedPrecondition,
+            name + "=" + it->second + " but torch.distributed says this process is rank " +
+                std::to_string(rank) + " of " + std::to_string(world) +
+                ": strata joins torch's job, so the two must agree (unset " + name +
+                ", or initialise torch.distributed with the launcher's rank and world size)");
+    }
+  }
+  vars.launch["RANK"] = std::to_string(rank);
+  vars.launch["WORLD_SIZE"] = std::to_string(world);
+  if (!vars.launch.count("MASTER_ADDR")) vars.launch["MASTER_ADDR"] = host;
+  // torch's store, not torchrun's agent store nor MASTER_PORT, is the meeting point.
+  vars.launch.erase("TORCHELASTIC_USE_AGENT_STORE");
+  absl::StatusOr<LaunchInfo> launch = LaunchInfo::from_variables(vars.launch);
+  absl::StatusOr<Config> config = Config::from_variables(vars.strata);
+  if (!launch.ok()) raise(launch.status());
+  if (!config.ok()) raise(config.status());
+  PyLauncherStore launcher(store, "torch.distributed's store (process group of " +
+                                      std::to_string(world) + " rank(s), backend " + backend + ")");
+  return join(rt, *launch, *config, &launcher);
+}
+
+py::object torch_process_group() {
+  return py::module_::import("strata._launch").attr("torch_process_group")();
+}
+
+std::shared_ptr<PyCommunicator> from_torch(const py::object& runtime, const py::kwargs& overrides) {
+  for (auto [key, value] : overrides) {
+    std::string name = key.cast<std::string>();
+    std::string upper = name;
+    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (is_launch_variable(upper)) {
+      raise(absl::StatusCode::kInvalidArgument,
+            "Communicator.from_torch(" + name +
+                "=...): the job is torch.distributed's (its rank, world size and store); only "
+                "STRATA_COMM_* settings are accepted here (comm_timeout=, comm_backend=, ...)");
+    }
+  }
+  const py::object group = torch_process_group();
+  if (group.is_none()) {
+    raise(absl::StatusCode::kFailedPrecondition,
+          "Communicator.from_torch(): torch.distributed is not initialised in this process: call "
+          "torch.distributed.init_process_group(...) first, or use "
+          "Communicator.from_environment()");
+  }
+  return join_torch(runtime_of(runtime), group.cast<py::tuple>(),
+                    communicator_variables(overrides));
+}
+
+std::shared_ptr<PyCommunicator> from_environment(const py::object& runtime,
+                                                 const py::kwargs& overrides) {
+  std::shared_ptr<PyRuntime> rt = runtime_of(runtime);
+  CommVariables vars = communicator_variables(overrides);
+  bool launch_given = false;
+  for (auto [key, value] : overrides) {
+    std::string name = key.cast<std::string>();
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    launch_given = launch_given || is_launch_variable(name);
+  }
+  if (launch_given) {
+    // Keywords describe a job of their own, not the one the launcher started: its agent's
+    // store is not that job's meeting point (unless the keywords say so).
+    for (const char* name :
+         {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"}) {
+      if (!overrides.contains(text::lower(name))) vars.launch.erase(name);
+    }
+  } else if (py::object group = torch_process_group(); !group.is_none()) {
+    // The script initialised torch.distributed: the same job, through torch's store.
+    return join_torch(rt, group.cast<py::tuple>(), std::move(vars));
+  }
+  absl::StatusOr<LaunchInfo> launch = LaunchInfo::from_variables(vars.launch);
+  absl::StatusOr<Config> config = Config::from_variables(vars.strata);
+  if (!launch.ok() && !config.ok()) {
+    raise(absl::StatusCode::kInvalidArgument,
+          std::string(launch.status().message()) + "\n" + std::string(config.status().message()));
+  }
+  if (!launch.ok()) raise(launch.status());
+  if (!config.ok()) raise(config.status());
+  if (!launch->agent_store || launch->world_size == 1) return join(rt, *launch, *config, nullptr);
+  // torchrun: its agent serves MASTER_ADDR:MASTER_PORT; strata joins through that store.
+  py::object store;
+  try {
+    store = py::module_::import("strata._launch")
+                .attr("agent_store")(launch->master_addr, launch->master_port,
+                                     config->comm.timeout.count());
+  } catch (py::error_already_set& e) {
+    raise_python_error(e, absl::StatusCode::kUnavailable);
+  }
+  PyLauncherStore launcher(std::move(store), "torchrun's agent store at " + launch->master_addr +
+                                                 ":" + std::to_string(launch->master_port));
+  return join(rt, *launch, *config, &launcher);
 }
 
 ReduceOp parse_op(const std::string& op) {
@@ -197,12 +310,26 @@ The ranks of a data-parallel job and the collectives between them: Gloo for host
 for a CUDA runtime's. Create it with Communicator.from_environment().)doc")
       .def_static("from_environment", &from_environment, py::arg("runtime") = py::none(),
                   R"doc(
-Joins the job the launch variables describe (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT; none set: a job of one rank) with the STRATA_COMM_* settings. Every rank calls it;
-it returns once all have. `runtime`: the Runtime whose device the collectives use (a ZeroEngine
-needs its own runtime's). Keywords override the environment: rank=, world_size=, local_rank=,
-master_addr=, master_port= set the launch variables, others STRATA_<NAME> (comm_timeout="30s",
-comm_backend="gloo", comm_debug=True); None unsets.)doc")
+Joins the job this process was launched into. Every rank calls it; it returns once all have.
+- torchrun (TORCHELASTIC_USE_AGENT_STORE=True): through the store torchrun's agent serves on
+  MASTER_ADDR:MASTER_PORT (torch's TCPStore client); strata never binds that port.
+- a script that already called torch.distributed.init_process_group: that job, through torch's
+  store, with torch's rank and world size (as from_torch()).
+- srun without torch's variables: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID stand in for RANK,
+  WORLD_SIZE, LOCAL_RANK (MASTER_ADDR and MASTER_PORT must be exported).
+- otherwise RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (strata-run sets them; none
+  set: a job of one rank), rank 0 serving the rendezvous on MASTER_PORT.
+With the STRATA_COMM_* settings. `runtime`: the Runtime whose device the collectives use (a
+ZeroEngine needs its own runtime's). Keywords override the environment: rank=, world_size=,
+local_rank=, master_addr=, master_port= (any of these: a job of their own, torch.distributed and
+torchrun's store not consulted) set the launch variables, others STRATA_<NAME>
+(comm_timeout="30s", comm_backend="gloo", comm_debug=True); None unsets.)doc")
+      .def_static("from_torch", &from_torch, py::arg("runtime") = py::none(),
+                  R"doc(
+Joins the job of torch.distributed's default process group, which this process has initialised
+(init_process_group): torch's rank and world size (RANK and WORLD_SIZE, where set, must agree),
+its store as the meeting point (no second port, no second set of variables). Keywords:
+STRATA_COMM_* settings only (comm_timeout=, comm_backend=, comm_debug=).)doc")
       .def_property_readonly("rank", [](PyCommunicator& c) { return c.comm->rank(); })
       .def_property_readonly("size", [](PyCommunicator& c) { return c.comm->size(); })
       .def_property_readonly(

@@ -4,24 +4,23 @@
 
 #include <cctype>
 
+#include "strata/comm/launch.h"
+#include "strata/config/slurm.h"
+
 namespace py = pybind11;
 
 namespace strata::python {
 namespace {
 
-constexpr const char* kLaunchVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                            "MASTER_PORT"};
+// The launch variables a Communicator reads (strata/comm/launch.h: torch's, torchrun's and
+// srun's).
+bool is_launch_variable_name(const std::string& name) { return is_launch_variable(name); }
 
-bool is_launch_variable(const std::string& name) {
-  for (const char* v : kLaunchVariables) {
-    if (name == v) return true;
-  }
-  return false;
-}
-
-// The launch variables the configuration reads (the device, the memory shares): Config's.
+// The launch variables the configuration reads (the device, the memory shares): Config's, with
+// the ones that tell whether srun's stand in for them.
 bool is_config_launch_variable(const std::string& name) {
-  return name == "LOCAL_RANK" || name == "LOCAL_WORLD_SIZE";
+  return name == "LOCAL_RANK" || name == "LOCAL_WORLD_SIZE" || name == "RANK" ||
+         name == "WORLD_SIZE" || is_slurm_task_variable(name);
 }
 
 // os.environ rather than getenv: what Python code (and pytest's monkeypatch) sees. With
@@ -32,7 +31,7 @@ std::map<std::string, std::string> strata_environment(bool launch = false) {
   for (auto [key, value] : environ) {
     const auto name = key.cast<std::string>();
     if (name.starts_with("STRATA_") || is_config_launch_variable(name) ||
-        (launch && is_launch_variable(name))) {
+        (launch && is_launch_variable_name(name))) {
       vars[name] = value.cast<std::string>();
     }
   }
@@ -79,7 +78,7 @@ CommVariables communicator_variables(const py::kwargs& overrides) {
   for (auto [key, value] : overrides) {
     std::string name = key.cast<std::string>();
     for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    if (!is_launch_variable(name) && !name.starts_with("STRATA_")) name = "STRATA_" + name;
+    if (!is_launch_variable_name(name) && !name.starts_with("STRATA_")) name = "STRATA_" + name;
     if (value.is_none()) {
       vars.erase(name);
     } else {
@@ -88,7 +87,7 @@ CommVariables communicator_variables(const py::kwargs& overrides) {
   }
   CommVariables split;
   for (auto& [name, value] : vars) {
-    (is_launch_variable(name) ? split.launch : split.strata)[name] = std::move(value);
+    (is_launch_variable_name(name) ? split.launch : split.strata)[name] = std::move(value);
   }
   return split;
 }
