@@ -146,18 +146,22 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::create(Runtime& runtime,
                                      " (ZeroOptions.bucket_bytes, alignment, or the parameters)"));
   }
   s.layout = *std::move(layout);
+  // Unset: automatic, room for the largest gathered group at least (bound_live_limit() then
+  // fits it to the tier, silently).
+  s.live_limit = options.max_live_bytes.value_or(kAutoMaxLiveBytes);
   if (options.stage == 3) {
     for (uint32_t g = 0; g < s.layout.groups().size(); ++g) {
       if (s.layout.groups()[g].persistent) continue;
-      if (s.gathered_bytes(g) > options.max_live_bytes) {
+      if (!options.max_live_bytes) {
+        s.live_limit = std::max(s.live_limit, s.gathered_bytes(g));
+      } else if (s.gathered_bytes(g) > *options.max_live_bytes) {
         return invalid(absl::StrFormat(
             "parameter group %d gathers to %d bytes, above max_live_bytes = %d; raise "
-            "max_live_bytes or lower bucket_bytes",
-            g, s.gathered_bytes(g), options.max_live_bytes));
+            "max_live_bytes (or leave it unset: automatic) or lower bucket_bytes",
+            g, s.gathered_bytes(g), *options.max_live_bytes));
       }
     }
   }
-  s.live_limit = options.max_live_bytes;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].initial.empty() && params[i].fill) {
       return invalid(

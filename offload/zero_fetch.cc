@@ -209,10 +209,11 @@ absl::Status ZeroEngine::Impl::make_room(uint32_t group) {
       }
       return absl::ResourceExhaustedError(absl::StrFormat(
           "ZeroEngine: gathering parameter group %d (%d bytes) would take the gathered "
-          "parameters to %d bytes, above the live limit of %d (ZeroOptions.max_live_bytes = %d, "
+          "parameters to %d bytes, above the live limit of %d (ZeroOptions.max_live_bytes = %s, "
           "bounded by the GPU tier), and every gathered group is in use (groups %s); raise "
           "max_live_bytes (and STRATA_GPU_BYTES) to at least %d or release parameters sooner",
-          group, need, live_bytes + need, live_limit, options.max_live_bytes, in_use,
+          group, need, live_bytes + need, live_limit,
+          options.max_live_bytes ? absl::StrCat(*options.max_live_bytes) : "automatic", in_use,
           live_bytes + need));
     }
     if (auto st = drop_gathered(static_cast<uint32_t>(victim)); !st.ok()) return st;
@@ -432,10 +433,15 @@ absl::Status ZeroEngine::Impl::bound_live_limit() {
   }
   if (room < live_limit) {
     live_limit = room;
-    log::warn_once(absl::StrFormat(
-        "ZeroEngine: max_live_bytes = %d is more than the %s tier can hold beside the engine's "
-        "own tensors; gathering at most %d bytes at once (set max_live_bytes to silence this)",
-        options.max_live_bytes, to_string(comm_tier), room));
+    // Automatic (unset): fitting the tier is what it means. A value the caller set is not
+    // what they get: say so.
+    if (options.max_live_bytes) {
+      log::warn_once(absl::StrFormat(
+          "ZeroEngine: max_live_bytes = %d is more than the %s tier can hold beside the "
+          "engine's own tensors; gathering at most %d bytes at once (set max_live_bytes to at "
+          "most %d, or leave it unset for this limit, to silence this)",
+          *options.max_live_bytes, to_string(comm_tier), room, room));
+    }
   }
   return absl::OkStatus();
 }

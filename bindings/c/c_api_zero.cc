@@ -119,7 +119,8 @@ absl::StatusOr<ZeroOptions> options_from(const strata_zero_options_t& o) {
   options.accumulation_steps = o.accumulation_steps;
   options.persist_below_bytes = o.persist_below_bytes;
   options.prefetch_bytes = o.prefetch_bytes;
-  options.max_live_bytes = o.max_live_bytes;
+  // 0: automatic (the C++ default, unset).
+  if (o.max_live_bytes != 0) options.max_live_bytes = o.max_live_bytes;
   options.reuse_window_bytes = o.reuse_window_bytes;
   for (size_t i = 0; i < o.group_count; ++i) options.groups.push_back(group_from(o.groups[i]));
   options.optimizer = *std::move(optimizer);
@@ -185,7 +186,7 @@ strata_status_t strata_zero_options_init(strata_zero_options_t* options) {
     options->optimizer = optimizer_options_to_c(d.optimizer);
     options->persist_below_bytes = d.persist_below_bytes;
     options->prefetch_bytes = d.prefetch_bytes;
-    options->max_live_bytes = d.max_live_bytes;
+    options->max_live_bytes = d.max_live_bytes.value_or(0);  // 0: automatic
     options->reuse_window_bytes = d.reuse_window_bytes;
     return absl::OkStatus();
   });

@@ -344,7 +344,24 @@ max_grad_norm, loss_scaling (LossScaling), overlap (OverlapOptions), ...).)doc")
       });
   size_field(zero, "ZeroOptions", "persist_below_bytes", &ZeroOptions::persist_below_bytes, true);
   size_field(zero, "ZeroOptions", "prefetch_bytes", &ZeroOptions::prefetch_bytes, true);
-  size_field(zero, "ZeroOptions", "max_live_bytes", &ZeroOptions::max_live_bytes, false);
+  // None (the default): automatic, fitted to the GPU tier without a warning.
+  zero.def_property(
+      "max_live_bytes",
+      [](const ZeroOptions& o) -> py::object {
+        return o.max_live_bytes ? py::object(py::int_(*o.max_live_bytes)) : py::none();
+      },
+      [](ZeroOptions& o, const py::object& v) {
+        if (v.is_none()) {
+          o.max_live_bytes.reset();
+          return;
+        }
+        if (py::isinstance<py::bool_>(v) ||
+            !(py::isinstance<py::int_>(v) || py::isinstance<py::str>(v))) {
+          bad_type("ZeroOptions.max_live_bytes", v,
+                   "None (automatic), a byte count (int) or a size ('1GiB')");
+        }
+        o.max_live_bytes = size_arg(v, "ZeroOptions.max_live_bytes", /*allow_zero=*/false);
+      });
   size_field(zero, "ZeroOptions", "reuse_window_bytes", &ZeroOptions::reuse_window_bytes, true);
   number_field(zero, "ZeroOptions", "accumulation_steps", &ZeroOptions::accumulation_steps,
                uint32_t{1});

@@ -135,9 +135,11 @@ typedef struct strata_zero_options {
   /* Stage 3 (ignored at stages 1-2). Bytes are of param_type. */
   uint64_t persist_below_bytes; /* parameters smaller than this stay whole on every rank */
   uint64_t prefetch_bytes;      /* gathered bytes fetched ahead of the group in use */
-  uint64_t max_live_bytes;      /* the most gathered bytes alive at once (in use, kept, ahead) */
-  uint64_t reuse_window_bytes;  /* a released group stays gathered when the order uses it again
-                                 * within this many gathered bytes (0: always dropped) */
+  /* The most gathered bytes alive at once (in use, kept, ahead); 0 (the default): automatic,
+   * 1 GiB or the largest gathered group, fitted to the GPU tier without a warning. */
+  uint64_t max_live_bytes;
+  uint64_t reuse_window_bytes; /* a released group stays gathered when the order uses it again
+                                * within this many gathered bytes (0: always dropped) */
 } strata_zero_options_t;
 
 /* Where a parameter lives: `count` elements of param_type at byte `offset` in `tensor`. */

@@ -57,7 +57,7 @@ TEST_CASE("c_api: ZeRO engine create with bad arguments", "[c_api][zero]") {
   CHECK(defaults.optimizer.state_home == STRATA_TIER_CPU);
   CHECK(defaults.persist_below_bytes == 128U << 10);
   CHECK(defaults.prefetch_bytes == 64U << 20);
-  CHECK(defaults.max_live_bytes == 1ULL << 30);
+  CHECK(defaults.max_live_bytes == 0);  // automatic
   CHECK(defaults.reuse_window_bytes == 64U << 20);
 
   expect(strata_zero_engine_create(r, comm, specs.data(), specs.size(), nullptr, nullptr),

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "comm/rank_processes.h"
+#include "config/log_capture.h"
 #include "offload/zero_rig.h"
 #include "strata/offload/zero_engine.h"
 #include "temp_dir.h"
@@ -443,7 +444,8 @@ TEST_CASE("Stage 3 refuses misuse with a precise error", "[zero]") {
 TEST_CASE("Stage 3's live limit is bounded by the GPU tier, so no rank's gather finds no room",
           "[zero]") {
   const auto model = testing::zero_model();
-  ZeroOptions o = small_options(3);  // max_live_bytes: the default 1 GiB
+  ZeroOptions o = small_options(3);  // max_live_bytes unset: automatic
+  testing::LogCapture log;
   {
     auto tiny = testing::zero_runtime("", "8KiB");
     REQUIRE(tiny.ok());
@@ -474,6 +476,24 @@ TEST_CASE("Stage 3's live limit is bounded by the GPU tier, so no rank's gather 
   }
   CHECK((*engine)->stats().gathers_prefetched > 0);
   CHECK((*engine)->stats().gathered_peak_bytes <= capacity - buckets);
+  // Automatic fits the tier without a word; a value set above what the tier holds is lowered
+  // with a warning naming it, once; one that fits is silent.
+  CHECK(log.matching("max_live_bytes").empty());
+  uint64_t largest = 0;  // gathered bytes of the largest partitioned group (fp16 parameters)
+  for (const auto& g : (*engine)->layout().groups()) {
+    if (!g.persistent) largest = std::max<uint64_t>(largest, g.padded * 2);
+  }
+  REQUIRE(o.param_type == ParamType::kF16);
+  engine->reset();
+  o.max_live_bytes = 12345678;
+  for (int i = 0; i < 2; ++i) {
+    auto again = ZeroEngine::create(**runtime, lone(), model.params, o);
+    REQUIRE(again.ok());
+  }
+  CHECK(log.matching("max_live_bytes = 12345678 is more than the gpu tier can hold").size() == 1);
+  o.max_live_bytes = largest;
+  REQUIRE(ZeroEngine::create(**runtime, lone(), model.params, o).ok());
+  CHECK(log.matching("max_live_bytes").size() == 1);
 }
 
 TEST_CASE("A damaged ZeRO checkpoint is refused before anything changes", "[zero]") {

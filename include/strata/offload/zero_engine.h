@@ -76,6 +76,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -102,6 +103,9 @@ struct ZeroParam {
   std::function<absl::Status(std::span<float> values)> fill;
 };
 
+// Stage 3's gathered-bytes limit when ZeroOptions::max_live_bytes is unset.
+inline constexpr uint64_t kAutoMaxLiveBytes = 1ULL << 30;
+
 struct ZeroOptions {
   uint32_t stage = 2;  // 1: optimizer states partitioned; 2: gradients too; 3: parameters too
   ParamType param_type = ParamType::kF16;
@@ -127,10 +131,12 @@ struct ZeroOptions {
   uint64_t prefetch_bytes = 64ULL << 20;
   // Stage 3: the most gathered bytes alive at once (in use, kept for reuse, prefetched). A use
   // that cannot fit even after dropping every group not in use is ResourceExhausted. Bounded
-  // at creation by 3/4 of what the GPU tier holds beside the engine's own tensors homed there
-  // (a warning says so), so that a gather never finds the arena full on one rank only; the
-  // trainer's own tensors in the GPU tier must fit in the rest.
-  uint64_t max_live_bytes = 1ULL << 30;
+  // at creation by 3/4 of what the GPU tier holds beside the engine's own tensors homed there,
+  // so that a gather never finds the arena full on one rank only; the trainer's own tensors
+  // in the GPU tier must fit in the rest. Unset (the default): automatic, silently:
+  // kAutoMaxLiveBytes (or the largest gathered group, when larger), bounded as above. A value
+  // set above that bound is lowered to it with a warning (once).
+  std::optional<uint64_t> max_live_bytes;
   // Stage 3: a released group stays gathered when the order uses it again within this many
   // gathered bytes (0: always dropped, every use gathers).
   uint64_t reuse_window_bytes = 64ULL << 20;
