@@ -6,6 +6,7 @@ zero_ranks.py (CTest python.zero_ranks_2) and examples/torch_trainer (examples.t
 
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -149,7 +150,7 @@ def lm_loss(model, tokens):
                                        tokens[:, 1:].reshape(-1))
 
 
-@pytest.mark.parametrize("units", [None, (Block,)])
+@pytest.mark.parametrize("units", [None, (Block,), [Block], {Block}])
 def test_tied_frozen_and_unused_parameters(runtime, comm, units):
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(24, (8, 12), generator=g)
@@ -270,8 +271,17 @@ def test_zero_shard_errors(runtime, comm):
         st.zero_shard(make_mlp(), solo_communicator(None))
     with pytest.raises(ValueError, match=r"MixedPrecisionPolicy.param_dtype=torch.int8"):
         st.zero_shard(make_mlp(), comm, mp_policy=st.MixedPrecisionPolicy(param_dtype=torch.int8))
-    with pytest.raises(TypeError, match=r"units="):
+    with pytest.raises(TypeError, match=r"units='blocks': use None, a module class, a list"):
         st.zero_shard(make_mlp(), comm, units="blocks")
+    # A collection of classes (a list as well as a tuple): anything else in it is named.
+    with pytest.raises(TypeError, match=r"units=\[<class .*Block'>, 'Linear'\]: 'Linear' \(str\) "
+                                        r"is not a class; list module classes"):
+        st.zero_shard(make_mlp(), comm, units=[Block, "Linear"])
+    with pytest.raises(TypeError, match=r"Linear\(in_features=2, out_features=2, bias=True\) "
+                                        r"\(Linear\) is not a class"):
+        st.zero_shard(make_mlp(), comm, units=(nn.Linear(2, 2),))
+    with pytest.raises(TypeError, match=r"units=\[\] names no class"):
+        st.zero_shard(make_mlp(), comm, units=[])
     with pytest.raises(ValueError, match=r"FetchPolicy.order='sideways'"):
         st.zero_shard(make_mlp(), comm, fetch_policy=st.FetchPolicy(order="sideways"))
     with pytest.raises(ValueError, match=r"stage=4: use 1, 2 or 3"):
@@ -344,3 +354,27 @@ def test_backward_never_reads_released_parameters(runtime, comm):
     for t in held:
         t.destroy()
     model.close()
+
+
+def test_default_max_live_bytes_fits_the_tier_silently(runtime, comm, capfd):
+    """Every default at stage 3: max_live_bytes is automatic (the engine fits it to the GPU
+    tier: 32 MiB here, below the 1 GiB it starts from) and says nothing. A value set above
+    what the tier holds is lowered the same way, with a warning naming it."""
+    if os.environ.get("STRATA_LOG", "").lower() == "error":
+        pytest.skip("STRATA_LOG=error hides strata's warnings")
+    x, y = data()
+    capfd.readouterr()
+    model = st.zero_shard(make_mlp(), comm)
+    assert model.engine.options.max_live_bytes is None and model.fetch_policy.max_live_bytes is None
+    train(model, model.step, 2, x, y)
+    model.close()
+    assert "max_live_bytes" not in capfd.readouterr().err
+    # 999 MiB: a message no other test prints (strata warns once per message and process).
+    other = strata.Runtime(backend="host", gpu_bytes="32MiB", cpu_bytes="32MiB", nvme_paths=None)
+    model = st.zero_shard(make_mlp(), solo_communicator(other),
+                          fetch_policy=st.FetchPolicy(max_live_bytes="999MiB"))
+    assert model.engine.options.max_live_bytes == 999 << 20
+    train(model, model.step, 2, x, y)
+    model.close()
+    err = capfd.readouterr().err
+    assert err.count(f"max_live_bytes = {999 << 20} is more than the gpu tier can hold") == 1, err

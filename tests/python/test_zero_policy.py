@@ -3,6 +3,7 @@ and strata.torch.zero_shard's policy objects (strata/zero_policy.py): defaults, 
 error that names a bad field, what the engine is created with."""
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ def test_zero_options_fields_and_nesting():
     assert (o.stage, o.param_dtype, o.grad_dtype, o.param_home) == (2, "float16", "float16", "gpu")
     assert (o.bucket_bytes, o.gradient_buckets, o.alignment) == (32 << 20, 2, 64)
     assert (o.persist_below_bytes, o.prefetch_bytes, o.max_live_bytes,
-            o.reuse_window_bytes, o.accumulation_steps) == (128 << 10, 64 << 20, 1 << 30,
+            o.reuse_window_bytes, o.accumulation_steps) == (128 << 10, 64 << 20, None,
                                                             64 << 20, 1)
     assert o.groups == [] and o.optimizer.state_home == "cpu"
     assert o.optimizer.max_grad_norm == 0.0 and o.optimizer.loss_scaling.scale == 1.0
@@ -34,6 +35,8 @@ def test_zero_options_fields_and_nesting():
     assert o.bucket_bytes == 4096 and o.param_dtype == "bfloat16"
     k = strata.ZeroOptions(stage=3, param_home="nvme", max_live_bytes="1MiB")
     assert (k.stage, k.param_home, k.max_live_bytes) == (3, "nvme", 1 << 20)
+    k.max_live_bytes = None  # automatic again
+    assert k.max_live_bytes is None and "max_live_bytes=None" in repr(k)
     o.groups = [{}, {"lr": 0.0}, strata.AdamGroup(lr=0.5, betas=(0.8, 0.9))]
     assert [g.lr for g in o.groups] == [0.25, 0.0, 0.5] and o.groups[2].beta1 == pytest.approx(0.8)
     assert "ZeroOptions(stage=2" in repr(o) and "AdamGroup(lr=0.25" in repr(o)
@@ -48,6 +51,8 @@ def test_zero_options_fields_and_nesting():
     ("bucket_bytes", 1.5, TypeError, r"ZeroOptions.bucket_bytes=1.5 \(float\): use a byte count"),
     ("bucket_bytes", "12XB", ValueError, r"ZeroOptions.bucket_bytes='12XB' is not a size"),
     ("max_live_bytes", 0, ValueError, r"ZeroOptions.max_live_bytes=0: a positive byte count"),
+    ("max_live_bytes", 1.0, TypeError,
+     r"ZeroOptions.max_live_bytes=1.0 \(float\): use None \(automatic\), a byte count"),
     ("param_home", "disk", ValueError, r"ZeroOptions.param_home='disk': use 'gpu', 'cpu' or"),
     ("param_dtype", "int8", ValueError, r"ZeroOptions.param_dtype='int8': use float32"),
     ("groups", "all", TypeError, r"ZeroOptions.groups='all' \(str\): use a list"),
@@ -121,6 +126,15 @@ def test_policies_are_frozen_and_checked():
          r"FetchPolicy.order='sideways': use 'record' or 'module'"),
         (lambda: st.FetchPolicy(max_live_bytes=0), ValueError,
          r"FetchPolicy.max_live_bytes=0: use a positive byte count"),
+        (lambda: st.FetchPolicy(max_live_bytes=2.5), TypeError,
+         r"FetchPolicy.max_live_bytes=2.5 \(float\): use None \(automatic\), a byte count"),
+        (lambda: st.PlacementPolicy(param_home="disk"), ValueError,
+         r"PlacementPolicy.param_home='disk': use 'gpu', 'cpu' or 'nvme'"),
+        (lambda: st.CPUOffloadPolicy(pin_memory="yes"), TypeError,
+         r"CPUOffloadPolicy.pin_memory='yes' \(str\): use True or False"),
+        (lambda: st.CPUOffloadPolicy(pin_memory=False), ValueError,
+         r"CPUOffloadPolicy.pin_memory=False: strata's CPU tier is pinned host memory, always"),
+        (lambda: st.CPUOffloadPolicy(param_home="gpu"), TypeError, r"param_home"),
         (lambda: st.FetchPolicy(prefetch_bytes="lots"), ValueError,
          r"FetchPolicy.prefetch_bytes='lots': .*not a size"),
         (lambda: st.FetchPolicy(reuse_window_bytes=1.5), TypeError,
@@ -184,7 +198,7 @@ def test_zero_shard_argument_errors(runtime, comm):
     # The keywords before the policies: a message that says where each went.
     for old, where in (("lr", r"optimizer=ZeroAdamW\(lr=...\)"),
                        ("bucket_bytes", r"reduce_policy=ReducePolicy\(bucket_bytes=...\)"),
-                       ("param_home", r"offload_policy=OffloadPolicy\(param_home=...\)"),
+                       ("param_home", r"offload_policy=PlacementPolicy\(param_home=...\)"),
                        ("param_dtype", r"mp_policy=MixedPrecisionPolicy\(param_dtype=...\)"),
                        ("max_live_bytes", r"fetch_policy=FetchPolicy\(max_live_bytes=...\)")):
         with pytest.raises(TypeError, match=rf"zero_shard\({old}=...\): .*strata.torch.{where}"):
@@ -194,7 +208,9 @@ def test_zero_shard_argument_errors(runtime, comm):
     with pytest.raises(TypeError, match=r"positional"):
         st.zero_shard(net, comm, 3)  # keyword-only
     with pytest.raises(TypeError, match=r"offload_policy=\{'param_home': 'cpu'\} \(dict\): use "
-                                        r"strata.torch.OffloadPolicy"):
+                                        r"strata.torch.PlacementPolicy\(param_home=..., "
+                                        r"state_home=...\) or FSDP2's "
+                                        r"strata.torch.CPUOffloadPolicy"):
         st.zero_shard(net, comm, offload_policy={"param_home": "cpu"})
     with pytest.raises(TypeError, match=r"\(SGD\): use strata.torch.ZeroAdamW"):
         st.zero_shard(net, comm, optimizer=torch.optim.SGD(nn.Linear(2, 2).parameters(), 0.1))
@@ -202,3 +218,62 @@ def test_zero_shard_argument_errors(runtime, comm):
         st.zero_shard(net, comm, stage=2, offload_policy=st.OffloadPolicy(param_home="nvme"))
     with pytest.raises(ValueError, match=r"stage=True: use 1, 2 or 3"):
         st.zero_shard(net, comm, stage=True)
+
+
+def test_fsdp2_spellings_and_strata_placement(runtime, comm):
+    """strata's placement policy is PlacementPolicy; FSDP2's names mean FSDP2's things where
+    strata can honour them (CPUOffloadPolicy) and say where it cannot (OffloadPolicy(): strata
+    has no optimizer on the GPU); OffloadPolicy with fields is PlacementPolicy's old name."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of these warns
+        placed = st.PlacementPolicy()
+        old = st.OffloadPolicy(param_home="cpu")
+        cpu = st.CPUOffloadPolicy()
+        pinned = st.CPUOffloadPolicy(pin_memory=True)
+    assert (placed.param_home, placed.state_home) == ("gpu", "cpu")
+    assert (old.param_home, old.state_home) == ("cpu", "cpu")
+    assert isinstance(old, st.PlacementPolicy)
+    assert (cpu.param_home, cpu.state_home, cpu.pin_memory) == ("cpu", "cpu", True)
+    assert cpu == pinned == st.CPUOffloadPolicy(True)
+    assert isinstance(cpu, st.OffloadPolicy)  # FSDP2's hierarchy
+    with pytest.warns(UserWarning, match=r"OffloadPolicy\(\) is FSDP2's 'no offloading'.*"
+                                         r"optimizer step always runs on the CPU"):
+        none = st.OffloadPolicy()
+    assert (none.param_home, none.state_home) == ("gpu", "cpu")
+    # What the engine is created with.
+    for policy, stage, homes in ((cpu, 3, ("cpu", "cpu")), (cpu, 2, ("cpu", "cpu")),
+                                 (placed, 3, ("gpu", "cpu")), (none, 3, ("gpu", "cpu")),
+                                 (st.OffloadPolicy(state_home="nvme"), 3, ("gpu", "nvme")),
+                                 (st.PlacementPolicy("nvme", "nvme"), 3, ("nvme", "nvme"))):
+        o = zero_policy.to_options(stage, offload_policy=policy)
+        assert (o.param_home, o.optimizer.state_home) == homes, policy
+    with pytest.raises(ValueError, match=r"PlacementPolicy.param_home='nvme' needs stage 3"):
+        zero_policy.to_options(1, offload_policy=st.PlacementPolicy(param_home="nvme"))
+    # FSDP2's CPUOffloadPolicy in zero_shard: the shards and the states in the CPU tier.
+    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    model = st.zero_shard(net, comm, offload_policy=st.CPUOffloadPolicy(),
+                          fetch_policy=st.FetchPolicy(persist_below_bytes=0))
+    assert model.offload_policy == cpu
+    memory = model.memory()
+    assert memory["params"]["cpu"] > 0 and memory["params"]["gpu"] == 0, memory
+    assert memory["optimizer_states"]["cpu"] > 0, memory
+    model(torch.randn(4, 8)).sum().backward()
+    assert model.step()["step"] == 1
+    model.close()
+
+
+def test_torch_fsdp2_objects_are_refused_naming_strata_s(comm):
+    """torch's own FSDP2 policy objects: refused with the strata.torch name to use (the same
+    name), not taken for what they are not."""
+    def fake(name):  # torch 1.13 has no FSDP2: a class from where torch >= 2.6 defines them
+        return type(name, (), {"__module__": "torch.distributed.fsdp._fully_shard._fsdp_api",
+                               "__repr__": lambda self: f"{name}()"})()
+
+    net = nn.Linear(4, 4)
+    with pytest.raises(TypeError, match=r"offload_policy=CPUOffloadPolicy\(\) is torch's "
+                                        r"torch.distributed.fsdp._fully_shard._fsdp_api."
+                                        r"CPUOffloadPolicy: use strata.torch.CPUOffloadPolicy"):
+        st.zero_shard(net, comm, offload_policy=fake("CPUOffloadPolicy"))
+    with pytest.raises(TypeError, match=r"mp_policy=MixedPrecisionPolicy\(\) is torch's .*: use "
+                                        r"strata.torch.MixedPrecisionPolicy\(...\)"):
+        st.zero_shard(net, comm, mp_policy=fake("MixedPrecisionPolicy"))

@@ -49,8 +49,8 @@ from torch import nn
 import strata
 
 __all__ = ["Offloaded", "OffloadAdamW", "offload", "ZeroModule", "zero_shard", "ActivationOffload",
-           "OffloadActivations", "offload_activations", "MixedPrecisionPolicy", "OffloadPolicy",
-           "FetchPolicy", "ReducePolicy", "ZeroAdamW"]
+           "OffloadActivations", "offload_activations", "MixedPrecisionPolicy", "PlacementPolicy",
+           "OffloadPolicy", "CPUOffloadPolicy", "FetchPolicy", "ReducePolicy", "ZeroAdamW"]
 
 _DTYPES = {
     torch.float32: "float32",
@@ -453,8 +453,8 @@ class OffloadAdamW:
 
 
 # The data-parallel path (ZeRO-DP stages 1-3 over strata's Communicator): its own file.
-from .zero_policy import (FetchPolicy, MixedPrecisionPolicy, OffloadPolicy,  # noqa: E402
-                          ReducePolicy, ZeroAdamW)
+from .zero_policy import (CPUOffloadPolicy, FetchPolicy, MixedPrecisionPolicy,  # noqa: E402
+                          OffloadPolicy, PlacementPolicy, ReducePolicy, ZeroAdamW)
 from .zero_torch import ZeroModule, zero_shard  # noqa: E402
 
 # Activation offload (ZeRO-R: saved tensors through the tiers): its own file.

@@ -5,7 +5,7 @@ MixedPrecisionPolicy and OffloadPolicy:
 
     model = st.zero_shard(net, comm, stage=3,
                           mp_policy=st.MixedPrecisionPolicy(param_dtype=torch.bfloat16),
-                          offload_policy=st.OffloadPolicy(param_home="cpu", state_home="nvme"),
+                          offload_policy=st.PlacementPolicy(param_home="cpu", state_home="nvme"),
                           fetch_policy=st.FetchPolicy(prefetch_bytes="256MiB"),
                           reduce_policy=st.ReducePolicy(bucket_bytes="32MiB"),
                           optimizer=st.ZeroAdamW(lr=3e-4, weight_decay=0.1, max_grad_norm=1.0))
@@ -14,18 +14,27 @@ Each checks its fields when it is made: a wrong type or value raises, naming the
 ("FetchPolicy.max_live_bytes=0: ..."). The defaults are the C++ defaults, except the dtypes
 (float32: the torch module's; the C++ engine's default is float16). to_options() turns them into
 a strata.ZeroOptions (bound field by field), which the engine is created with.
+
+FSDP2's names: MixedPrecisionPolicy (param_dtype, reduce_dtype) means what FSDP2's does;
+CPUOffloadPolicy(pin_memory=True) is FSDP2's (parameters and optimizer states in the pinned CPU
+tier); strata's own placement policy is PlacementPolicy (param_home, state_home). OffloadPolicy
+with fields is PlacementPolicy's earlier name; OffloadPolicy() is FSDP2's "no offload", which
+strata can honour for the parameters only: its optimizer step always runs on the CPU
+(ZeRO-Offload), so the optimizer states live in the CPU tier, and a warning says so.
+docs/python.md, "From FSDP2 to strata", has the whole translation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
 import strata
 
-__all__ = ["MixedPrecisionPolicy", "OffloadPolicy", "FetchPolicy", "ReducePolicy", "ZeroAdamW",
-           "to_options"]
+__all__ = ["MixedPrecisionPolicy", "PlacementPolicy", "OffloadPolicy", "CPUOffloadPolicy",
+           "FetchPolicy", "ReducePolicy", "ZeroAdamW", "to_options"]
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _HOMES = ("gpu", "cpu", "nvme")
@@ -42,11 +51,14 @@ def _check_dtype(obj, field: str) -> None:
                          "torch.bfloat16")
 
 
-def _check_bytes(obj, field: str, allow_zero: bool) -> None:
+def _check_bytes(obj, field: str, allow_zero: bool, allow_none: bool = False) -> None:
     value = getattr(obj, field)
+    if value is None and allow_none:
+        return
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"{_where(obj, field, value)} ({type(value).__name__}): use a byte count "
-                        "(int) or a size ('32MiB')")
+        raise TypeError(f"{_where(obj, field, value)} ({type(value).__name__}): use "
+                        + ("None (automatic), " if allow_none else "")
+                        + "a byte count (int) or a size ('32MiB')")
     n = value
     if isinstance(value, str):
         try:
@@ -106,11 +118,12 @@ class MixedPrecisionPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
-class OffloadPolicy:
+class PlacementPolicy:
     """Where the model states live (ZeroOptions.param_home, OffloadOptimizerOptions.state_home):
     the parameters (stage 3: each rank's shards) in 'gpu', 'cpu' or 'nvme' (NVMe: stage 3);
     the fp32 master weights and Adam moments in 'cpu' (ZeRO-Offload) or 'nvme'
-    (ZeRO-Infinity)."""
+    (ZeRO-Infinity). There is no 'gpu' for them: strata's optimizer step always runs on the
+    CPU, on the states where they live."""
 
     param_home: str = "gpu"
     state_home: str = "cpu"
@@ -118,6 +131,57 @@ class OffloadPolicy:
     def __post_init__(self):
         _check_choice(self, "param_home", _HOMES)
         _check_choice(self, "state_home", ("cpu", "nvme"))
+
+
+_NO_OFFLOAD = (
+    "strata.torch.OffloadPolicy() is FSDP2's 'no offloading': strata keeps the parameters in "
+    "the GPU tier as FSDP2 does, but the optimizer states cannot stay there: strata's optimizer "
+    "step always runs on the CPU (ZeRO-Offload), so the fp32 master weights and Adam moments "
+    "live in the CPU tier. Say so with strata.torch.PlacementPolicy(param_home='gpu', "
+    "state_home='cpu'), which does not warn")
+
+
+@dataclasses.dataclass(frozen=True)
+class OffloadPolicy(PlacementPolicy):
+    """FSDP2's name, two meanings told apart by the arguments. With param_home= or state_home=:
+    strata's earlier name of PlacementPolicy, the same meaning (the unset one its default).
+    Without arguments: FSDP2's OffloadPolicy(), "no offloading", which strata honours for the
+    parameters only (the GPU tier); the optimizer states live in the CPU tier (strata's step
+    always runs on the CPU), and a warning says so (PlacementPolicy() is the same placement,
+    said outright)."""
+
+    param_home: str | None = None
+    state_home: str | None = None
+
+    def __post_init__(self):
+        if self.param_home is None and self.state_home is None:
+            warnings.warn(_NO_OFFLOAD, UserWarning, stacklevel=3)
+        if self.param_home is None:
+            object.__setattr__(self, "param_home", "gpu")
+        if self.state_home is None:
+            object.__setattr__(self, "state_home", "cpu")
+        super().__post_init__()
+
+
+@dataclasses.dataclass(frozen=True)
+class CPUOffloadPolicy(OffloadPolicy):
+    """FSDP2's CPUOffloadPolicy(pin_memory=True): the parameters (stage 3: each rank's shards),
+    gradients and optimizer states in the CPU tier, the optimizer step on the CPU; the same
+    placement as PlacementPolicy(param_home='cpu', state_home='cpu'). The CPU tier is pinned
+    host memory (STRATA_CPU_BYTES), so pin_memory=False is refused rather than ignored."""
+
+    param_home: str = dataclasses.field(default="cpu", init=False)
+    state_home: str = dataclasses.field(default="cpu", init=False)
+    pin_memory: bool = True
+
+    def __post_init__(self):
+        _check_bool(self, "pin_memory")
+        if not self.pin_memory:
+            raise ValueError(
+                "CPUOffloadPolicy.pin_memory=False: strata's CPU tier is pinned host memory, "
+                "always (STRATA_CPU_BYTES sizes it); use pin_memory=True, a smaller CPU tier, "
+                "or, where host memory is short, NVMe: PlacementPolicy(param_home='nvme', "
+                "state_home='nvme') (stage 3)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,14 +193,17 @@ class FetchPolicy:
 
     order: str = "record"
     prefetch_bytes: int | str = "64MiB"  # gathered ahead of the group in use (0: none)
-    max_live_bytes: int | str = "1GiB"  # the most gathered bytes alive at once
+    # The most gathered bytes alive at once. None: automatic (1 GiB, or the largest group when
+    # larger, fitted to the GPU tier: 3/4 of what it holds beside the engine's tensors; no
+    # warning). A value above that fit is lowered to it with a warning.
+    max_live_bytes: int | str | None = None
     reuse_window_bytes: int | str = "64MiB"  # a released group kept when reused this soon
     persist_below_bytes: int | str = "128KiB"  # smaller parameters stay whole on every rank
 
     def __post_init__(self):
         _check_choice(self, "order", ("record", "module"))
         _check_bytes(self, "prefetch_bytes", allow_zero=True)
-        _check_bytes(self, "max_live_bytes", allow_zero=False)
+        _check_bytes(self, "max_live_bytes", allow_zero=False, allow_none=True)
         _check_bytes(self, "reuse_window_bytes", allow_zero=True)
         _check_bytes(self, "persist_below_bytes", allow_zero=True)
 
@@ -200,12 +267,18 @@ class ZeroAdamW:
         _check_bytes(self, "overlap_max_host_bytes", allow_zero=True)
 
 
-def _expect(value, cls, name: str):
+def _expect(value, cls, name: str, use: str = ""):
     if value is None:
         return cls()
     if not isinstance(value, cls):
-        raise TypeError(f"{name}={value!r} ({type(value).__name__}): use "
-                        f"strata.torch.{cls.__name__}(...)")
+        kind = type(value)
+        if kind.__module__.startswith("torch.distributed"):
+            # FSDP2's own policy object: strata.torch has the same names (with its meanings).
+            raise TypeError(f"{name}={value!r} is torch's {kind.__module__}.{kind.__name__}: "
+                            f"use strata.torch.{kind.__name__}(...) (the same name in "
+                            "strata.torch; docs/python.md, 'From FSDP2 to strata')")
+        raise TypeError(f"{name}={value!r} ({kind.__name__}): use "
+                        + (use or f"strata.torch.{cls.__name__}(...)"))
     return value
 
 
@@ -213,15 +286,17 @@ def to_options(stage: int, mp_policy=None, offload_policy=None, fetch_policy=Non
                reduce_policy=None, optimizer=None) -> "strata.ZeroOptions":
     """The strata.ZeroOptions of a stage and the policies (None: the policy's defaults)."""
     mp = _expect(mp_policy, MixedPrecisionPolicy, "mp_policy")
-    homes = _expect(offload_policy, OffloadPolicy, "offload_policy")
+    homes = _expect(offload_policy, PlacementPolicy, "offload_policy",
+                    "strata.torch.PlacementPolicy(param_home=..., state_home=...) or FSDP2's "
+                    "strata.torch.CPUOffloadPolicy()")
     fetch = _expect(fetch_policy, FetchPolicy, "fetch_policy")
     reduce = _expect(reduce_policy, ReducePolicy, "reduce_policy")
     adam = _expect(optimizer, ZeroAdamW, "optimizer")
     if isinstance(stage, bool) or not isinstance(stage, int) or stage not in (1, 2, 3):
         raise ValueError(f"stage={stage!r}: use 1, 2 or 3")
     if homes.param_home == "nvme" and stage != 3:
-        raise ValueError(f"OffloadPolicy.param_home='nvme' needs stage 3 (stage={stage}: the "
-                         "parameters are whole on every rank; use 'gpu' or 'cpu')")
+        raise ValueError(f"{type(homes).__name__}.param_home='nvme' needs stage 3 (stage={stage}: "
+                         "the parameters are whole on every rank; use 'gpu' or 'cpu')")
     o = strata.ZeroOptions()
     o.stage = stage
     o.param_dtype = _DTYPES[mp.param_dtype]
@@ -254,8 +329,8 @@ _MOVED = {
     "loss_scale": "mp_policy=MixedPrecisionPolicy(loss_scale=...)",
     "dynamic_loss_scale": "mp_policy=MixedPrecisionPolicy(dynamic_loss_scale=...)",
     "skip_on_overflow": "mp_policy=MixedPrecisionPolicy(skip_on_overflow=...)",
-    "param_home": "offload_policy=OffloadPolicy(param_home=...)",
-    "state_home": "offload_policy=OffloadPolicy(state_home=...)",
+    "param_home": "offload_policy=PlacementPolicy(param_home=...)",
+    "state_home": "offload_policy=PlacementPolicy(state_home=...)",
     "order": "fetch_policy=FetchPolicy(order=...)",
     "prefetch_bytes": "fetch_policy=FetchPolicy(prefetch_bytes=...)",
     "max_live_bytes": "fetch_policy=FetchPolicy(max_live_bytes=...)",

@@ -6,7 +6,7 @@ strata's Communicator (imported by strata.torch; docs/python.md has the details)
     rt = strata.Runtime()
     comm = strata.Communicator.from_environment(rt)
     model = st.zero_shard(MyModel(), comm, stage=3,
-                          offload_policy=st.OffloadPolicy(param_home="cpu", state_home="cpu"),
+                          offload_policy=st.PlacementPolicy(param_home="cpu", state_home="cpu"),
                           optimizer=st.ZeroAdamW(lr=1e-3, weight_decay=0.01))
     for x, y in my_slice_of_each_global_batch:
         loss_fn(model(x), y).backward()   # gradients reduce-scatter as backward produces them
@@ -31,6 +31,13 @@ How it works:
     the rest of backward), clears `param.grad` and releases the parameter. When backward ends,
     parameters backward did not reach get a zero gradient (the engine takes every parameter's
     gradient every micro-step) and whatever is still acquired is released.
+  - A parameter used by more than one module call in a forward (a block applied twice, weights
+    tied across units; counted by a forward pre-hook on every module with parameters of its
+    own) may get its gradient more than once in one backward: autograd sums the uses of one
+    graph, but activation checkpointing runs a segment's backward on its own (reentrant) and
+    each arrival is then a part. Such a parameter keeps its gradient in `param.grad`, where
+    the next arrival accumulates, and is pushed once when backward ends; the others are pushed
+    as they arrive.
   - On a CUDA runtime the module computes on the runtime's GPU (model.device). Every
     acquisition is made for torch's current stream (the engine orders it after its gather,
     copy or reduce-scatter on the device) and every release records an event there (memory is
@@ -50,7 +57,7 @@ from torch import nn
 
 import strata
 
-from .zero_policy import (FetchPolicy, MixedPrecisionPolicy, OffloadPolicy, ReducePolicy,
+from .zero_policy import (FetchPolicy, MixedPrecisionPolicy, PlacementPolicy, ReducePolicy,
                           ZeroAdamW, _moved_message, to_options)
 from .zero_meta import _initial_values, _replace_meta_parameters
 from .zero_state_torch import _ZeroModuleState
@@ -74,7 +81,7 @@ class _Param:
     """One torch parameter registered with the engine."""
 
     __slots__ = ("name", "param", "pid", "dtype", "acquisitions", "backward_held", "grad_seen",
-                 "placeholder", "accumulator")
+                 "placeholder", "accumulator", "uses", "grad_held")
 
     def __init__(self, name, param, pid, dtype, placeholder):
         self.name = name
@@ -86,6 +93,8 @@ class _Param:
         self.grad_seen = False  # this micro-step's gradient went to the engine
         self.placeholder = placeholder
         self.accumulator = None  # the AccumulateGrad node our hook is on
+        self.uses = 0  # module calls that used it in the forward(s) since the last backward
+        self.grad_held = False  # this backward's gradient waits in param.grad (uses > 1)
 
 
 class _Unit:
@@ -107,24 +116,45 @@ class _Saved:
         self.view = view  # None: the parameter itself; else (size, stride, storage offset)
 
 
+_UNITS_USE = ("use None, a module class, a list or tuple of module classes, or a predicate "
+              "(name, module) -> bool")
+
+
+def _unit_classes(units):
+    """The classes of units= given as a class or a collection of classes (a list, a tuple, a
+    set: any iterable but a string), or None for a predicate; a collection holding anything
+    but a class is a TypeError naming the item."""
+    if isinstance(units, type):
+        return (units,)
+    if callable(units) or isinstance(units, (str, bytes)) or not hasattr(units, "__iter__"):
+        return None
+    classes = tuple(units)
+    if not classes:
+        raise TypeError(f"units={units!r} names no class: {_UNITS_USE}")
+    for item in classes:
+        if not isinstance(item, type):
+            raise TypeError(f"units={units!r}: {item!r} ({type(item).__name__}) is not a class; "
+                            "list module classes, e.g. units=[Block], or pass a predicate "
+                            "(name, module) -> bool")
+    return classes
+
+
 def _unit_owners(module: nn.Module, units):
     """{module name: unit module name} for the modules with parameters, and the units' names in
-    module order. units=None: every module with parameters of its own; a tuple of classes or a
-    predicate (name, module) -> bool: those modules' subtrees (nested units apart), the root
-    module holding the rest."""
+    module order. units=None: every module with parameters of its own; a class, a list or tuple
+    of classes, or a predicate (name, module) -> bool: those modules' subtrees (nested units
+    apart), the root module holding the rest."""
     named = list(module.named_modules())
+    classes = None if units is None else _unit_classes(units)
     if units is None:
         is_unit = lambda name, m: name == "" or any(True for _ in m.parameters(recurse=False))  # noqa: E731
-    elif isinstance(units, type) or (isinstance(units, tuple) and units
-                                     and all(isinstance(u, type) for u in units)):
-        classes = units
+    elif classes is not None:
         is_unit = lambda name, m: name == "" or isinstance(m, classes)  # noqa: E731
     elif callable(units):
         predicate = units
         is_unit = lambda name, m: name == "" or bool(predicate(name, m))  # noqa: E731
     else:
-        raise TypeError(f"units={units!r}: use None, a module class, a tuple of module classes "
-                        "or a predicate (name, module) -> bool")
+        raise TypeError(f"units={units!r}: {_UNITS_USE}")
     unit_names = {name for name, m in named if is_unit(name, m)}
     owners = {}
     for name, _ in named:
@@ -141,7 +171,7 @@ class ZeroModule(_ZeroModuleState, nn.Module):
 
     def __init__(self, module: nn.Module, comm: "strata.Communicator", *, stage: int = 3,
                  units=None, mp_policy: MixedPrecisionPolicy | None = None,
-                 offload_policy: OffloadPolicy | None = None,
+                 offload_policy: PlacementPolicy | None = None,
                  fetch_policy: FetchPolicy | None = None,
                  reduce_policy: ReducePolicy | None = None, optimizer: ZeroAdamW | None = None,
                  tier: str = "gpu", sync_module_states: bool = True, param_init=None,
@@ -155,7 +185,7 @@ class ZeroModule(_ZeroModuleState, nn.Module):
         options = to_options(stage, mp_policy, offload_policy, fetch_policy, reduce_policy,
                              optimizer)
         self.mp_policy = mp_policy or MixedPrecisionPolicy()
-        self.offload_policy = offload_policy or OffloadPolicy()
+        self.offload_policy = offload_policy or PlacementPolicy()
         self.fetch_policy = fetch_policy or FetchPolicy()
         self.reduce_policy = reduce_policy or ReducePolicy()
         self.optimizer = optimizer or ZeroAdamW()
@@ -173,6 +203,7 @@ class ZeroModule(_ZeroModuleState, nn.Module):
         self._forward_depth = 0
         self._in_backward = False
         self._recomputing: list[bool] = []  # per unit forward running: re-run in backward?
+        self._held_pushes = 0  # gradients held to the end of a backward and pushed then
         # Where forward and backward compute: the acquired memory's device. The GPU tier of a
         # CUDA runtime is device memory on the runtime's GPU (STRATA_DEVICE, else LOCAL_RANK):
         # the placeholders, the gradient accumulators' metadata and the buffers go there.
@@ -260,6 +291,17 @@ class ZeroModule(_ZeroModuleState, nn.Module):
                 lambda mod, inputs, unit=unit: self._pre_forward(unit)))
             self._hooks.append(unit.module.register_forward_hook(
                 lambda mod, inputs, output, unit=unit: self._post_forward(unit, output)))
+        # Uses: every module call with parameters of its own counts them (a module called twice,
+        # a parameter shared by two modules), whatever the units.
+        for sub in module.modules():
+            direct = []
+            for p in sub.parameters(recurse=False):
+                prm = self._by_param[id(p)]
+                if p.requires_grad and prm not in direct:
+                    direct.append(prm)
+            if direct:
+                self._hooks.append(sub.register_forward_pre_hook(
+                    lambda mod, inputs, direct=direct: self._count_uses(direct)))
         if order == "module":
             forward = [prm.pid for unit in self._units for prm in unit.params]
             self.engine.set_fetch_order(forward + forward[::-1])
@@ -301,6 +343,8 @@ class ZeroModule(_ZeroModuleState, nn.Module):
         for prm in self._params:
             prm.param.grad = None
             prm.grad_seen = False
+            prm.grad_held = False
+            prm.uses = 0
 
     @property
     def loss_scale(self) -> float:
@@ -395,6 +439,13 @@ class ZeroModule(_ZeroModuleState, nn.Module):
                     t.register_hook(lambda grad, unit=unit: self._pre_backward(unit))
         return None
 
+    def _count_uses(self, prms) -> None:
+        # Forward inside the wrapper only (a re-run in backward is no new use; evaluation has
+        # no backward), reentrant checkpointing's no-grad forward included.
+        if self._forward_depth > 0:
+            for prm in prms:
+                prm.uses += 1
+
     def _begin_backward(self) -> None:
         if not self._in_backward:
             self._in_backward = True
@@ -451,10 +502,16 @@ class ZeroModule(_ZeroModuleState, nn.Module):
 
     def _after_accumulate(self, prm: _Param) -> None:
         grad = prm.param.grad
-        prm.param.grad = None  # the gradient lives in strata
         if grad is None:
             return
-        self._push_grad(prm, grad)
+        if prm.uses > 1:
+            # Used more than once: another part of its gradient may still come in this backward
+            # (a checkpointed segment's backward runs on its own). It waits in param.grad, where
+            # AccumulateGrad adds the next part, and goes to the engine when backward ends.
+            prm.grad_held = True
+        else:
+            prm.param.grad = None  # the gradient lives in strata
+            self._push_grad(prm, grad)
         if prm.backward_held:
             prm.backward_held = False
             self._release(prm)
@@ -484,9 +541,16 @@ class ZeroModule(_ZeroModuleState, nn.Module):
         # backward did not reach (unused in this forward, frozen), in the same order on every
         # rank.
         for prm in self._params:
-            if not prm.grad_seen:
+            if prm.grad_held:  # all its parts are in param.grad now
+                grad = prm.param.grad
+                prm.param.grad = None
+                prm.grad_held = False
+                self._push_grad(prm, grad)
+                self._held_pushes += 1
+            elif not prm.grad_seen:
                 self._push_grad(prm, None)
             prm.grad_seen = False
+            prm.uses = 0
         self.release_all()
 
     # ---- inspection ------------------------------------------------------------------------
@@ -526,7 +590,7 @@ class ZeroModule(_ZeroModuleState, nn.Module):
 
 def zero_shard(module: nn.Module, comm: "strata.Communicator", *, stage: int = 3, units=None,
                mp_policy: MixedPrecisionPolicy | None = None,
-               offload_policy: OffloadPolicy | None = None,
+               offload_policy: PlacementPolicy | None = None,
                fetch_policy: FetchPolicy | None = None, reduce_policy: ReducePolicy | None = None,
                optimizer: ZeroAdamW | None = None, tier: str = "gpu",
                sync_module_states: bool = True, param_init=None, device=None,
@@ -536,10 +600,13 @@ def zero_shard(module: nn.Module, comm: "strata.Communicator", *, stage: int = 3
     policy objects (zero_policy.py; None: that policy's defaults).
 
     stage: 1 (Adam states partitioned), 2 (gradients too), 3 (parameters too).
-    units: None (every module with parameters of its own), module classes, or a predicate
-        (name, module) -> bool: each such subtree is one unit, gathered and released whole.
+    units: None (every module with parameters of its own), a module class, a list or tuple of
+        them, or a predicate (name, module) -> bool: each such subtree is one unit, gathered
+        and released whole.
     mp_policy: MixedPrecisionPolicy (param_dtype, reduce_dtype, loss scaling).
-    offload_policy: OffloadPolicy (param_home: gpu/cpu/nvme; state_home: cpu/nvme).
+    offload_policy: PlacementPolicy (param_home: gpu/cpu/nvme; state_home: cpu/nvme), or
+        FSDP2's CPUOffloadPolicy() (both in the CPU tier). The optimizer step always runs on the
+        CPU: there is no "no offload" of the optimizer states (zero_policy.py's OffloadPolicy).
     fetch_policy: FetchPolicy (stage 3: order, prefetch_bytes, max_live_bytes, ...).
     reduce_policy: ReducePolicy (bucket_bytes, gradient_buckets, alignment,
         accumulation_steps).
