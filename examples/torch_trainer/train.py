@@ -36,6 +36,7 @@ rank 0 that they are the reference's within 1e-3 (relative L2 over the whole mod
 gradients are summed in another order than one process's over the whole batch, so the runs are
 not bitwise equal: the losses agree to within 3.3e-7 relative over 30 steps (measured on 1, 2
 and 3 ranks, stages 1-3); CTest holds them to 1e-6 (issue 15's rule for fp32).
+--param-home=gpu|cpu|nvme puts the parameters (stage 3: the shards) there instead.
 --save-sharded=DIR writes the sharded checkpoint after the last step; --load-sharded=DIR starts
 from one (saved at any world size and stage) and trains the remaining steps up to --steps,
 checked against a reference that trained all of them.
@@ -116,6 +117,11 @@ def parse_args(argv):
                    help="ZeRO: gradient bytes per flat group (default 64KiB)")
     p.add_argument("--max-live-bytes", default="256KiB",
                    help="ZeRO stage 3: most gathered parameter bytes at once (default 256KiB)")
+    p.add_argument("--param-home", choices=("auto", "gpu", "cpu", "nvme"), default="auto",
+                   help="ZeRO: where the parameters live (stage 3: each rank's shards; nvme: "
+                        "stage 3, with STRATA_NVME_PATHS). auto (default): stage 3 on NVMe when "
+                        "STRATA_NVME_PATHS is set, else in the CPU tier; stages 1-2 in the GPU "
+                        "tier on a GPU, else in the CPU tier")
     p.add_argument("--reference", choices=("torch", "accumulate"), default="torch",
                    help="ZeRO: what rank 0 checks against: torch (torch.optim.AdamW on the whole "
                         "batch, within --tolerance; default) or accumulate (strata's ZeRO in one "
@@ -152,6 +158,12 @@ def parse_args(argv):
             p.error(f"--d-model={d} is not a multiple of --heads={h}")
     if args.offload_activations and args.zero_stage != 0:
         p.error("--offload-activations is for --zero-stage=0 in this example")
+    if args.param_home != "auto" and args.zero_stage == 0:
+        p.error(f"--param-home={args.param_home} places zero_shard's parameters: add "
+                "--zero-stage=1, 2 or 3")
+    if args.param_home == "nvme" and args.zero_stage != 3:
+        p.error(f"--param-home=nvme needs --zero-stage=3 (stage {args.zero_stage} keeps the whole "
+                "model on every rank: gpu or cpu)")
     if args.steps < 2:
         p.error("--steps must be at least 2")
     if not args.tolerance > 0:

@@ -38,7 +38,7 @@ def _one_process_zero(args, w, units, fetch, adamw, ranks):
         master_port=port, comm_backend="gloo")
     return st.zero_shard(
         w.build(), solo, stage=args.zero_stage, units=units,
-        offload_policy=st.OffloadPolicy(param_home="cpu", state_home="cpu"),
+        offload_policy=st.PlacementPolicy(param_home="cpu", state_home="cpu"),
         reduce_policy=st.ReducePolicy(bucket_bytes=args.bucket_bytes, accumulation_steps=ranks),
         fetch_policy=fetch, optimizer=adamw)
 
@@ -85,6 +85,12 @@ def train_zero(args, w) -> int:
     # (acquired in place; the CPU tier would move every group and gradient buffer each
     # micro-step), in the CPU tier on the host backend (there the same memory).
     param_home = home if args.zero_stage == 3 else ("gpu" if device.type == "cuda" else "cpu")
+    if args.param_home != "auto":
+        param_home = args.param_home
+    if param_home == "nvme" and not rt.has_nvme:
+        print("--param-home=nvme: this runtime has no NVMe tier; set STRATA_NVME_PATHS to a "
+              "directory on the drive (and STRATA_NVME_BYTES)", file=sys.stderr, flush=True)
+        return 2
     per_rank = args.batch // ranks
 
     # The reference (rank 0's, and every rank's copy of the small transformer): the same values
@@ -105,7 +111,7 @@ def train_zero(args, w) -> int:
     model = st.zero_shard(
         w.build_meta() if meta else copy.deepcopy(reference), comm, stage=args.zero_stage,
         units=units, param_init=w.param_init,
-        offload_policy=st.OffloadPolicy(param_home=param_home, state_home=home),
+        offload_policy=st.PlacementPolicy(param_home=param_home, state_home=home),
         reduce_policy=st.ReducePolicy(bucket_bytes=args.bucket_bytes), fetch_policy=fetch,
         optimizer=adamw)
     accumulated = None  # --reference=accumulate: strata in one process, the ranks' slices as
@@ -224,6 +230,12 @@ def train_zero(args, w) -> int:
 
     stats, memory = model.stats(), model.memory()
     ok = True
+    # Where the parameters are: the shards (stage 3) in their home. Every rank checks its own.
+    homed = memory["params"].get(param_home, 0)
+    if homed == 0:
+        print(f"rank {rank}: no parameter bytes in the {param_home} tier, its home "
+              f"({memory['params']})", flush=True)
+        ok = False
     if rank == 0:
         if args.reference == "accumulate":
             say(f"largest difference between a rank's loss and the one-process micro-batch's: "
@@ -237,7 +249,8 @@ def train_zero(args, w) -> int:
         else:
             say(f"largest difference between the ranks' parameters: {replica:g}")
         say(f"rank 0 model states: {memory['model_states']} bytes (params "
-            f"{sum(memory['params'].values())}, grads {sum(memory['grads'].values())}, "
+            f"{sum(memory['params'].values())}, {homed} of them in {param_home}; grads "
+            f"{sum(memory['grads'].values())}, "
             f"optimizer {sum(memory['optimizer_states'].values())}); "
             f"last step's communication {stats['last_step_comm_bytes']} bytes")
         if args.zero_stage == 3:
