@@ -126,7 +126,7 @@ def build_strata(args, torch, gpt, c, cuda):
         units=(gpt.Block,),
         param_init=lambda name, shape: gpt.init_parameter(name, shape, c),
         mp_policy=st.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype),
-        offload_policy=st.OffloadPolicy(param_home=home, state_home=home),
+        offload_policy=st.PlacementPolicy(param_home=home, state_home=home),
         fetch_policy=st.FetchPolicy(max_live_bytes=args.max_live_bytes,
                                     prefetch_bytes=args.prefetch_bytes),
         optimizer=st.ZeroAdamW(max_grad_norm=MAX_GRAD_NORM, **HYPER))

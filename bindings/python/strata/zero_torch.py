@@ -1,7 +1,7 @@
 """strata.torch's data-parallel path: an nn.Module trained with ZeRO-DP stages 1, 2 or 3 over
 strata's Communicator (imported by strata.torch; docs/python.md has the details).
 
-    # strata-run -n 4 python3 train.py   (or any launcher setting RANK, WORLD_SIZE, MASTER_*)
+    # torchrun --nproc-per-node=4 train.py   (or srun, strata-run: docs/python.md, "Launching")
     import strata, strata.torch as st
     rt = strata.Runtime()
     comm = strata.Communicator.from_environment(rt)
@@ -46,7 +46,8 @@ How it works:
     docs/zero.md, "On a GPU", has the order of a step on the streams.
   - Every rank makes the same engine calls in the same order (the model and its graph are the
     same), which is what the engine's collectives need. Collectives go through strata's
-    Communicator only (torch.distributed is not used).
+    Communicator only (torch.distributed's collectives are not used; its store may be, where the
+    Communicator joined torchrun's or the script's own torch.distributed job).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from .zero_policy import (FetchPolicy, MixedPrecisionPolicy, PlacementPolicy, Re
                           ZeroAdamW, _moved_message, to_options)
 from .zero_meta import _initial_values, _replace_meta_parameters
 from .zero_state_torch import _ZeroModuleState
+from .zero_units import _unit_owners
 
 __all__ = ["ZeroModule", "zero_shard"]
 
@@ -114,55 +116,6 @@ class _Saved:
     def __init__(self, prm, view):
         self.prm = prm
         self.view = view  # None: the parameter itself; else (size, stride, storage offset)
-
-
-_UNITS_USE = ("use None, a module class, a list or tuple of module classes, or a predicate "
-              "(name, module) -> bool")
-
-
-def _unit_classes(units):
-    """The classes of units= given as a class or a collection of classes (a list, a tuple, a
-    set: any iterable but a string), or None for a predicate; a collection holding anything
-    but a class is a TypeError naming the item."""
-    if isinstance(units, type):
-        return (units,)
-    if callable(units) or isinstance(units, (str, bytes)) or not hasattr(units, "__iter__"):
-        return None
-    classes = tuple(units)
-    if not classes:
-        raise TypeError(f"units={units!r} names no class: {_UNITS_USE}")
-    for item in classes:
-        if not isinstance(item, type):
-            raise TypeError(f"units={units!r}: {item!r} ({type(item).__name__}) is not a class; "
-                            "list module classes, e.g. units=[Block], or pass a predicate "
-                            "(name, module) -> bool")
-    return classes
-
-
-def _unit_owners(module: nn.Module, units):
-    """{module name: unit module name} for the modules with parameters, and the units' names in
-    module order. units=None: every module with parameters of its own; a class, a list or tuple
-    of classes, or a predicate (name, module) -> bool: those modules' subtrees (nested units
-    apart), the root module holding the rest."""
-    named = list(module.named_modules())
-    classes = None if units is None else _unit_classes(units)
-    if units is None:
-        is_unit = lambda name, m: name == "" or any(True for _ in m.parameters(recurse=False))  # noqa: E731
-    elif classes is not None:
-        is_unit = lambda name, m: name == "" or isinstance(m, classes)  # noqa: E731
-    elif callable(units):
-        predicate = units
-        is_unit = lambda name, m: name == "" or bool(predicate(name, m))  # noqa: E731
-    else:
-        raise TypeError(f"units={units!r}: {_UNITS_USE}")
-    unit_names = {name for name, m in named if is_unit(name, m)}
-    owners = {}
-    for name, _ in named:
-        owner = name
-        while owner not in unit_names:
-            owner = owner.rpartition(".")[0]
-        owners[name] = owner
-    return owners
 
 
 class ZeroModule(_ZeroModuleState, nn.Module):
