@@ -141,6 +141,13 @@ def parse_args(argv):
                    help="with --offload-activations: where they wait (default cpu)")
     p.add_argument("--activation-window-bytes", default="256KiB",
                    help="with --offload-activations: the GPU-tier bytes they may hold at once")
+    p.add_argument("--losses", metavar="FILE",
+                   help="ZeRO: rank 0 writes every step's loss (the ranks' mean) to FILE, as a "
+                        "JSON list of exact values (float.hex), to compare runs bitwise")
+    p.add_argument("--torch-distributed", action="store_true",
+                   help="ZeRO: initialise torch.distributed (gloo, env://) before strata, as a "
+                        "trainer that uses it for its data loader or metrics does: strata joins "
+                        "that job through torch's store, and torch reduces the final loss too")
     args = p.parse_args(argv)
     if args.model not in ("tiny", "gpt") + GPT_PRESETS:
         p.error(f"--model={args.model}: use tiny, gpt or a preset ({', '.join(GPT_PRESETS)})")
@@ -177,7 +184,7 @@ def parse_args(argv):
         if world > 1:
             p.error(f"--zero-stage=0 trains on one rank, but this job has WORLD_SIZE={world}; "
                     "use --zero-stage=1, 2 or 3")
-        for flag in ("save_sharded", "load_sharded"):
+        for flag in ("save_sharded", "load_sharded", "losses", "torch_distributed"):
             if getattr(args, flag):
                 p.error(f"--{flag.replace('_', '-')} needs a ZeRO stage (--zero-stage=1, 2 or 3)")
     elif args.reference == "accumulate" and (args.load_sharded or world > 2):

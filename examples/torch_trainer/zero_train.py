@@ -76,6 +76,11 @@ def train_zero(args, w) -> int:
                   "the GPU with the job's; use --reference=torch on CUDA", file=sys.stderr,
                   flush=True)
             return 2
+    if args.torch_distributed:
+        # The trainer's own torch.distributed (for a data loader or metrics): strata notices it
+        # and joins the same job through torch's store (under torchrun: the agent's).
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
     comm = strata.Communicator.from_environment(rt)
     rank, ranks = comm.rank, comm.size
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -198,6 +203,19 @@ def train_zero(args, w) -> int:
             mark = "" if rel <= args.tolerance else "  <-- over tolerance"
             say(f"{step:4d}  {total:10.6f}  {want:10.6f}  {rel:9.2e}{opt_text}{mark}")
     elapsed = time.perf_counter() - start
+    if args.losses and rank == 0:
+        import json
+        with open(args.losses, "w") as f:
+            json.dump([float(v).hex() for v in losses], f)
+    torch_agrees = True
+    if args.torch_distributed:
+        import torch.distributed as dist
+        mine_last = torch.tensor([float(loss.item())], dtype=torch.float64)
+        dist.all_reduce(mine_last)  # the same sum strata's communicator took
+        torch_agrees = float(mine_last[0]) / ranks == losses[-1]
+        say(f"torch.distributed ({dist.get_backend()}, rank {dist.get_rank()} of "
+            f"{dist.get_world_size()}) reduced the last loss to {float(mine_last[0]) / ranks:.6f}"
+            f": {'the same as' if torch_agrees else 'NOT the same as'} strata's")
 
     # Every rank holds the same parameters (stages 1-2: its own whole copy; stage 3: what the
     # gathers give): the largest and smallest over the ranks are its own.
@@ -229,7 +247,7 @@ def train_zero(args, w) -> int:
             f"{args.save_sharded}")
 
     stats, memory = model.stats(), model.memory()
-    ok = True
+    ok = torch_agrees
     # Where the parameters are: the shards (stage 3) in their home. Every rank checks its own.
     homed = memory["params"].get(param_home, 0)
     if homed == 0:
