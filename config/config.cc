@@ -415,6 +415,7 @@ absl::StatusOr<Config> Config::from_variables(const std::map<std::string, std::s
     } else if (task->has_value()) {
       config.local.rank = (*task)->local_rank;
       config.local.world_size = (*task)->local_world_size;
+      config.local.source = (*task)->description;
     }
   }
   for (const auto& [name, value] : vars) {

@@ -86,6 +86,7 @@ absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& 
   }
   r.local_rank = config.local.rank;
   r.local_ranks = std::max(1, config.local.count());
+  r.local_source = config.local.source;
   r.io_depth = config.io_depth;
   r.io_block = config.io_block;
   r.staging_bytes = config.staging_bytes;
@@ -410,10 +411,15 @@ std::string render(const ResolvedConfig& c) {
                          : cat(c.adam_pool.threads)},
       {kAdamReserveCores, cat(c.adam_pool.reserve_cores)},
       {kAdamPin, c.adam_pool.pin ? "on" : "off"},
-      {kLocalRank, c.local_rank ? cat(*c.local_rank) : std::string("unset")},
+      {kLocalRank, c.local_rank
+                       ? cat(*c.local_rank, c.local_source.empty()
+                                                ? std::string()
+                                                : cat(" (SLURM_LOCALID: ", c.local_source, ")"))
+                       : std::string("unset")},
       {kLocalWorldSize,
        c.local_ranks > 1
-           ? cat(c.local_ranks, " (ranks on this node: memory is divided among them)")
+           ? cat(c.local_ranks, " (ranks on this node: memory is divided among them",
+                 c.local_source.empty() ? "" : "; srun's tasks per node", ")")
            : std::string("1 (unset or 1: this rank has the node's memory to itself)")},
   };
   size_t width = 0;

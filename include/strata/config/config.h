@@ -56,6 +56,9 @@ inline constexpr int kMaxLocalRanks = 1 << 20;
 struct LocalRanks {
   std::optional<int> rank;        // LOCAL_RANK: 0 .. LOCAL_WORLD_SIZE-1
   std::optional<int> world_size;  // LOCAL_WORLD_SIZE: ranks on this node
+  // Where they came from when srun's variables stood in for torch's ("srun task SLURM_PROCID=1
+  // of SLURM_NTASKS=2", strata/config/slurm.h); empty for torch's own.
+  std::string source;
   // Ranks sharing this node's memory: LOCAL_WORLD_SIZE, 1 when unset.
   int count() const { return world_size.value_or(1); }
 };
@@ -139,6 +142,7 @@ struct ResolvedConfig {
   int gpu_budget_sharing = 0;
   std::optional<int> local_rank;  // LOCAL_RANK as set
   int local_ranks = 1;            // LOCAL_WORLD_SIZE (1 when unset): ranks sharing this node's RAM
+  std::string local_source;       // LocalRanks::source
   uint64_t gpu_bytes = 0;
   uint64_t cpu_bytes = 0;
   // How a percentage was turned into bytes ("25% of this rank's share of RAM (125.00 GiB /
