@@ -87,6 +87,19 @@ void OffloadOptimizer::Impl::arm() {
   armed = true;
 }
 
+void OffloadOptimizer::Impl::retarget_early(std::vector<AdamGroup> now) {
+  MutexLock lock(&landing_mu);
+  if (!armed || early_plan == nullptr || early_plan->groups == now) return;
+  // A unit stepping (or about to) reads the plan it took; a stepped one used the old values.
+  if (early_running || early_claimed) return;
+  for (const EarlyUnit& u : early_units) {
+    if (u.state == Early::kStepped || u.state == Early::kStale) return;
+  }
+  auto plan = std::make_shared<EarlyPlan>(*early_plan);
+  plan->groups = std::move(now);
+  early_plan = std::move(plan);
+}
+
 void OffloadOptimizer::Impl::before_grad_write(uint32_t index) {
   while (early_running && early_busy.first <= index && index <= early_busy.second) {
     wait(&landing_changed, &landing_mu);

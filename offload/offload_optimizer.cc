@@ -193,12 +193,19 @@ absl::StatusOr<uint32_t> OffloadOptimizer::add_group(const AdamGroup& group) {
 
 absl::Status OffloadOptimizer::set_group(uint32_t group, const AdamGroup& hyper) {
   if (auto st = validate_group(hyper); !st.ok()) return st;
-  MutexLock lock(&impl_->state_mu);
-  if (group >= impl_->groups.size()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "OffloadOptimizer: no parameter group %d (there are %d)", group, impl_->groups.size()));
+  Impl& s = *impl_;
+  MutexLock step_lock(&s.step_mu);  // between steps: never under a running step()
+  std::vector<AdamGroup> now;
+  {
+    MutexLock lock(&s.state_mu);
+    if (group >= s.groups.size()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "OffloadOptimizer: no parameter group %d (there are %d)", group, s.groups.size()));
+    }
+    s.groups[group] = hyper;
+    now = s.groups;
   }
-  impl_->groups[group] = hyper;
+  s.retarget_early(std::move(now));
   return absl::OkStatus();
 }
 

@@ -243,6 +243,10 @@ struct OffloadOptimizer::Impl {
   void wait_until_unread(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(landing_mu);
   // Stops queueing and waits for the stepper; queued units are dropped (step() steps them).
   void quiesce_stepper() ABSL_EXCLUSIVE_LOCKS_REQUIRED(landing_mu);
+  // set_group(): the armed plan takes the new hyper-parameters while no early step has run
+  // (a schedule that changes them between steps keeps its early work); once one has, step()
+  // finds the plan's differ and redoes the early work, as for any change it did not assume.
+  void retarget_early(std::vector<AdamGroup> groups);
   // Restores every unit stepped early and forgets early work; with `rearm`, arms again.
   // Callers hold step_mu.
   absl::Status roll_back_early(bool rearm);

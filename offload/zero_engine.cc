@@ -537,6 +537,33 @@ absl::StatusOr<StepResult> ZeroEngine::step() {
   return result;
 }
 
+namespace {
+absl::Status no_group(std::string_view caller, uint32_t group, size_t groups) {
+  return absl::NotFoundError(absl::StrFormat(
+      "ZeroEngine::%s: no hyper-parameter group %d; the engine has %d (ZeroOptions::groups)",
+      caller, group, groups));
+}
+}  // namespace
+
+absl::Status ZeroEngine::set_group(uint32_t group, const AdamGroup& hyper) {
+  Impl& s = *impl_;
+  MutexLock step_lock(&s.step_mu);
+  if (auto st = s.failure(); !st.ok()) return st;
+  if (group >= s.options.groups.size())
+    return no_group("set_group", group, s.options.groups.size());
+  absl::Status st = s.optimizer->set_group(group, hyper);
+  if (st.ok()) return st;
+  return absl::Status(st.code(),
+                      absl::StrCat("ZeroEngine::set_group(", group, "): ", st.message()));
+}
+
+absl::StatusOr<AdamGroup> ZeroEngine::group(uint32_t group) const {
+  if (group >= impl_->options.groups.size()) {
+    return no_group("group", group, impl_->options.groups.size());
+  }
+  return impl_->optimizer->group(group);
+}
+
 ZeroMemory ZeroEngine::memory() const {
   const Impl& s = *impl_;
   TensorStore& store = s.runtime.store();

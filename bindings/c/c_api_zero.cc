@@ -450,6 +450,31 @@ strata_status_t strata_zero_engine_zero_grad(strata_zero_engine_t* engine) {
   });
 }
 
+strata_status_t strata_zero_engine_set_group(strata_zero_engine_t* engine, uint32_t group,
+                                             const strata_adam_group_t* hyper) {
+  return boundary("strata_zero_engine_set_group", [&]() -> absl::Status {
+    Call call;
+    auto state = engine_of(call, engine);
+    if (!state.ok()) return state.status();
+    if (hyper == nullptr) return null_argument("hyper");
+    return (*state)->engine->set_group(group, group_from(*hyper));
+  });
+}
+
+strata_status_t strata_zero_engine_get_group(strata_zero_engine_t* engine, uint32_t group,
+                                             strata_adam_group_t* out) {
+  return boundary("strata_zero_engine_get_group", [&]() -> absl::Status {
+    Call call;
+    auto state = engine_of(call, engine);
+    if (!state.ok()) return state.status();
+    if (out == nullptr) return null_argument("out");
+    auto hyper = (*state)->engine->group(group);
+    if (!hyper.ok()) return hyper.status();
+    *out = group_to_c(*hyper);
+    return absl::OkStatus();
+  });
+}
+
 strata_status_t strata_zero_engine_save(strata_zero_engine_t* engine, const char* directory) {
   return boundary("strata_zero_engine_save", [&]() -> absl::Status {
     Call call;

@@ -272,6 +272,15 @@ STRATA_API strata_status_t strata_zero_engine_step(strata_zero_engine_t* engine,
                                                    strata_step_result_t* out);
 /* Drops the gradients of the micro-steps since the last step (every rank calls it). */
 STRATA_API strata_status_t strata_zero_engine_zero_grad(strata_zero_engine_t* engine);
+/* Changes hyper-parameter group `group` (an index into options->groups; 0 when there were none)
+ * for the steps to come: a learning-rate schedule. Every rank calls it with the same values,
+ * between step() and the next backward (with the overlapped step a later change is still exact:
+ * step() redoes the early work). STRATA_NOT_FOUND: no such group. */
+STRATA_API strata_status_t strata_zero_engine_set_group(strata_zero_engine_t* engine,
+                                                        uint32_t group,
+                                                        const strata_adam_group_t* hyper);
+STRATA_API strata_status_t strata_zero_engine_get_group(strata_zero_engine_t* engine,
+                                                        uint32_t group, strata_adam_group_t* out);
 
 /* Collective checkpoints in `directory`, shared by the ranks: load() accepts one saved at any
  * world size, bucket size or alignment for the same parameters, and reshards it. */

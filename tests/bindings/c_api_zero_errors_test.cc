@@ -236,6 +236,20 @@ TEST_CASE("c_api: ZeRO engine calls with bad arguments", "[c_api][zero]") {
   // Only stage 3 fetches: the engine's message.
   expect_error(strata_zero_engine_set_fetch_order(e, order, 1), STRATA_FAILED_PRECONDITION,
                "strata_zero_engine_set_fetch_order: ZeroEngine::set_fetch_order: only stage 3");
+  strata_adam_group_t hyper{};
+  REQUIRE_OK(strata_zero_engine_get_group(e, 0, &hyper));
+  expect_error(strata_zero_engine_get_group(e, 0, nullptr), STRATA_INVALID_ARGUMENT,
+               "strata_zero_engine_get_group: out is NULL");
+  CHECK(strata_zero_engine_get_group(e, 1, &hyper) == STRATA_NOT_FOUND);
+  expect_error(strata_zero_engine_set_group(e, 0, nullptr), STRATA_INVALID_ARGUMENT,
+               "strata_zero_engine_set_group: hyper is NULL");
+  expect_error(strata_zero_engine_set_group(e, 1, &hyper), STRATA_NOT_FOUND,
+               "strata_zero_engine_set_group: ZeroEngine::set_group: no hyper-parameter group 1; "
+               "the engine has 1 (ZeroOptions::groups)");
+  strata_adam_group_t negative = hyper;
+  negative.lr = -1.0F;
+  CHECK(strata_zero_engine_set_group(e, 0, &negative) == STRATA_INVALID_ARGUMENT);
+  CHECK(std::string(strata_last_error()).find("lr") != std::string::npos);
   expect_error(strata_zero_engine_step(nullptr, nullptr), STRATA_INVALID_ARGUMENT,
                "strata_zero_engine_step: engine is NULL");
   expect_error(strata_zero_engine_step(reinterpret_cast<strata_zero_engine_t*>(comm), nullptr),

@@ -169,6 +169,17 @@ TEST_CASE("c_api: a ZeRO engine of one rank steps as the offload optimizer does"
   }
 
   for (size_t step = 1; step <= 3; ++step) {
+    if (step == 2) {  // a learning-rate schedule's change, in both: the states stay equal
+      strata_adam_group_t hyper{};
+      REQUIRE_OK(strata_zero_engine_get_group(engine, 0, &hyper));
+      CHECK(hyper.lr == options.optimizer.defaults.lr);
+      hyper.lr *= 0.25F;
+      REQUIRE_OK(strata_zero_engine_set_group(engine, 0, &hyper));
+      REQUIRE_OK(strata_optimizer_set_group(opt, 0, &hyper));
+      strata_adam_group_t back{};
+      REQUIRE_OK(strata_zero_engine_get_group(engine, 0, &back));
+      CHECK(back.lr == options.optimizer.defaults.lr * 0.25F);
+    }
     for (size_t p = 0; p < specs.size(); ++p) {
       const auto g = gradient(p, step, model.count(p));
       add_grad(engine, ids[p], s, g);

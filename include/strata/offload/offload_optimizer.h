@@ -215,6 +215,10 @@ class OffloadOptimizer {
   OffloadOptimizer& operator=(const OffloadOptimizer&) = delete;
 
   absl::StatusOr<uint32_t> add_group(const AdamGroup& group);
+  // Changes a group's hyper-parameters for the steps to come (a learning-rate schedule: call it
+  // between step() and the next backward). With overlap, the early steps armed for the next
+  // step take the new values while none has run; a change after one has (during backward) is
+  // still applied exactly: step() sees that the early work used other values and redoes it.
   absl::Status set_group(uint32_t group, const AdamGroup& hyper);
   absl::StatusOr<AdamGroup> group(uint32_t group) const;
   absl::Status set_loss_scale(float scale);

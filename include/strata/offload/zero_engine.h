@@ -284,6 +284,16 @@ class ZeroEngine {
   // Drops the gradients of the micro-steps since the last step (every rank must call it).
   absl::Status zero_grad();
 
+  // Changes hyper-parameter group `group` (an index into ZeroOptions::groups) for the steps to
+  // come: a learning-rate schedule. Every rank must call it with the same values (each steps
+  // its own slice with them; nothing checks that they agree), between step() and the next
+  // backward. With the overlapped step, a change made after early work has begun (during
+  // backward) is still exact: step() redoes that work with the new values, losing the overlap
+  // for that step. NotFound names a group the engine lacks; InvalidArgument a bad value.
+  absl::Status set_group(uint32_t group, const AdamGroup& hyper);
+  // The group's hyper-parameters now (set_group's, or ZeroOptions::groups').
+  absl::StatusOr<AdamGroup> group(uint32_t group) const;
+
   // Collective. Writes this rank's slices and, from rank 0, the manifest with the layout;
   // `directory` is shared by the ranks (a local or network file system).
   absl::Status save(const std::string& directory);
