@@ -43,16 +43,6 @@ ParamId param_id(const PyOptimizer& o, int64_t id) {
   return ParamId{static_cast<uint32_t>(id)};
 }
 
-py::dict group_dict(const AdamGroup& g) {
-  py::dict d;
-  d["lr"] = g.lr;
-  d["betas"] = py::make_tuple(g.beta1, g.beta2);
-  d["eps"] = g.eps;
-  d["weight_decay"] = g.weight_decay;
-  d["decoupled"] = g.decoupled;
-  return d;
-}
-
 // overlap=: False/None (off), True (on, no cap of its own) or a strata.OverlapOptions.
 OverlapOptions overlap_options(const py::object& overlap) {
   if (overlap.is_none()) return {};
@@ -146,6 +136,16 @@ int64_t add_param(PyOptimizer& o, const std::string& name, const PyTensor& param
 }
 
 }  // namespace
+
+py::dict group_dict(const AdamGroup& g) {
+  py::dict d;
+  d["lr"] = g.lr;
+  d["betas"] = py::make_tuple(g.beta1, g.beta2);
+  d["eps"] = g.eps;
+  d["weight_decay"] = g.weight_decay;
+  d["decoupled"] = g.decoupled;
+  return d;
+}
 
 void apply_group_kwargs(AdamGroup& g, const py::dict& kwargs) {
   for (auto [key, value] : kwargs) {

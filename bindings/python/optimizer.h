@@ -27,6 +27,8 @@ class PyOptimizer {
 
 // Group keywords (lr, betas, eps, weight_decay, decoupled) applied to `g`; another key raises.
 void apply_group_kwargs(AdamGroup& g, const pybind11::dict& kwargs);
+// A group as the dict group() returns (lr, betas, eps, weight_decay, decoupled).
+pybind11::dict group_dict(const AdamGroup& g);
 // A StepResult as the dict step() returns.
 pybind11::dict step_result_dict(const StepResult& r);
 

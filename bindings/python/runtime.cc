@@ -122,6 +122,13 @@ STRATA_GPU_BYTES and STRATA_NVME_PATHS. None unsets a variable (its default appl
            "tier) or (tensor, tier) pairs. Replaces the recorded trace.")
       .def("stats", [](PyRuntime& r) { return store_stats(r.store().stats()); })
       .def(
+          "startup", [](PyRuntime& r) { return startup_dict(r.runtime().startup()); },
+          "What starting cost and what pinning the CPU tier has cost since (it is pinned piece "
+          "by piece as it fills): create_seconds; piece_bytes, pieces, pinned_pieces, "
+          "pinned_bytes (the bytes pinned with the device so far: on the cuda backend page-locked "
+          "memory), unpinned_pieces, pin_seconds; io_uring's registered_bytes, registrations, "
+          "registration_seconds, registration_failures, rings.")
+      .def(
           "reset_peak_usage", [](PyRuntime& r) { r.store().reset_peak_usage(); },
           "Starts new high-water marks: each tier's peak_used in stats() becomes its use now.")
       .def(

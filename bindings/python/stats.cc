@@ -73,6 +73,26 @@ py::dict store_stats(const StoreStats& s) {
   return d;
 }
 
+py::dict startup_dict(const StartupStats& s) {
+  const PinningStats& p = s.pinning;
+  py::dict d;
+  d["create_seconds"] = s.create_seconds;
+  d["piece_bytes"] = p.piece_bytes;
+  d["pieces"] = p.pieces;
+  d["pinned_pieces"] = p.pinned_pieces;
+  d["pinned_bytes"] = p.pinned_bytes;
+  d["unpinned_pieces"] = p.unpinned_pieces;
+  d["pin_seconds"] = static_cast<double>(p.pin_ns) / 1e9;
+  d["listener_pieces"] = p.listener_pieces;
+  d["listener_seconds"] = static_cast<double>(p.listener_ns) / 1e9;
+  d["registered_bytes"] = s.registered_bytes;
+  d["registrations"] = s.registrations;
+  d["registration_seconds"] = s.registration_seconds;
+  d["registration_failures"] = s.registration_failures;
+  d["rings"] = s.rings;
+  return d;
+}
+
 py::dict config_dict(const ResolvedConfig& c) {
   py::dict d;
   d["backend"] = std::string(to_string(c.backend));

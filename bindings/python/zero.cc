@@ -497,6 +497,32 @@ dicts over the defaults). The engine's options are engine.options (a copy).)doc"
       .def("zero_grad",
            [](PyZeroEngine& e) { unlocked_check([&] { return e.engine->zero_grad(); }); })
       .def(
+          "group",
+          [](PyZeroEngine& e, uint32_t g) { return group_dict(check(e.engine->group(g))); },
+          py::arg("group") = 0,
+          "The hyper-parameter group's settings now: {lr, betas, eps, weight_decay, decoupled}.")
+      .def(
+          "set_group",
+          [](PyZeroEngine& e, uint32_t group, const py::kwargs& kwargs) {
+            AdamGroup g = check(e.engine->group(group));
+            apply_group_kwargs(g, kwargs);
+            unlocked_check([&] { return e.engine->set_group(group, g); });
+          },
+          py::arg("group") = 0,
+          "Changes a hyper-parameter group (keywords lr, betas, eps, weight_decay, decoupled) "
+          "for the steps to come; every rank calls it with the same values, between step() "
+          "and the next backward.")
+      .def(
+          "set_lr",
+          [](PyZeroEngine& e, float lr, uint32_t group) {
+            AdamGroup g = check(e.engine->group(group));
+            g.lr = lr;
+            unlocked_check([&] { return e.engine->set_group(group, g); });
+          },
+          py::arg("lr"), py::arg("group") = 0,
+          "set_group(group, lr=lr): a learning-rate schedule's call, on every rank, between "
+          "step() and the next backward.")
+      .def(
           "save",
           [](PyZeroEngine& e, const py::object& directory) {
             const std::string dir = directory_of(directory);

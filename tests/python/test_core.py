@@ -271,6 +271,23 @@ def test_stats_is_a_dict(runtime):
     assert set(after["moves"]) >= {"cpu->gpu", "gpu->cpu", "nvme->cpu", "cpu->nvme"}
 
 
+def test_startup_reports_the_cpu_tier_pinned_as_it_fills():
+    # 160 MiB in pieces of 64 MiB: 64, 64, 32; piece 0 is pinned at creation, the next as the
+    # tier first hands out bytes in it (on the host backend "pinned" is registered with the
+    # host device).
+    rt = strata.Runtime(backend="host", gpu_bytes="8MiB", cpu_bytes="160MiB", nvme_paths=None)
+    before = rt.startup()
+    assert before["create_seconds"] > 0 and before["rings"] == 0
+    assert before["pieces"] == 3 and before["piece_bytes"] == 64 * MiB
+    assert before["pinned_pieces"] == 1 and before["pinned_bytes"] == 64 * MiB
+    t = rt.create("x", (25 * MiB,), "float32", home="cpu")  # 100 MiB: into piece 1
+    with t.acquire("cpu", "w"):
+        pass
+    after = rt.startup()
+    assert after["pinned_pieces"] == 2 and after["pinned_bytes"] == 128 * MiB
+    assert after["unpinned_pieces"] == 0 and after["pin_seconds"] >= before["pin_seconds"]
+
+
 def test_step_boundaries_and_access_order(runtime):
     a = runtime.create("a", (64,), "float32")
     b = runtime.create("b", (64,), "float32")

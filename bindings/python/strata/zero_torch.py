@@ -299,6 +299,16 @@ class ZeroModule(_ZeroModuleState, nn.Module):
             prm.grad_held = False
             prm.uses = 0
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the steps to come (the trainable parameters' group): a schedule
+        calls it between step() and the next forward, on every rank with the same value."""
+        self.engine.set_lr(float(lr), 0)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next step uses (ZeroAdamW's lr, or set_lr's; float32)."""
+        return self.engine.group(0)["lr"]
+
     @property
     def loss_scale(self) -> float:
         """Multiply the loss by this before backward when loss scaling is on (loss_scale=,
