@@ -18,7 +18,8 @@ The probe is the caller's: probe(system, layers, limit_s) -> dict with "status" 
 failed (anything else), timeout, skipped; "error" or "skipped" says why; "seconds" how long it
 took. It must run the same settings the prediction used (settings.batch sequences, one step,
 strata's STRATA_* from compare_budget.strata_env) and must not refuse a size by
-compare_budget.check: the probe above the prediction is meant to reach the real limit.
+compare_budget.check: the probe above the prediction is meant to reach the real limit (a probe
+answered "refused", not started, leaves the search inconclusive, saying so).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ VERDICTS = {
     "nothing fits": "not even one layer fits, as predicted",
     "max_layers": "the largest layer count allowed trained (settings.max_layers)",
     "failed": "a probe failed for another reason than memory (its error says which)",
-    "inconclusive": "a probe ran out of time or was not started",
+    "unavailable": "the system does not run here (no probe started)",
+    "inconclusive": "a probe ran out of time, was not started, or was refused before start "
+                    "(the search's probes must not be checked against the prediction)",
 }
 
 
@@ -102,6 +105,21 @@ def largest(system: str, model, device: str, resources: budget.Resources, settin
     prediction: too high or too low), "message" (one line for the log and the summary)}."""
     m = budget.Model.of(model)
     until = time.monotonic() + budget_s
+    why = None
+    if system == "strata-nvme" and not resources.nvme_path:
+        why = "strata-nvme needs an NVMe directory (Resources.nvme_path)"
+    try:
+        budget.need(system, m, device, settings)
+    except ValueError as e:
+        why = str(e)
+    if why:
+        say(f"  largest {system}: unavailable: {why}")
+        return {"system": system, "predicted_layers": None, "predicted_parameters": None,
+                "bound": None, "bound_bytes": None, "available": None, "need": None,
+                "probes": [], "confirmed_layers": None, "confirmed_parameters": None,
+                "first_not_fitting_layers": None, "verdict": "unavailable",
+                "verdict_means": VERDICTS["unavailable"], "prediction_wrong": False,
+                "message": f"{system}: unavailable: {why}"}
     p = predict(system, m, device, resources, settings)
     predicted = p["layers"]
     out = {"system": system, "predicted_layers": predicted,

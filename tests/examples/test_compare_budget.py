@@ -310,6 +310,8 @@ def test_search_prediction_too_low_nothing_fits_failed_and_out_of_time():
     assert out["verdict"] == "nothing fits" and out["bound"] == "pinned"
     out, _, _ = search(predicted, RES, status_above="failed")
     assert out["verdict"] == "failed"
+    out, _, _ = search(predicted, RES, status_above="refused")  # the runner's pre-start check
+    assert out["verdict"] == "inconclusive" and "must not be checked" in out["verdict_means"]
     out, calls, _ = search(predicted, RES, budget_s=cs.MIN_PROBE_S - 1)
     assert calls == [] and out["verdict"] == "inconclusive"
     assert out["probes"][0]["status"] == "skipped" and "not started" in out["probes"][0]["why"]
@@ -321,9 +323,19 @@ def test_search_prediction_too_low_nothing_fits_failed_and_out_of_time():
     assert out["verdict"] == "failed" and "the probe raised RuntimeError" in out["probes"][0]["why"]
 
 
+def test_search_unavailable_starts_nothing():
+    calls = []
+    out = cs.largest("fsdp2", CUDA_MODEL, "cpu", RES, {"batch": 1}, known_limit_probe(9, calls),
+                     60, lambda *_: None)
+    assert out["verdict"] == "unavailable" and calls == []
+    assert out["message"] == "fsdp2: unavailable: fsdp2 trains on a CUDA device only " \
+                             "(compare_worker.py)"
+    out = cs.largest("strata-nvme", CUDA_MODEL, "cuda", RES, {"batch": 1},
+                     known_limit_probe(9, calls), 60, lambda *_: None)
+    assert out["verdict"] == "unavailable" and calls == [] and "NVMe directory" in out["message"]
+
+
 def test_search_max_layers():
-    out, calls, _ = search(10**6, RES.replace(pinned=60 * GiB))
-    assert out["verdict"] == "confirmed" or out["bound"] != "max_layers"
     calls = []
     out = cs.largest("strata-cpu", CUDA_MODEL, "cuda", RES.replace(pinned=60 * GiB),
                      {"batch": 1, "max_layers": 4}, known_limit_probe(10**6, calls), 60,
