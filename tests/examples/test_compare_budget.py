@@ -451,12 +451,17 @@ def test_strata_cpu_pinned_limit_on_the_host_backend(tmp_path):
     print(f"strata-cpu CPU tier: homed {measured:,} measured, {homed:,} predicted")
     assert within(measured, homed)
     assert ok["nvme_peak_bytes"] == 0
-    # The arena: what STRATA_GPU_BYTES leaves beside its bounce region, and its peak the
-    # buckets, the gathered group, the shard's copy the gather read and the persistent group's.
+    # The arena: what STRATA_GPU_BYTES leaves beside its bounce region. Its peak holds at least
+    # what arena_minimum counts at once (the buckets, the gathered group, the shard's copy the
+    # gather read, the persistent group's copy); in an arena this roomy, step()'s gather of the
+    # next step's first group may also start before the dropped copy is gone (the engine waits
+    # for it only when the room is short: test_strata_arena_limit_on_the_host_backend).
     assert ok["arena_capacity_bytes"] == cb.arena_usable(HOST_SETTINGS.gpu_bytes)
+    gathered = cb.largest_gathered(HOST_MODEL.with_layers(out["predicted_layers"]), "cpu",
+                                   HOST_SETTINGS)
     print(f"strata-cpu arena peak: {ok['arena_peak_bytes']:,} measured, {n.arena_min:,} "
-          "predicted")
-    assert within(ok["arena_peak_bytes"], n.arena_min)
+          f"predicted at least (+ {gathered:,} with a second gathered copy)")
+    assert n.arena_min - TIER_SLACK <= ok["arena_peak_bytes"] <= n.arena_min + gathered + TIER_SLACK
 
 
 def test_strata_nvme_limit_on_the_host_backend(tmp_path):
