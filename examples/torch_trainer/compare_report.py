@@ -30,28 +30,47 @@ def count(n) -> str:
 
 
 COLUMNS = (
-    ("system", 11), ("status", 7), ("params", 7), ("tokens/s", 9), ("step ms", 8),
-    ("fwd ms", 7), ("bwd ms", 7), ("opt ms", 7), ("xfer ms", 7), ("GPU MiB", 8),
-    ("arena MiB", 9), ("RSS MiB", 8), ("pinned MiB", 10), ("largest", 8),
+    ("system", 15), ("status", 8), ("params", 7), ("tokens/s", 9), ("step ms", 8),
+    ("fwd+bwd ms", 10), ("opt ms", 7), ("exposed ms", 10), ("wait ms", 7), ("GPU peak", 8),
+    ("GPU held", 8), ("RSS MiB", 8), ("pinned MiB", 10), ("largest", 14),
 )
+
+# What each column is (the log and the summary print it under the table).
+LEGEND = ("medians of the timed steps; fwd+bwd: forward and backward on torch's stream; "
+          "exposed: fwd+bwd less fsdp2-nooffload's (the compute-only reference: what waiting "
+          "for transfers adds); wait: strata's host waits for parameter gathers; GPU peak MiB: "
+          "torch's max allocated + strata's arena peak; GPU held MiB: what the process held on "
+          "the GPU (torch's max reserved + strata's reserved arena + the rest mem_get_info "
+          "saw: NCCL, kernels); pinned: host bytes page-locked; largest: the largest model "
+          "that trained in the search's probes / predicted (! when a probe contradicted the "
+          "prediction)")
+
+
+def largest_cell(found: dict | None) -> str:
+    """"7.6B/7.6B": the largest probe that trained / the prediction; "-/7.6B" when no probe
+    trained; "!" marks a prediction a probe contradicted."""
+    if not found or found.get("predicted_parameters") is None:
+        return "-"
+    cell = f"{count(found.get('confirmed_parameters'))}/{count(found['predicted_parameters'])}"
+    return cell + ("!" if found.get("prediction_wrong") else "")
 
 
 def table(systems: dict, search: dict) -> str:
     """One row per system: the comparison's medians over the timed steps and the search's
-    largest model that trained."""
+    largest model (compare_search.largest's results)."""
     lines = ["  ".join(f"{name:>{w}}" for name, w in COLUMNS)]
     for name, r in systems.items():
-        s = search.get(name, {})
-        largest = count(s.get("largest_parameters"))
-        if s.get("bound") in ("deadline", "max"):
-            largest = ">=" + largest
+        largest = largest_cell(search.get(name))
         if r.get("status") != "ok":
             cells = [name, r.get("status", "?")] + ["-"] * (len(COLUMNS) - 3) + [largest]
         else:
+            fwd_bwd = (r["forward_s"] + r["backward_s"]
+                       if r.get("forward_s") is not None and r.get("backward_s") is not None
+                       else None)
             cells = [name, "ok", count(r["parameters"]), f"{r['tokens_per_s']:.0f}",
-                     ms(r["step_s"]), ms(r["forward_s"]), ms(r["backward_s"]),
-                     ms(r["optimizer_s"]), ms(r.get("exposed_transfer_s")),
-                     mib(r.get("gpu_peak_bytes")), mib(r.get("arena_peak_bytes")),
+                     ms(r["step_s"]), ms(fwd_bwd), ms(r.get("optimizer_s")),
+                     ms(r.get("exposed_s")), ms(r.get("exposed_transfer_s")),
+                     mib(r.get("gpu_peak_bytes")), mib(r.get("gpu_total_bytes")),
                      mib(r.get("rss_peak_bytes")), mib(r.get("pinned_bytes")), largest]
         lines.append("  ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, COLUMNS)))
     return "\n".join(lines)

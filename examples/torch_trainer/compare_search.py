@@ -151,7 +151,7 @@ def largest(system: str, model, device: str, resources: budget.Resources, settin
                  "status": status, "why": _short(r.get("error") or r.get("skipped")),
                  "seconds": round(float(r.get("seconds") or 0.0), 2)}
         for key in ("gpu_peak_bytes", "rss_peak_bytes", "cpu_tier_peak_bytes", "nvme_peak_bytes",
-                    "pinned_bytes", "torch_max_allocated_bytes"):
+                    "pinned_bytes", "torch_max_allocated_bytes", "tokens_per_s"):
             if r.get(key) is not None:
                 point[key] = r[key]
         out["probes"].append(point)

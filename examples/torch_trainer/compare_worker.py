@@ -165,7 +165,7 @@ def build_strata(args, torch, gpt, c, cuda, parts):
     model = timed(parts, "shard_s", lambda: st.zero_shard(
         gpt.GPT(c, device="meta", fused_attention=args.fused_attention), comm, stage=3,
         units=(gpt.Block,),
-        param_init=lambda name, shape: gpt.init_parameter(name, shape, c),
+        param_init=lambda name, shape: initial(args, torch, gpt, c, name, shape),
         mp_policy=st.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype),
         offload_policy=st.PlacementPolicy(param_home=home, state_home=home),
         fetch_policy=st.FetchPolicy(max_live_bytes=args.max_live_bytes,
@@ -236,7 +236,10 @@ def build_fsdp2(args, torch, gpt, c, cuda, parts):
         with torch.no_grad():  # one rank: each local shard is the whole parameter
             for name, p in model.named_parameters():
                 local = p.to_local() if hasattr(p, "to_local") else p
-                local.copy_(gpt.init_parameter(name, tuple(p.shape), c).reshape(local.shape))
+                if args.probe:
+                    local.zero_()
+                else:
+                    local.copy_(gpt.init_parameter(name, tuple(p.shape), c).reshape(local.shape))
     timed(parts, "materialize_s", materialize)
     where = "CPU" if offload else "CUDA"
     lr = lr_at(1, args.warmup_steps, args.lr)
@@ -278,8 +281,16 @@ def torch_system(torch, model, opt, note, cuda) -> System:
 
 def build_torch(args, torch, gpt, c, cuda, parts):
     device = "cuda" if cuda else "cpu"
-    model = timed(parts, "materialize_s", lambda: gpt.materialize_in_pieces(
-        gpt.GPT(c, device="meta", fused_attention=args.fused_attention), device))
+    def materialize():
+        model = gpt.GPT(c, device="meta", fused_attention=args.fused_attention)
+        if not args.probe:
+            return gpt.materialize_in_pieces(model, device)
+        model.to_empty(device=device)  # a fit probe: the values do not matter
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        return model
+    model = timed(parts, "materialize_s", materialize)
     kw = {"fused": True} if cuda else {"foreach": False}
     opt = timed(parts, "optimizer_s", lambda: torch.optim.AdamW(
         model.parameters(), lr=lr_at(1, args.warmup_steps, args.lr), **kw, **HYPER))
@@ -291,9 +302,23 @@ BUILDERS = {"strata-cpu": build_strata, "strata-nvme": build_strata, "fsdp2": bu
             "fsdp2-nooffload": build_fsdp2, "torch": build_torch}
 
 
+def initial(args, torch, gpt, c, name, shape):
+    """A parameter's initial values: gpt.init_parameter's, or zeros in a fit probe (drawing
+    billions of normal values would take longer than the probe may)."""
+    if args.probe:
+        return torch.zeros(shape)
+    return gpt.init_parameter(name, shape, c)
+
+
 def batches(args, torch, gpt, c, out: dict):
-    """[(x, y) per step] from --data or gpt.synthetic_batch; --perturb's from step 2 on."""
+    """[(x, y) per step] from --data or gpt.synthetic_batch; --perturb's from step 2 on; in a
+    fit probe random tokens (no Markov chain: ~10 s at vocab 32768)."""
     import compare_data
+    if args.probe:
+        g = torch.Generator().manual_seed(7)
+        tokens = torch.randint(c.vocab, (args.steps, args.batch, c.seq_len + 1), generator=g)
+        out["data"] = {"source": "random (a fit probe)"}
+        return [(t[:, :-1], t[:, 1:]) for t in tokens]
     if args.data:
         pairs, meta = compare_data.load_data(args.data, c, args.steps, args.batch)
         out["data"] = {"source": "file", "path": args.data, "digest": meta["digest"]}
@@ -415,6 +440,9 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=PEAK_LR, help=f"the peak rate (default {PEAK_LR})")
     p.add_argument("--warmup-steps", type=int, default=2,
                    help="linear warm-up of the rate over this many steps (default 2; 0: none)")
+    p.add_argument("--probe", action="store_true",
+                   help="a fit probe (compare_search.py): zero parameters and random tokens, "
+                        "cheap to set up; only whether a step runs matters, not its loss")
     p.add_argument("--json", required=True)
     # Test hooks: other batches from step 2 (a disagreement); the loss times inf at step N (the
     # non-finite path); the JSON written, then sleep instead of leaving (a hang at exit).

@@ -52,16 +52,20 @@ def test_svg_empty_single_point_and_escaping():
 
 def test_table_rows_by_status():
     ok = {"status": "ok", "parameters": 124_439_808, "tokens_per_s": 12345.6, "step_s": 0.5,
-          "forward_s": 0.1, "backward_s": 0.2, "optimizer_s": 0.2, "exposed_transfer_s": 0.01,
-          "gpu_peak_bytes": 3 << 30, "arena_peak_bytes": 1 << 30, "rss_peak_bytes": 5 << 30,
-          "pinned_bytes": 4 << 30}
+          "forward_s": 0.1, "backward_s": 0.2, "optimizer_s": 0.2, "exposed_s": 0.05,
+          "exposed_transfer_s": 0.01, "gpu_peak_bytes": 3 << 30, "gpu_total_bytes": 7 << 30,
+          "rss_peak_bytes": 5 << 30, "pinned_bytes": 4 << 30}
     text = report.table({"strata-cpu": ok, "fsdp2": {"status": "skipped"},
-                         "torch": {"status": "oom"}},
-                        {"strata-cpu": {"largest_parameters": 2_000_000_000, "bound": "oom"},
-                         "torch": {"largest_parameters": 50_000_000, "bound": "deadline"}})
+                         "torch": {"status": "oom"}, "strata-nvme": {"status": "refused"}},
+                        {"strata-cpu": {"predicted_parameters": 2_000_000_000,
+                                        "confirmed_parameters": 2_000_000_000},
+                         "torch": {"predicted_parameters": 50_000_000,
+                                   "confirmed_parameters": None, "prediction_wrong": True}})
     rows = text.splitlines()
     assert rows[0].split()[:4] == ["system", "status", "params", "tokens/s"]
-    assert rows[1].split() == ["strata-cpu", "ok", "124M", "12346", "500.0", "100.0", "200.0",
-                               "200.0", "10.0", "3072", "1024", "5120", "4096", "2B"]
+    assert rows[1].split() == ["strata-cpu", "ok", "124M", "12346", "500.0", "300.0", "200.0",
+                               "50.0", "10.0", "3072", "7168", "5120", "4096", "2B/2B"]
     assert rows[2].split()[:2] == ["fsdp2", "skipped"] and rows[2].split()[-1] == "-"
-    assert rows[3].split()[-1] == ">=50M"  # the search ended by time, not by a size that failed
+    assert rows[3].split()[-1] == "-/50M!"  # no probe trained: the prediction was wrong
+    assert rows[4].split()[:2] == ["strata-nvme", "refused"]
+    assert "exposed: fwd+bwd less fsdp2-nooffload's" in report.LEGEND
