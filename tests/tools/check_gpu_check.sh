@@ -106,6 +106,7 @@ case "\$*" in
                   case "\$a" in
                     --json=*) echo '{"tool": "strata-gpt-compare", "fake": true}' > "\${a#--json=}" ;;
                     --svg=*) echo '<svg xmlns="http://www.w3.org/2000/svg"/>' > "\${a#--svg=}" ;;
+                    --summary=*) printf 'phases: smoke 9 s, comparison 120 s\nFAKE TABLE ROW\n' > "\${a#--summary=}" ;;
                   esac
                 done
                 echo "compare args: \$*"; echo PASS ;;
@@ -293,6 +294,9 @@ case "$mode" in
     grep -qE 'compare args: .*compare.py --device=cuda --deadline-s=(2[0-9][0-9]) ' \
       "$work/out2/gpu-check.log" || fail "compare's arguments: $(cat "$work/out2/gpu-check.log")"
     [[ -s "$work/out2/compare.json" && -s "$work/out2/compare.svg" ]] || fail "no compare.json/svg"
+    # compare.py's summary (the table, the phases' times) travels in summary.txt.
+    grep -q '^---- GPT compare' "$s" && grep -q '^phases: smoke 9 s' "$s" &&
+      grep -q '^FAKE TABLE ROW' "$s" || fail "compare's summary not in summary.txt: $(cat "$s")"
     expect "$work/out2/gpu-check.json" '"gpt_compare": {"tool": "strata-gpt-compare", "fake": true}'
     n=$(find "$work/out2" -type f | wc -l)
     [[ $n -le 8 ]] || fail "$n files under \$OUT with compare; the device tool returns at most 8"

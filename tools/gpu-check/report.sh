@@ -99,6 +99,11 @@ SUMMARY="$OUT_DIR/summary.txt"
               END { for (s in cases) printf "%-7s %-9s %7s  %d of the [cuda] cases run one by one\n", s, "cuda-case", "", cases[s] }' "$RESULTS"
   ctest_report
   pytest_report
+  # compare.py's own summary (the comparison table travels in this file: few files come back).
+  if [[ -s "$WORK/compare-summary.txt" ]]; then
+    echo "---- GPT compare (examples/torch_trainer/compare.py) ----"
+    cat "$WORK/compare-summary.txt"
+  fi
 } > "$SUMMARY"
 # Every file kept under the device tool's 16 MiB (the end of a log is the part that tells).
 for f in "${OUTPUT_FILES[@]}"; do

@@ -276,8 +276,9 @@ step_examples() {
     --json="$WORK/torch-activations.json"
 }
 
-# The GPT trained by strata ZeRO-3 (CPU tier and NVMe), FSDP2 + CPUOffloadPolicy and plain
-# torch, and each one's largest model (docs/bench.md): 300 s, so only with --only info,compare.
+# The GPT trained by strata ZeRO-3 (CPU tier and NVMe), FSDP2 (with and without
+# CPUOffloadPolicy) and plain torch after a smoke stage, and each one's largest model
+# (docs/bench.md): 300 s, so only with --only info,compare.
 # compare.py's own deadline ends it 15 s before the step's limit, so that its JSON and SVG are
 # written; NVMe under $WORK unless STRATA_NVME_PATHS names a drive.
 step_compare() {
@@ -297,9 +298,12 @@ step_compare() {
     mkdir -p "$nvme"
   fi
   export PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
+  # Its summary (the smoke stage's verdict, the phases' times, the table, the agreement and the
+  # largest models) goes into summary.txt (report.sh): one of the few files that come back.
   run_check compare "GPT compare" 300 "$LOG" "$PYTHON" \
     "$SOURCE_DIR/examples/torch_trainer/compare.py" --device=cuda --deadline-s=$((limit - 15)) \
-    --nvme-path="$nvme" --json="$OUT_DIR/compare.json" --svg="$OUT_DIR/compare.svg"
+    --nvme-path="$nvme" --json="$OUT_DIR/compare.json" --svg="$OUT_DIR/compare.svg" \
+    --summary="$WORK/compare-summary.txt"
 }
 
 for s in "${STEPS[@]}"; do
