@@ -431,10 +431,15 @@ def finish(args, report, phases, lines, work, say, stopped=False) -> int:
         say(f"({compare_report.LEGEND})")
     for s in report["skipped"]:
         say(f"skipped: {s['system']}: {s['why']}")
+    started = compare_report.startup(systems)
+    if started:
+        say(started)
     agreement = report.get("agreement")
     summary = list(lines)
     if table:
         summary += [table, f"({compare_report.LEGEND})"]
+    if started:
+        summary.append(started)
     if agreement and agreement.get("rows"):
         summary.append(f"agreement (reference {agreement['reference']}): " + "; ".join(
             f"{r['system']} {r['worst']:.2g} (bound {r['bound']}"

@@ -76,6 +76,26 @@ def table(systems: dict, search: dict) -> str:
     return "\n".join(lines)
 
 
+STARTUP_PARTS = (("python_s", "python"), ("import_torch_s", "torch"),
+                 ("import_strata_s", "strata"), ("data_s", "data"), ("build_s", "build"),
+                 ("first_step_s", "step 1"))
+
+
+def startup(systems: dict) -> str:
+    """Each trained system's time from its process's start to the end of its first step, in
+    parts (compare_worker.py's "startup"): what a system's share of the deadline went to."""
+    cells = []
+    for name, r in systems.items():
+        st = r.get("startup") or {}
+        if r.get("status") != "ok" or st.get("to_first_step_s") is None:
+            continue
+        total = st["to_first_step_s"] + (st.get("python_s") or 0)
+        parts = ", ".join(f"{label} {st[key]:.2f}" for key, label in STARTUP_PARTS
+                          if st.get(key) is not None)
+        cells.append(f"{name} {total:.1f} s ({parts})")
+    return "start-up to the first step's end: " + "; ".join(cells) if cells else ""
+
+
 def _tick_step(top: float) -> float:
     raw = top / 5
     magnitude = 10 ** math.floor(math.log10(raw))

@@ -80,7 +80,10 @@ def main() -> int:
         summary = f.read()
     for want in (r"^phases: smoke [0-9.]+ s, data [0-9.]+ s, comparison [0-9.]+ s, search "
                  r"[0-9.]+ s, report [0-9.]+ s \(total", r"^smoke: ok \(strata\+gloo ok",
-                 r"^ +system +status +params", r"^ +strata-cpu +ok ", r"^agreement \(reference "
+                 r"^ +system +status +params", r"^ +strata-cpu +ok ",
+                 r"^start-up to the first step's end: strata-cpu [0-9.]+ s \(python [0-9.]+, "
+                 r"torch [0-9.]+, strata [0-9.]+, data [0-9.]+, build [0-9.]+, step 1 [0-9.]+\);",
+                 r"^agreement \(reference "
                  r"torch\): ", r"^largest strata-cpu: predicted [0-9]+ layers .*bound by "
                  r"pinned.*: confirmed$", r"^PASS$"):
         if not re.search(want, summary, re.M):

@@ -69,3 +69,21 @@ def test_table_rows_by_status():
     assert rows[3].split()[-1] == "-/50M!"  # no probe trained: the prediction was wrong
     assert rows[4].split()[:2] == ["strata-nvme", "refused"]
     assert "exposed: fwd+bwd less fsdp2-nooffload's" in report.LEGEND
+
+
+def test_startup_line_sums_each_trained_systems_parts():
+    systems = {
+        "strata-cpu": {"status": "ok", "startup": {
+            "python_s": 0.5, "import_torch_s": 2.0, "import_strata_s": 0.25, "data_s": 0.1,
+            "build_s": 3.0, "first_step_s": 4.0, "to_first_step_s": 9.5}},
+        "torch": {"status": "ok", "startup": {
+            "python_s": 0.5, "import_torch_s": 2.0, "data_s": 0.1, "build_s": 1.0,
+            "first_step_s": 1.0, "to_first_step_s": 4.2}},
+        "fsdp2": {"status": "skipped"},
+        "strata-nvme": {"status": "oom", "startup": {"python_s": 0.5}},
+    }
+    line = report.startup(systems)
+    assert line == ("start-up to the first step's end: strata-cpu 10.0 s (python 0.50, torch "
+                    "2.00, strata 0.25, data 0.10, build 3.00, step 1 4.00); torch 4.7 s "
+                    "(python 0.50, torch 2.00, data 0.10, build 1.00, step 1 1.00)")
+    assert report.startup({"fsdp2": {"status": "skipped"}}) == ""
