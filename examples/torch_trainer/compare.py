@@ -20,7 +20,9 @@ A run is phases, each timed and reported (the summary's "phases" line):
   data        the batches, built once here (compare_data.py) and handed to every worker.
   comparison  each system at the comparison's size, after its memory budget was checked against
               the machine (compare_budget.py: a budget that does not fit is "refused", naming the
-              resource). Any strata result but "ok" fails the run, its error in the table.
+              resource), within 70% of the deadline, each system its estimated time plus the
+              others' slack (compare_time.py). Any strata result but "ok" fails the run, its
+              error in the table.
   search      each system's largest model, predicted from the bytes it needs in each place and
               what the machine offers, then confirmed by one-step probes at the prediction and
               25% above (compare_search.py).
@@ -64,6 +66,7 @@ import compare_agreement  # noqa: E402  (none of these imports torch)
 import compare_budget as budget  # noqa: E402
 import compare_report  # noqa: E402
 import compare_search  # noqa: E402
+import compare_time  # noqa: E402
 from compare_runner import MIN_TRY_S, Runner  # noqa: E402
 
 SYSTEMS = ("fsdp2-nooffload", "fsdp2", "strata-cpu", "strata-nvme", "torch")
@@ -87,6 +90,7 @@ TOLERANCE = {
                         "sums (strata's CPU kernel against torch's AdamW): measured ~1e-7, issue "
                         "15's rule for fp32 is 1e-6 per step, 1e-5 leaves room"),
 }
+COMPARISON_SHARE = 0.7  # of the deadline, until the comparison's last system ends
 SMOKE_START_S = 25.0  # the smoke process's own start (python, torch, CUDA) beyond its checks
 
 
@@ -337,10 +341,17 @@ def main(argv=None) -> int:
     runner = Runner(args, work, sizing(True, settings), data=data, start=phases.start)
     prober = Runner(args, work, sizing(False, probe_settings), start=phases.start)
     systems = report["systems"]
-    compare_until = 0.55 * args.deadline_s
+    # The comparison gets 70% of the run and the search the rest; within it each system its
+    # estimated time plus the others' slack (compare_time.py: strata-nvme's disk-bound step).
+    compare_until = COMPARISON_SHARE * args.deadline_s
+    estimates = [compare_time.expected_s(system, model, args.device, args.steps, settings)
+                 for system in args.systems]
+    report["comparison_estimates_s"] = dict(zip(args.systems, estimates))
     for i, system in enumerate(args.systems):
-        share = (compare_until - (time.monotonic() - phases.start)) / (len(args.systems) - i)
-        r = runner.run(system, args.layers, args.steps, max(share, MIN_TRY_S + 2), args.batch)
+        limit = compare_time.limit_s(compare_until - (time.monotonic() - phases.start),
+                                     estimates[i:])
+        r = runner.run(system, args.layers, args.steps, max(limit, MIN_TRY_S + 2), args.batch)
+        r["limit_s"] = round(max(limit, MIN_TRY_S + 2), 1)
         r["system"] = system
         if r.get("status") == "ok":
             summarize(r, args.warmup)

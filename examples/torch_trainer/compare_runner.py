@@ -109,6 +109,22 @@ def watch(cmd, env, out_json: str, limit: float, log_path: str,
                         "killed": rc is None}}
 
 
+def progress(partial_path: str, steps: int) -> str:
+    """Where a worker cut by its limit had got to, from the figures it publishes as it goes
+    (compare_worker.py's JSON + ".partial"): the steps done and their times, or that it never
+    finished building."""
+    partial = read_json(partial_path)
+    if partial is None:
+        return "(no result written; it had not finished building its model)"
+    done = partial.get("steps") or []
+    st = partial.get("startup") or {}
+    built = (f"built in {st['build_s']:.1f} s, " if st.get("build_s") is not None else "")
+    if not done:
+        return f"({built}no step finished)"
+    times = ", ".join(f"{d['seconds']:.1f}" for d in done if d.get("seconds") is not None)
+    return f"({built}{len(done)} of {steps} steps done, in {times} s)"
+
+
 class Runner:
     """Runs compare_worker.py processes within the whole run's deadline (args.deadline_s from
     `start`). `sizing(system, layers)` -> (env updates, None) or (None, why): the STRATA_*
@@ -178,7 +194,7 @@ class Runner:
         if not result:
             if w["process"]["killed"]:
                 result = {"status": "timeout", "error": f"did not finish within {limit:.0f} s "
-                                                        "(no result written)"}
+                                                        + progress(out + ".partial", steps)}
             elif w["rc"] < 0:
                 result = {"status": "oom", "fits": False,
                           "error": f"killed by signal {-w['rc']} without a result (host "

@@ -1,7 +1,7 @@
 """compare_runner.py (no torch): how compare.py reads its workers. Small stand-in workers (a
 Python one-liner in place of compare_worker.py) take each road a GPU worker can take: a JSON then
 a hang in teardown (the figures are kept, the process is killed, the note says so), no JSON
-before the limit (timeout, nothing left behind), killed by a signal without a JSON (oom), an exit
+before the limit (timeout, nothing left behind, how far it got from its ".partial" figures), killed by a signal without a JSON (oom), an exit
 without a JSON (failed, with the output's tail), a budget refused before start (no process, no
 log), and too little time left (skipped, no process)."""
 
@@ -83,6 +83,22 @@ def test_no_json_within_the_limit_is_a_timeout_and_nothing_is_left(tmp_path, mon
     assert "still working" in result["output_tail"]
     pid = int(open(os.path.join(tmp_path, "1-strata-cpu.json.pid")).read())
     assert not alive(pid)
+
+
+def test_a_timeout_says_how_far_the_worker_got(tmp_path, monkeypatch):
+    body = ("import json, time\n"
+            "json.dump({'status': 'running', 'startup': {'build_s': 4.25}, 'steps': ["
+            "{'step': 1, 'seconds': 6.0}, {'step': 2, 'seconds': 5.5}]}, "
+            "open(OUT + '.partial', 'w'))\n"
+            "time.sleep(600)\n")
+    monkeypatch.setattr(cr, "MIN_TRY_S", 1.0)
+    r = runner(tmp_path, monkeypatch, body)
+    result = r.run("strata-nvme", 2, 6, limit=2, batch=1)
+    assert result["status"] == "timeout"
+    assert result["error"] == ("did not finish within 2 s (built in 4.2 s, 2 of 6 steps done, "
+                               "in 6.0, 5.5 s)")
+    assert cr.progress(str(tmp_path / "none.partial"), 6) == \
+        "(no result written; it had not finished building its model)"
 
 
 def test_killed_by_a_signal_without_json_is_oom(tmp_path, monkeypatch):
