@@ -71,7 +71,7 @@ from compare_runner import MIN_TRY_S, Runner  # noqa: E402
 
 SYSTEMS = ("fsdp2-nooffload", "fsdp2", "strata-cpu", "strata-nvme", "torch")
 DEFAULTS = {
-    "cuda": dict(vocab=32768, seq_len=1024, d_model=2048, heads=16, layers=8, batch=8, steps=6,
+    "cuda": dict(vocab=32768, seq_len=1024, d_model=2048, heads=16, layers=8, batch=8, steps=5,
                  warmup=2, deadline_s=300.0, search_max_layers=4096, gpu_bytes="6GiB",
                  max_live_bytes="2GiB", prefetch_bytes="256MiB"),
     "cpu": dict(vocab=64, seq_len=64, d_model=64, heads=4, layers=2, batch=8, steps=4, warmup=1,
@@ -344,10 +344,15 @@ def main(argv=None) -> int:
     # The comparison gets 70% of the run and the search the rest; within it each system its
     # estimated time plus the others' slack (compare_time.py: strata-nvme's disk-bound step).
     compare_until = COMPARISON_SHARE * args.deadline_s
-    estimates = [compare_time.expected_s(system, model, args.device, args.steps, settings)
-                 for system in args.systems]
-    report["comparison_estimates_s"] = dict(zip(args.systems, estimates))
-    for i, system in enumerate(args.systems):
+    # The cheaper first: the costliest (strata-nvme on a GPU) runs last and gets whatever
+    # the others left unused.
+    expected = {system: compare_time.expected_s(system, model, args.device, args.steps,
+                                                settings) for system in args.systems}
+    order = sorted(args.systems, key=expected.get)
+    estimates = [expected[system] for system in order]
+    report["comparison_estimates_s"] = expected
+    report["comparison_order"] = order
+    for i, system in enumerate(order):
         limit = compare_time.limit_s(compare_until - (time.monotonic() - phases.start),
                                      estimates[i:])
         r = runner.run(system, args.layers, args.steps, max(limit, MIN_TRY_S + 2), args.batch)
@@ -374,6 +379,7 @@ def main(argv=None) -> int:
         elif r.get("status") == "failed":
             failures.append(f"{system} failed: {r.get('error')}")
         systems[system] = r
+    report["systems"] = systems = {s: systems[s] for s in args.systems}  # the table's order
     # What waiting for transfers adds: forward+backward against the compute-only reference.
     ref = systems.get("fsdp2-nooffload", {})
     for r in systems.values():

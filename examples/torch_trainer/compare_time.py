@@ -3,7 +3,7 @@
 An equal share starves the one system whose step is bound by the disk: at the GPU defaults
 (537 M parameters) strata-nvme's step reads one slot of Adam states and writes the other, ~13 GB
 a step, which the GPU machine's virtual disk (1.8-3 GB/s, ../shared/GPU.md) needs seconds for,
-while every other system's six steps take about as long as its start. So each system's time is
+while every other system's five steps take about as long as its start. So each system's time is
 estimated from the bytes its step moves through its slowest place (NVMe, host memory), and a
 system may run for its estimate plus whatever the others' estimates leave; when the estimates do
 not fit, each gets its proportional part. Estimates, not measurements: the rates are the GPU
@@ -28,13 +28,16 @@ CPU_OPTIMIZER_SYSTEMS = ("strata-cpu", "strata-nvme", "fsdp2")
 def expected_s(system: str, model, device: str, steps: int, settings=None) -> float:
     """Seconds one worker of `system` should need for `steps` steps of `model`: its start plus,
     each step, the NVMe traffic (strata-nvme: need()'s NVMe bytes, both state slots and the
-    shard, about what a step reads and writes) and the CPU optimizer's memory traffic."""
-    per_step = 0.0
+    shard, about what a step reads and writes; once more at the start, when registration writes
+    them) and the CPU optimizer's memory traffic."""
+    start, per_step = START_S[device], 0.0
     if system in CPU_OPTIMIZER_SYSTEMS:
         per_step += model.parameters() * HOST_ADAM_TRAFFIC / HOST_ADAM_BYTES_PER_S
     if system == "strata-nvme":
-        per_step += need(system, model, device, settings).nvme / NVME_BYTES_PER_S
-    return START_S[device] + steps * per_step
+        nvme_s = need(system, model, device, settings).nvme / NVME_BYTES_PER_S
+        start += nvme_s  # registration writes the initial states and shards once
+        per_step += nvme_s
+    return start + steps * per_step
 
 
 def limit_s(available: float, estimates: list) -> float:
