@@ -71,11 +71,17 @@ void check_below(std::optional<int64_t> a, std::string_view a_name, std::optiona
 
 }  // namespace
 
-bool is_launch_variable(std::string_view name) {
+bool is_torch_launch_variable(std::string_view name) {
   for (std::string_view n : kNames) {
     if (n == name) return true;
   }
-  return is_slurm_task_variable(name);
+  // Set by torchrun to describe the launch, not read here.
+  return name == "ROLE_NAME" || name == "TORCHELASTIC_MAX_RESTARTS";
+}
+
+bool is_launch_variable(std::string_view name) {
+  if (name == "ROLE_NAME" || name == "TORCHELASTIC_MAX_RESTARTS") return false;
+  return is_torch_launch_variable(name) || is_slurm_task_variable(name);
 }
 
 absl::StatusOr<LaunchInfo> LaunchInfo::from_variables(

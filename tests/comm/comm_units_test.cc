@@ -62,6 +62,32 @@ TEST_CASE("Launch variables: torchrun's names, defaults for a lone process", "[c
   CHECK(LaunchInfo::from_variables({{"RANK", "2"}, {"WORLD_SIZE", "4"}})->local_rank == 2);
 }
 
+TEST_CASE("Launch variables: which a copied environment keeps, which strata-run replaces",
+          "[comm][launch]") {
+  // Read by from_variables(): torch's and srun's.
+  for (const char* name :
+       {"RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+        "TORCHELASTIC_RESTART_COUNT", "SLURM_PROCID", "SLURM_NTASKS"}) {
+    INFO(name);
+    CHECK(is_launch_variable(name));
+  }
+  // Replaced by a launcher that starts the ranks itself: torch's and torchrun's, not srun's.
+  for (const char* name : {"RANK", "GROUP_RANK", "ROLE_NAME", "TORCHELASTIC_MAX_RESTARTS",
+                           "TORCHELASTIC_RUN_ID", "MASTER_ADDR"}) {
+    INFO(name);
+    CHECK(is_torch_launch_variable(name));
+  }
+  CHECK_FALSE(is_launch_variable("ROLE_NAME"));  // set by torchrun, not read
+  CHECK_FALSE(is_launch_variable("TORCHELASTIC_MAX_RESTARTS"));
+  CHECK_FALSE(is_torch_launch_variable("SLURM_PROCID"));
+  CHECK_FALSE(is_torch_launch_variable("SLURM_LOCALID"));
+  for (const char* name : {"STRATA_BACKEND", "RANKS", "", "rank", "PATH"}) {
+    INFO(name);
+    CHECK_FALSE(is_launch_variable(name));
+    CHECK_FALSE(is_torch_launch_variable(name));
+  }
+}
+
 TEST_CASE("Launch variables: bad values name the variable and the fix", "[comm][launch]") {
   CHECK(launch_error({{"RANK", "two"}, {"WORLD_SIZE", "4"}}).find("RANK='two'") !=
         std::string::npos);

@@ -31,6 +31,7 @@
 #include "run/tagged_output.h"
 #include "strata/base/system.h"
 #include "strata/base/unique_fd.h"
+#include "strata/comm/launch.h"
 
 extern char** environ;
 
@@ -140,32 +141,15 @@ struct ExecArgs {
 // The variables of a launch that this one replaces: torch's, and torchrun's that describe a
 // launch by its agent (a strata-run started under torchrun must not make its ranks look for
 // torchrun's store). srun's SLURM_* stay: torch's variables, set below, take precedence.
-bool is_launch_variable(std::string_view entry) {
-  static constexpr std::array<std::string_view, 15> kNames = {"RANK",
-                                                              "WORLD_SIZE",
-                                                              "LOCAL_RANK",
-                                                              "LOCAL_WORLD_SIZE",
-                                                              "GROUP_RANK",
-                                                              "GROUP_WORLD_SIZE",
-                                                              "ROLE_RANK",
-                                                              "ROLE_WORLD_SIZE",
-                                                              "ROLE_NAME",
-                                                              "MASTER_ADDR",
-                                                              "MASTER_PORT",
-                                                              "TORCHELASTIC_USE_AGENT_STORE",
-                                                              "TORCHELASTIC_RESTART_COUNT",
-                                                              "TORCHELASTIC_MAX_RESTARTS",
-                                                              "TORCHELASTIC_RUN_ID"};
-  const size_t eq = entry.find('=');
-  const std::string_view name = entry.substr(0, eq);
-  return std::find(kNames.begin(), kNames.end(), name) != kNames.end();
+bool replaced_by_this_launch(std::string_view entry) {
+  return is_torch_launch_variable(entry.substr(0, entry.find('=')));
 }
 
 void build_exec_args(const LaunchOptions& o, int local_rank, std::vector<std::string>& argv_storage,
                      ExecArgs& out) {
   out.env_storage.clear();
   for (char** e = environ; *e != nullptr; ++e) {
-    if (!is_launch_variable(*e)) out.env_storage.emplace_back(*e);
+    if (!replaced_by_this_launch(*e)) out.env_storage.emplace_back(*e);
   }
   out.env_storage.push_back(absl::StrFormat("RANK=%d", o.node_rank * o.nproc + local_rank));
   out.env_storage.push_back(absl::StrFormat("WORLD_SIZE=%d", o.nnodes * o.nproc));

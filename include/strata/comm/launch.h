@@ -62,4 +62,9 @@ struct LaunchInfo {
 // these).
 bool is_launch_variable(std::string_view name);
 
+// Whether `name` is one of the variables torch's launchers set to describe a launch: those
+// from_variables() reads but srun's, and torchrun's ROLE_NAME and TORCHELASTIC_MAX_RESTARTS
+// (a launcher that replaces the launch, as strata-run under torchrun, drops them all).
+bool is_torch_launch_variable(std::string_view name);
+
 }  // namespace strata
