@@ -67,7 +67,7 @@ import compare_budget as budget  # noqa: E402
 import compare_report  # noqa: E402
 import compare_search  # noqa: E402
 import compare_time  # noqa: E402
-from compare_runner import MIN_TRY_S, Runner  # noqa: E402
+from compare_runner import LAUNCH_VARIABLES, MIN_TRY_S, Runner  # noqa: E402
 
 SYSTEMS = ("fsdp2-nooffload", "fsdp2", "strata-cpu", "strata-nvme", "torch")
 DEFAULTS = {
@@ -208,6 +208,8 @@ def smoke(args, work, say) -> dict:
         cmd.append(f"--fail={args.smoke_fail}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
+    for name in LAUNCH_VARIABLES:  # a job of one rank, also under torchrun or srun
+        env.pop(name, None)
     try:
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=args.smoke_s + SMOKE_START_S)

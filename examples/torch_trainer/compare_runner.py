@@ -29,9 +29,15 @@ MIN_TRY_S = 5.0  # a process given less time than this is not started
 # figures are already safe): compare_worker.py calls os._exit right after writing, so a worker
 # still alive after this is stuck in teardown.
 EXIT_GRACE_S = 10.0
-LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                    "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_USE_AGENT_STORE",
-                    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
+# A worker is a job of one rank even when compare.py runs under torchrun or srun: the variables
+# strata and torch read to join a job (comm/launch.cc's and config/slurm.cc's lists) are dropped.
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                    "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+                    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                    "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS",
+                    "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID",
+                    "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE")
 
 
 def read_json(path: str):

@@ -143,15 +143,17 @@ def test_too_little_time_left_starts_nothing(tmp_path, monkeypatch):
 def test_the_sizing_reaches_the_worker_and_launch_variables_do_not(tmp_path, monkeypatch):
     body = ("import json, os\n"
             "json.dump({'status': 'ok', 'env': {k: os.environ.get(k) for k in "
-            "('STRATA_CPU_BYTES', 'RANK', 'MASTER_PORT', 'STRATA_GONE')}}, open(OUT, 'w'))\n")
+            "('STRATA_CPU_BYTES', 'RANK', 'MASTER_PORT', 'SLURM_PROCID', 'STRATA_GONE')}}, "
+            "open(OUT, 'w'))\n")
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("STRATA_GONE", "x")
     r = runner(tmp_path, monkeypatch, body, sizing=lambda system, layers: (
         {"STRATA_CPU_BYTES": 12345 * layers, "STRATA_GONE": None}, None))
     result = r.run("strata-cpu", 3, 3, limit=30, batch=1)
     assert result["env"] == {"STRATA_CPU_BYTES": "37035", "RANK": None, "MASTER_PORT": None,
-                             "STRATA_GONE": None}
+                             "SLURM_PROCID": None, "STRATA_GONE": None}
 
 
 if __name__ == "__main__":
