@@ -441,12 +441,17 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
     auto undone = settle_early(/*valid=*/false);
     if (!undone.ok()) return undone.status();
     clear_landings();
+    {
+      // The scale backs off before arm(): the next step's early work reads the scale that
+      // step will use (armed first, it always failed that check and was rolled back).
+      MutexLock lock(&state_mu);
+      if (ls.dynamic) loss_scale = std::max(ls.min_scale, loss_scale * ls.backoff_factor);
+      good_steps = 0;
+    }
     arm();
     MutexLock lock(&state_mu);
     ++counters.skipped_steps;
     if (undone->rolled_back) ++counters.overlap_rollbacks;
-    if (ls.dynamic) loss_scale = std::max(ls.min_scale, loss_scale * ls.backoff_factor);
-    good_steps = 0;
     result.skipped = true;
     result.params_updated = 0;
     result.grad_norm = std::numeric_limits<double>::infinity();

@@ -203,5 +203,76 @@ TEST_CASE(
   CHECK(kept_steps > 0);  // the overlap happened, not only the fallback
 }
 
+// Issue 36, defect 1: after an overflow-skipped step the dynamic loss scale backs off, and the
+// next step's early work must be armed with the backed-off scale. Armed first (as it was), that
+// work always failed the loss-scale check in step() and was rolled back: results stayed right,
+// the overlap was lost after every overflow for callers that do not call zero_grad() between
+// steps. No zero_grad() here.
+TEST_CASE("Overlapped step: the step after an overflow keeps its early work",
+          "[optimizer][overlap]") {
+  const TierKind home = GENERATE(TierKind::kCpu, TierKind::kNvme);
+  INFO((home == TierKind::kCpu ? "cpu states" : "nvme states"));
+  RigOptions o;
+  o.state_home = home;
+  o.param_type = ParamType::kF16;
+  o.grad_type = GradType::kF16;
+  o.shapes = {{"a", 3000}, {"b", 1500}, {"c", 700}};
+  o.chunk_elements = home == TierKind::kNvme ? 1024 : 1000;
+  o.loss_scaling.scale = 1024.0F;
+  o.loss_scaling.dynamic = true;
+  o.loss_scaling.growth_interval = 1000;
+  std::vector<std::vector<float>> init;
+  for (const Shape& s : o.shapes) init.emplace_back(s.count, 0.25F);
+  TempDir dir_plain("strata-overflow-plain");
+  TempDir dir_overlap("strata-overflow-overlap");
+  RigOptions plain_options = o;
+  RigOptions overlap_options = o;
+  if (home == TierKind::kNvme) {
+    plain_options.nvme_dir = dir_plain.path();
+    overlap_options.nvme_dir = dir_overlap.path();
+  }
+  overlap_options.overlap.enabled = true;
+  Rig plain(plain_options, init);
+  Rig overlap(overlap_options, init);
+  auto grads = [&](bool overflow) {
+    std::vector<std::vector<float>> g;
+    for (const Shape& s : o.shapes) g.emplace_back(s.count, 0.001F * o.loss_scaling.scale);
+    if (overflow) g[1][7] = std::numeric_limits<float>::infinity();
+    return g;
+  };
+  float scale = o.loss_scaling.scale;
+  for (int step = 0; step < 4; ++step) {
+    const bool overflow = step == 1;
+    INFO("step " << step << (overflow ? " (overflow)" : ""));
+    plain.backward(grads(overflow));
+    overlap.backward(grads(overflow), GradCompletion::kFinal);
+    overlap.optimizer().wait_for_early_steps();
+    auto a = plain.optimizer().step();
+    auto b = overlap.optimizer().step();
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    REQUIRE(a->skipped == overflow);
+    REQUIRE(b->skipped == overflow);
+    CHECK(a->loss_scale == b->loss_scale);
+    if (overflow) {
+      CHECK(b->loss_scale == scale * o.loss_scaling.backoff_factor);
+      scale = b->loss_scale;
+    } else {
+      // Every unit was stepped early with this step's scale and kept: nothing rolled back.
+      CHECK(b->early_elements == 3000 + 1500 + 700);
+      CHECK_FALSE(b->rolled_back);
+    }
+  }
+  // Read only now: read_state() re-arms the early work, which would hide the defect.
+  const State sa = read_states(plain, o.shapes);
+  const State sb = read_states(overlap, o.shapes);
+  REQUIRE(same_bits(sa.master, sb.master));
+  REQUIRE(same_bits(sa.exp_avg, sb.exp_avg));
+  REQUIRE(same_bits(sa.exp_avg_sq, sb.exp_avg_sq));
+  const OffloadOptimizerStats stats = overlap.optimizer().stats();
+  CHECK(stats.overlap_early_steps == 3);
+  CHECK(stats.skipped_steps == 1);
+}
+
 }  // namespace
 }  // namespace strata
