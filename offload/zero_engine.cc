@@ -407,7 +407,7 @@ absl::StatusOr<void*> ZeroEngine::acquire_param(ZeroParamId id, TierKind tier, S
                                                 AccessMode mode) {
   if (auto st = impl_->check_param(id); !st.ok()) return st;
   if (impl_->groups[impl_->layout.param_segment(id.index).group].partitioned) {
-    if (mode == AccessMode::kWrite) {
+    if (mode != AccessMode::kRead) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "ZeroEngine::acquire_param: parameter '%s' is partitioned (stage 3): its gathered copy "
           "is read-only, the optimizer owns its values; acquire it with AccessMode::kRead",
@@ -417,6 +417,10 @@ absl::StatusOr<void*> ZeroEngine::acquire_param(ZeroParamId id, TierKind tier, S
   }
   auto view = param_view(id);
   if (!view.ok()) return view.status();
+  // The parameter is a slice of its group's tensor, and the store's kOverwrite leaves all of
+  // that tensor undefined (nothing fetched): the group's other parameters would be lost. Writing
+  // every byte of one parameter is a kWrite of the group.
+  if (mode == AccessMode::kOverwrite) mode = AccessMode::kWrite;
   auto data = impl_->runtime.store().acquire(view->tensor, tier, stream, mode);
   if (!data.ok()) return data.status();
   return static_cast<std::byte*>(*data) + view->offset;

@@ -4,9 +4,12 @@
 // others, and the last checkpoint still loads in a new job.
 #include <absl/strings/match.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "comm/rank_processes.h"
 #include "config/log_capture.h"
@@ -383,6 +386,64 @@ TEST_CASE("ZeroEngine refuses bad options and misuse with a precise error, never
   }
 }
 
+// Issue 36, defect 2: at stages 1–2 a parameter is a slice of its group's flat tensor, and the
+// store's kOverwrite leaves a whole tensor undefined: acquired so, one parameter's write lost
+// the group's other parameters (the copy in the tier written was made without a fetch).
+TEST_CASE("Stages 1-2: overwriting one parameter keeps its group's others", "[zero]") {
+  const uint32_t stage = GENERATE(1U, 2U);
+  INFO("stage " << stage);
+  const auto model = testing::zero_model();
+  auto runtime = testing::zero_runtime("");
+  REQUIRE(runtime.ok());
+  auto stream = (*runtime)->device().create_stream();
+  REQUIRE(stream.ok());
+  ZeroOptions o = small_options(stage);
+  o.param_home = TierKind::kCpu;
+  auto engine = ZeroEngine::create(**runtime, lone(), model.params, o);
+  REQUIRE(engine.ok());
+  ZeroEngine& e = **engine;
+  // Two parameters of one group.
+  std::optional<ZeroParamId> a, b;
+  for (uint32_t i = 0; i < e.param_count() && !b; ++i) {
+    for (uint32_t j = i + 1; j < e.param_count(); ++j) {
+      if (e.layout().param_segment(i).group == e.layout().param_segment(j).group) {
+        a = ZeroParamId{i};
+        b = ZeroParamId{j};
+        break;
+      }
+    }
+  }
+  REQUIRE(b.has_value());
+  auto bytes_of = [&](ZeroParamId id, TierKind tier) {
+    const uint64_t n = e.param_view(id)->count * 2;  // fp16
+    auto data = e.acquire_param(id, tier, **stream);
+    REQUIRE(data.ok());
+    REQUIRE((*runtime)->device().synchronize(**stream).ok());
+    const auto* p = static_cast<const std::byte*>(*data);
+    std::vector<std::byte> out(p, p + n);
+    REQUIRE(e.release_param(id, **stream).ok());
+    return out;
+  };
+  auto fill = [&](ZeroParamId id, TierKind tier, AccessMode mode, int byte) {
+    const uint64_t n = e.param_view(id)->count * 2;  // fp16
+    auto data = e.acquire_param(id, tier, **stream, mode);
+    REQUIRE(data.ok());
+    REQUIRE((*runtime)->device().synchronize(**stream).ok());
+    std::memset(*data, byte, n);
+    REQUIRE(e.release_param(id, **stream).ok());
+  };
+  auto all_are = [](const std::vector<std::byte>& v, int byte) {
+    return std::all_of(v.begin(), v.end(), [&](std::byte x) { return x == std::byte(byte); });
+  };
+  // b's newest bytes in the GPU tier (fp16 2.0), the CPU tier's copy stale: an overwrite of a
+  // in the CPU tier that fetched nothing would bring b's old values back.
+  fill(*b, TierKind::kGpu, AccessMode::kWrite, 0x40);
+  fill(*a, TierKind::kCpu, AccessMode::kOverwrite, 0x3c);  // fp16 1.0
+  CHECK(all_are(bytes_of(*b, TierKind::kCpu), 0x40));
+  CHECK(all_are(bytes_of(*b, TierKind::kGpu), 0x40));
+  CHECK(all_are(bytes_of(*a, TierKind::kGpu), 0x3c));
+}
+
 TEST_CASE("Stage 3 refuses misuse with a precise error", "[zero]") {
   const auto model = testing::zero_model();
   auto runtime = testing::zero_runtime("");
@@ -414,6 +475,10 @@ TEST_CASE("Stage 3 refuses misuse with a precise error", "[zero]") {
   CHECK(absl::StrContains(
       e.acquire_param(embed, TierKind::kGpu, **stream, AccessMode::kWrite).status().message(),
       "read-only"));
+  // Issue 36, defect 2: kOverwrite is a write too (it used to reach the gathered buffer).
+  auto overwrite = e.acquire_param(embed, TierKind::kGpu, **stream, AccessMode::kOverwrite);
+  CHECK(overwrite.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(overwrite.status().message(), "read-only"));
   CHECK(absl::StrContains(e.release_param(embed, **stream).message(), "is not acquired"));
   // Two groups in use at once need more than the live limit.
   REQUIRE(e.acquire_param(embed, TierKind::kGpu, **stream).ok());

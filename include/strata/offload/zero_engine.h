@@ -256,8 +256,10 @@ class ZeroEngine {
   // The parameter's elements in `tier`, for work on `stream`, until release_param(). Stages 1–2
   // wrap the store's acquire of its group tensor. Stage 3 gathers the group first (or finds it
   // gathered or prefetched) and returns without waiting for the gather: `stream` does (the host
-  // reads after synchronizing it). Its partitioned parameters are read-only (kWrite:
-  // InvalidArgument), since the optimizer owns them. Acquire once, release once, per use.
+  // reads after synchronizing it). Its partitioned parameters are read-only (kWrite, kOverwrite:
+  // InvalidArgument), since the optimizer owns them. At stages 1–2 kOverwrite is kWrite: the
+  // parameter shares its group's tensor with others, whose values a tensor-wide overwrite would
+  // leave undefined. Acquire once, release once, per use.
   absl::StatusOr<void*> acquire_param(ZeroParamId id, TierKind tier, Stream& stream,
                                       AccessMode mode = AccessMode::kRead);
   absl::Status release_param(ZeroParamId id, Stream& stream);
