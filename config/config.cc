@@ -76,39 +76,15 @@ absl::StatusOr<int64_t> parse_integer(std::string_view text, int64_t min, int64_
   return value;
 }
 
-// Optimal string alignment distance (edits, with adjacent transpositions).
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-      }
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
 // A STRATA_ name that strata does not read. A near miss of a real name (a typo, the wrong case)
 // is an error, since the setting the user meant would silently not apply. Anything further is
 // probably another program's variable (a wrapper script's STRATA_BUILD_TYPE): a warning, once.
 absl::Status unknown_variable(std::string_view name, std::string_view value) {
-  const std::string name_upper = upper(name);
-  std::string_view best;
-  size_t best_distance = std::numeric_limits<size_t>::max();
   std::vector<std::string_view> candidates = known_variables();
   candidates.insert(candidates.end(), std::begin(kLoaderVariables), std::end(kLoaderVariables));
-  for (std::string_view known : candidates) {
-    const size_t d = edit_distance(name_upper, known);
-    if (d < best_distance) {
-      best_distance = d;
-      best = known;
-    }
-  }
+  const Nearest nearest_known = nearest(upper(name), candidates);
+  const std::string_view best = nearest_known.name;
+  const size_t best_distance = nearest_known.distance;
   const std::string head = cat(name, "='", value, "' is not a strata variable: ");
   if (best_distance == 0) {
     return invalid(cat(head, "did you mean ", best, "? (names are upper case)"));

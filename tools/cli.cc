@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "strata/base/size.h"
+#include "strata/base/text.h"
 
 namespace strata::cli {
 
@@ -134,22 +135,6 @@ class EnumFlag : public Flag {
   std::vector<std::string> choices_;
 };
 
-// Edit distance, for "did you mean" suggestions.
-size_t levenshtein(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 }  // namespace
 
 FlagSet::FlagSet(std::string program, std::string summary, std::string positional)
@@ -190,17 +175,12 @@ Flag* FlagSet::find(std::string_view name) const {
 }
 
 std::string FlagSet::closest_name(std::string_view name) const {
-  std::string best;
-  size_t best_distance = std::max<size_t>(2, name.size() / 3) + 1;
-  for (const auto& flag : flags_) {
-    const size_t d = levenshtein(name, flag->name());
-    if (d < best_distance) {
-      best_distance = d;
-      best = flag->name();
-    }
-  }
-  if (best.empty() && levenshtein(name, "help") <= 2) best = "help";
-  return best;
+  std::vector<std::string_view> names;
+  for (const auto& flag : flags_) names.emplace_back(flag->name());
+  // About one edit per three characters, at least two: "--sise" is --size, "--foo" nothing.
+  const text::Nearest best = text::nearest(name, names);
+  if (best.distance <= std::max<size_t>(2, name.size() / 3)) return std::string(best.name);
+  return text::edit_distance(name, "help") <= 2 ? "help" : "";
 }
 
 absl::StatusOr<std::vector<std::string>> FlagSet::parse(int argc, const char* const* argv) {

@@ -9,6 +9,8 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/string_view.h>
 
+#include <cstddef>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -66,6 +68,27 @@ std::string join(const Range& items, std::string_view separator) {
     append(out, item);
   }
   return out;
+}
+
+// Edits from a to b (optimal string alignment: insertions, deletions, substitutions and swaps of
+// two adjacent characters, each one edit): how far a typo is from what was meant.
+size_t edit_distance(std::string_view a, std::string_view b);
+
+// "Did you mean": the candidate nearest to `name` by edit_distance, the first of equals; name
+// empty and distance max() when there are no candidates. The name views the candidate.
+struct Nearest {
+  std::string_view name;
+  size_t distance = std::numeric_limits<size_t>::max();
+};
+template <typename Range>
+Nearest nearest(std::string_view name, const Range& candidates) {
+  Nearest best;
+  for (const auto& candidate : candidates) {
+    const std::string_view c = candidate;
+    const size_t d = edit_distance(name, c);
+    if (d < best.distance) best = Nearest{c, d};
+  }
+  return best;
 }
 
 }  // namespace strata::text
