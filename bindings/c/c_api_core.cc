@@ -58,6 +58,18 @@ absl::Status null_argument(absl::string_view param) {
   return absl::InvalidArgumentError(absl::StrCat(param, " is NULL"));
 }
 
+strata_tier_t tier_to_c(TierKind tier) {
+  switch (tier) {
+    case TierKind::kGpu:
+      return STRATA_TIER_GPU;
+    case TierKind::kCpu:
+      return STRATA_TIER_CPU;
+    case TierKind::kNvme:
+      return STRATA_TIER_NVME;
+  }
+  return STRATA_TIER_CPU;
+}
+
 absl::StatusOr<TierKind> tier_from(strata_tier_t tier, absl::string_view param) {
   switch (tier) {
     case STRATA_TIER_GPU:

@@ -52,6 +52,7 @@ strata_status_t boundary(absl::string_view function, Body&& body) noexcept {
 
 absl::Status null_argument(absl::string_view param);
 absl::StatusOr<TierKind> tier_from(strata_tier_t tier, absl::string_view param);
+strata_tier_t tier_to_c(TierKind tier);
 // Copies `text` into a caller's buffer as strata_runtime_describe() documents.
 absl::Status copy_out(absl::string_view text, char* buffer, size_t size, size_t* length);
 

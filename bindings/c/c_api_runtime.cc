@@ -75,18 +75,6 @@ absl::StatusOr<AccessMode> mode_from(strata_access_mode_t mode) {
   }
 }
 
-strata_tier_t tier_to_c(TierKind tier) {
-  switch (tier) {
-    case TierKind::kGpu:
-      return STRATA_TIER_GPU;
-    case TierKind::kCpu:
-      return STRATA_TIER_CPU;
-    case TierKind::kNvme:
-      return STRATA_TIER_NVME;
-  }
-  return STRATA_TIER_CPU;
-}
-
 // Bytes of a dtype/shape tensor, with every argument checked.
 absl::StatusOr<uint64_t> shaped_bytes(strata_dtype_t dtype, const int64_t* shape, size_t ndim) {
   const size_t item = strata_dtype_size(dtype);

@@ -47,18 +47,6 @@ absl::StatusOr<Stream*> stream_of(Call& call, const EngineState& state, strata_s
   return (*s)->stream.get();
 }
 
-strata_tier_t tier_to_c(TierKind tier) {
-  switch (tier) {
-    case TierKind::kGpu:
-      return STRATA_TIER_GPU;
-    case TierKind::kCpu:
-      return STRATA_TIER_CPU;
-    case TierKind::kNvme:
-      return STRATA_TIER_NVME;
-  }
-  return STRATA_TIER_CPU;
-}
-
 strata_param_type_t param_type_to_c(ParamType type) {
   switch (type) {
     case ParamType::kF32:
