@@ -278,6 +278,45 @@ the Adam step on the CPU, gradients handed over as backward produces them (grad_
           py::arg("param"),
           "(master, exp_avg, exp_avg_sq) as float32 numpy arrays (memoryviews without numpy).")
       .def(
+          "write_state",
+          [](PyOptimizer& o, int64_t id, const py::object& master, const py::object& exp_avg,
+             const py::object& exp_avg_sq, uint64_t steps) {
+            const ParamId pid = param_id(o, id);
+            const uint64_t n = o.counts[pid.index];
+            const std::string what = "parameter " + std::to_string(id) + ": ";
+            const Float32Values master_values(master, what + "master", n,
+                                              "the parameter's element count");
+            const Float32Values exp_avg_values(exp_avg, what + "exp_avg", n,
+                                               "the parameter's element count");
+            const Float32Values exp_avg_sq_values(exp_avg_sq, what + "exp_avg_sq", n,
+                                                  "the parameter's element count");
+            unlocked_check([&] {
+              return o.opt->write_state(pid, master_values.span(), exp_avg_values.span(),
+                                        exp_avg_sq_values.span(), steps);
+            });
+          },
+          py::arg("param"), py::arg("master"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
+          py::arg("steps"),
+          "Replaces the parameter's fp32 state (three arrays of its element count, as read_state "
+          "returns them) and its step count, then sets its tensor to the rounded master.")
+      .def(
+          "scaler_state",
+          [](PyOptimizer& o) {
+            const OffloadOptimizer::ScalerState st = o.opt->scaler_state();
+            py::dict d;
+            d["step"] = st.step;
+            d["loss_scale"] = st.loss_scale;
+            d["good_steps"] = st.good_steps;
+            return d;
+          },
+          "The step counter and the loss scaler's state: {step, loss_scale, good_steps}.")
+      .def(
+          "set_scaler_state",
+          [](PyOptimizer& o, uint64_t step, float loss_scale, uint64_t good_steps) {
+            check(o.opt->set_scaler_state({step, loss_scale, good_steps}));
+          },
+          py::arg("step"), py::arg("loss_scale"), py::arg("good_steps"))
+      .def(
           "add_group",
           [](PyOptimizer& o, const py::kwargs& kwargs) {
             AdamGroup g = check(o.opt->group(0));

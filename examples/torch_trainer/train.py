@@ -244,8 +244,10 @@ def main(argv=None) -> int:
     model = copy.deepcopy(reference).to(device)
     reference.to(device)
     wrapped = st.offload(model, rt, home=home)
-    opt = st.OffloadAdamW(wrapped, state_home=home, max_grad_norm=w.max_grad_norm,
-                          overlap_step=args.overlap_step, **w.hyper)
+    opt = st.OffloadAdamW(
+        wrapped, optimizer=st.ZeroAdamW(max_grad_norm=w.max_grad_norm,
+                                        overlap_step=args.overlap_step, **w.hyper),
+        offload_policy=st.OffloadPolicy(state_home=home))
     ref_opt = torch.optim.AdamW(reference.parameters(), foreach=False, **w.hyper)
 
     offload = None

@@ -189,7 +189,7 @@ def test_composes_with_strata_parameter_offload(tmp_path):
     def run(with_offload):
         rt = host_runtime(tmp_path / ("on" if with_offload else "off"))
         model = st.offload(make_net(), rt, home="cpu")
-        opt = st.OffloadAdamW(model, lr=1e-3)
+        opt = st.OffloadAdamW(model, optimizer=st.ZeroAdamW(lr=1e-3))
         window = 192 << 10
         offload = (st.offload_activations(rt, window_bytes=window, prefetch_bytes=64 << 10,
                                           min_bytes=0) if with_offload else None)

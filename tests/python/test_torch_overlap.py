@@ -130,8 +130,10 @@ def train_offload(rt, overlap, state_home, accumulation, max_grad_norm, drain):
     and the step results."""
     x, y = data()
     model = st.offload(make_mlp(), rt, home="cpu")
-    opt = st.OffloadAdamW(model, state_home=state_home, max_grad_norm=max_grad_norm,
-                          overlap_step=overlap, accumulation_steps=accumulation, **HYPER)
+    opt = st.OffloadAdamW(
+        model, optimizer=st.ZeroAdamW(max_grad_norm=max_grad_norm, overlap_step=overlap, **HYPER),
+        offload_policy=st.OffloadPolicy(state_home=state_home),
+        reduce_policy=st.ReducePolicy(accumulation_steps=accumulation))
     losses, results = [], []
     for step in range(STEPS):
         total = 0.0
@@ -181,9 +183,9 @@ def test_offload_adamw_overlap_is_bitwise(tmp_path, state_home, accumulation, ma
 def test_offload_adamw_checks_its_arguments(runtime):
     model = st.offload(make_mlp(), runtime)
     with pytest.raises(TypeError, match="overlap_step"):
-        st.OffloadAdamW(model, overlap_step="yes")
+        st.OffloadAdamW(model, optimizer=st.ZeroAdamW(overlap_step="yes"))
     with pytest.raises(ValueError, match="accumulation_steps"):
-        st.OffloadAdamW(model, accumulation_steps=0)
+        st.OffloadAdamW(model, reduce_policy=st.ReducePolicy(accumulation_steps=0))
 
 
 def train_zero(rt, stage, overlap, accumulation, max_grad_norm):

@@ -6,7 +6,8 @@ OffloadActivations: in activations_torch.py, imported here).
     import strata, strata.torch
     rt = strata.Runtime()
     model = strata.torch.offload(MyModel(), rt, home="cpu")     # or home="nvme"
-    opt = strata.torch.OffloadAdamW(model, lr=1e-3, weight_decay=0.01)
+    opt = strata.torch.OffloadAdamW(
+        model, optimizer=strata.torch.ZeroAdamW(lr=1e-3, weight_decay=0.01))
     for x, y in data:
         loss = loss_fn(model(x), y)
         loss.backward()          # gradients go to strata as they are produced
@@ -317,54 +318,96 @@ def offload(module: nn.Module, runtime: "strata.Runtime", home: str = "cpu",
                      prefix=prefix)
 
 
+# OffloadAdamW's keywords before it took zero_shard's policy objects: where each one went.
+_OFFLOAD_ADAMW_MOVED = {
+    **{k: f"optimizer=strata.torch.ZeroAdamW({k}=...)"
+       for k in ("lr", "betas", "eps", "weight_decay", "max_grad_norm", "chunk_elements",
+                 "overlap_step", "overlap_max_host_bytes")},
+    "loss_scale": "mp_policy=strata.torch.MixedPrecisionPolicy(loss_scale=...)",
+    "dynamic_loss_scale": "mp_policy=strata.torch.MixedPrecisionPolicy(dynamic_loss_scale=...)",
+    "state_home": "offload_policy=strata.torch.OffloadPolicy(state_home=...) (or "
+                  "CPUOffloadPolicy())",
+    "accumulation_steps": "reduce_policy=strata.torch.ReducePolicy(accumulation_steps=...)",
+}
+
+
 class OffloadAdamW:
-    """AdamW (torch.optim.AdamW semantics) run by strata's ZeRO-Offload optimizer.
+    """AdamW (torch.optim.AdamW semantics) run by strata's ZeRO-Offload optimizer, configured
+    by zero_shard's policy objects (keyword-only; None: that policy's defaults):
+
+      optimizer       ZeroAdamW (lr, betas, eps, weight_decay, decoupled, max_grad_norm,
+                      chunk_elements, overlap_step, overlap_max_host_bytes); None is
+                      ZeroAdamW(weight_decay=1e-2), torch.optim.AdamW's default
+      mp_policy       MixedPrecisionPolicy: loss_scale, dynamic_loss_scale, skip_on_overflow
+                      (the dtypes are offload()'s dtype=, so param_dtype and reduce_dtype must
+                      stay float32 here)
+      offload_policy  OffloadPolicy(state_home='cpu'|'nvme') or CPUOffloadPolicy(): where the
+                      fp32 masters and moments live (the parameters' home is offload()'s home=)
+      reduce_policy   ReducePolicy(accumulation_steps=N): the backward passes per step()
 
     step() returns strata's step result as a dict (skipped, grad_norm, clip_coef, step,
-    loss_scale, early_elements, rolled_back, ...). state_dict() holds the optimizer's
-    checkpoint files (master weights, moments, step counts, hyper-parameters: written by
-    OffloadOptimizer.save into a temporary directory and read back as bytes), so it pickles
-    with torch.save; load_state_dict() writes them back and loads them, which also sets the
-    model's parameters to the saved masters.
+    loss_scale, early_elements, rolled_back, ...). state_dict() holds every parameter's fp32
+    master and moments (CPU tensors), step counts, the loss scaler and the hyper-parameters,
+    read from the optimizer in memory, so it pickles with torch.save; load_state_dict() writes
+    them back (also into the model's parameters, rounded), bitwise.
 
-    overlap_step=True: the overlapped step (strata.OverlapOptions). Each parameter's Adam runs
-    on the CPU as soon as its gradient of the step is final, while backward goes on; step()
-    then validates it (clipping, overflow) and keeps it, or rolls it back and redoes it. The
-    result is bitwise the plain step's; what step() still costs after backward is
-    stats()["last_step_ns"]. overlap_max_host_bytes caps the CPU-tier bytes its backups take
-    (0: the tier's capacity). accumulation_steps: the backward passes per step() (gradient
-    accumulation); the gradients of the earlier ones are announced as partial, so that Adam
-    starts only in the last (another count is still right, only slower: the early work is
-    redone). For a varying count, set_final_micro_step(False) before each backward that is not
-    the step's last.
+    ZeroAdamW(overlap_step=True): the overlapped step (strata.OverlapOptions). Each
+    parameter's Adam runs on the CPU as soon as its gradient of the step is final, while
+    backward goes on; step() then validates it (clipping, overflow) and keeps it, or rolls it
+    back and redoes it. The result is bitwise the plain step's; what step() still costs after
+    backward is stats()["last_step_ns"]. overlap_max_host_bytes caps the CPU-tier bytes its
+    backups take (0: the tier's capacity). With accumulation_steps > 1 the gradients of the
+    earlier backward passes are announced as partial, so that Adam starts only in the last
+    (another count is still right, only slower: the early work is redone). For a varying count,
+    set_final_micro_step(False) before each backward that is not the step's last.
     """
 
-    def __init__(self, module: Offloaded, lr: float = 1e-3, betas=(0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, state_home: str = "cpu",
-                 max_grad_norm: float = 0.0, loss_scale: float = 1.0,
-                 dynamic_loss_scale: bool = False, chunk_elements: int = 0,
-                 overlap_step: bool = False, overlap_max_host_bytes: int | str = 0,
-                 accumulation_steps: int = 1):
+    def __init__(self, module: Offloaded, *, optimizer=None, mp_policy=None,
+                 offload_policy=None, reduce_policy=None, **moved):
+        from .zero_policy import (MixedPrecisionPolicy, OffloadPolicy, PlacementPolicy,
+                                  ReducePolicy, ZeroAdamW, _expect)
+        if moved:
+            name = next(iter(moved))
+            if name in _OFFLOAD_ADAMW_MOVED:
+                raise TypeError(f"OffloadAdamW({name}=...): the options are grouped in "
+                                "zero_shard's policy objects now; use "
+                                f"{_OFFLOAD_ADAMW_MOVED[name]}")
+            raise TypeError(f"OffloadAdamW() got an unexpected keyword argument {name!r} (use "
+                            "optimizer, mp_policy, offload_policy, reduce_policy)")
         if not isinstance(module, Offloaded):
             raise TypeError("OffloadAdamW takes the module returned by strata.torch.offload()")
         if module._optimizer is not None:
             raise ValueError("this module already has an OffloadAdamW")
-        if not isinstance(overlap_step, bool):
-            raise TypeError(f"overlap_step={overlap_step!r}: use True or False")
-        if (isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int)
-                or accumulation_steps < 1):
-            raise ValueError(f"accumulation_steps={accumulation_steps!r}: use the backward "
-                             "passes per step(), an int >= 1")
+        adam = (ZeroAdamW(weight_decay=1e-2) if optimizer is None
+                else _expect(optimizer, ZeroAdamW, "optimizer"))
+        mp = _expect(mp_policy, MixedPrecisionPolicy, "mp_policy")
+        if mp.param_dtype != torch.float32 or mp.reduce_dtype != torch.float32:
+            raise ValueError(f"mp_policy={mp!r}: OffloadAdamW's dtypes are strata.torch."
+                             "offload()'s dtype= (the parameters and their gradients); leave "
+                             "param_dtype and reduce_dtype at float32 here")
+        placement = (OffloadPolicy(state_home="cpu") if offload_policy is None else
+                     _expect(offload_policy, PlacementPolicy, "offload_policy",
+                             "strata.torch.OffloadPolicy(state_home=...) or CPUOffloadPolicy()"))
+        if placement.param_home not in ("gpu", module.home):
+            raise ValueError(f"offload_policy={placement!r}: this module's parameters are homed "
+                             f"in {module.home!r} by strata.torch.offload(home=...); the policy "
+                             f"says param_home={placement.param_home!r}")
+        reduce = _expect(reduce_policy, ReducePolicy, "reduce_policy")
+        if reduce != ReducePolicy(accumulation_steps=reduce.accumulation_steps):
+            raise ValueError(f"reduce_policy={reduce!r}: OffloadAdamW reads only "
+                             "accumulation_steps (bucket_bytes, gradient_buckets and alignment "
+                             "are zero_shard's)")
         self.module = module
-        self.accumulation_steps = accumulation_steps
+        self.accumulation_steps = reduce.accumulation_steps
         self._backwards = 0  # backward passes since the last step()
-        overlap = strata.OverlapOptions(enabled=overlap_step,
-                                        max_host_bytes=overlap_max_host_bytes)
+        overlap = strata.OverlapOptions(enabled=adam.overlap_step,
+                                        max_host_bytes=adam.overlap_max_host_bytes)
         self._opt = strata.OffloadOptimizer(
-            module.runtime, state_home=state_home, lr=lr, betas=tuple(betas), eps=eps,
-            weight_decay=weight_decay, decoupled=True, max_grad_norm=max_grad_norm,
-            loss_scale=loss_scale, dynamic_loss_scale=dynamic_loss_scale,
-            chunk_elements=chunk_elements, overlap=overlap)
+            module.runtime, state_home=placement.state_home, lr=adam.lr, betas=adam.betas,
+            eps=adam.eps, weight_decay=adam.weight_decay, decoupled=adam.decoupled,
+            max_grad_norm=adam.max_grad_norm, loss_scale=mp.loss_scale,
+            dynamic_loss_scale=mp.dynamic_loss_scale, skip_on_overflow=mp.skip_on_overflow,
+            chunk_elements=adam.chunk_elements, overlap=overlap)
         for prm in module._params:
             prm.pid = self._opt.add_param(prm.name, prm.tensor, prm.grad_tensor,
                                           initial_master=prm.initial_master)
@@ -427,22 +470,51 @@ class OffloadAdamW:
         return self._opt.stats()
 
     def state_dict(self) -> dict:
-        files = {}
-        with tempfile.TemporaryDirectory(prefix="strata-state-") as directory:
-            self._opt.save(directory)
-            for root, _, names in os.walk(directory):
-                for name in names:
-                    path = os.path.join(root, name)
-                    with open(path, "rb") as f:
-                        files[os.path.relpath(path, directory)] = f.read()
-        return {"format": "strata.torch.OffloadAdamW/1",
-                "params": [prm.name for prm in self.module._params],
-                "files": files}
+        """Every parameter's fp32 master and Adam moments (CPU tensors) and step count, the
+        step counter and loss scaler, the hyper-parameters: read from the optimizer in memory
+        (no files)."""
+        self.module.release_all()
+        state = {}
+        for prm in self.module._params:
+            master, exp_avg, exp_avg_sq = self._opt.read_state(prm.pid)
+            state[prm.name] = {"master": _cpu_tensor(master), "exp_avg": _cpu_tensor(exp_avg),
+                               "exp_avg_sq": _cpu_tensor(exp_avg_sq),
+                               "step": self._opt.param_step_count(prm.pid)}
+        return {"format": _STATE_FORMAT, "state": state, "scaler": self._opt.scaler_state(),
+                "group": self._opt.group(0)}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("format") != "strata.torch.OffloadAdamW/1":
-            raise ValueError("not a strata.torch.OffloadAdamW state_dict")
+        """Loads a state_dict() of an OffloadAdamW over the same parameters (names and element
+        counts); the model's parameters become the saved masters, rounded: training resumes
+        bit for bit. A state_dict of the earlier format (checkpoint files) loads too."""
+        kind = state.get("format") if isinstance(state, dict) else None
         self.module.release_all()
+        if kind == _FILES_FORMAT:
+            self._load_files(state)
+            return
+        if kind != _STATE_FORMAT:
+            raise ValueError("not a strata.torch.OffloadAdamW state_dict (its 'format' is "
+                             f"{kind!r}, want {_STATE_FORMAT!r})")
+        saved, names = state["state"], [prm.name for prm in self.module._params]
+        if sorted(saved) != sorted(names):
+            missing = sorted(set(names) - set(saved))
+            extra = sorted(set(saved) - set(names))
+            raise ValueError("the state_dict is of other parameters: "
+                             + "; ".join(part for part in (
+                                 f"missing {', '.join(missing)}" if missing else "",
+                                 f"not in this model {', '.join(extra)}" if extra else "")
+                                 if part))
+        for prm in self.module._params:
+            s = saved[prm.name]
+            self._opt.write_state(prm.pid, s["master"].contiguous(), s["exp_avg"].contiguous(),
+                                  s["exp_avg_sq"].contiguous(), int(s["step"]))
+        scaler = state["scaler"]
+        self._opt.set_scaler_state(int(scaler["step"]), float(scaler["loss_scale"]),
+                                   int(scaler["good_steps"]))
+        group = {k: v for k, v in state["group"].items()}
+        self._opt.set_group(0, **group)
+
+    def _load_files(self, state: dict) -> None:
         with tempfile.TemporaryDirectory(prefix="strata-state-") as directory:
             for relative, data in state["files"].items():
                 path = os.path.join(directory, relative)
@@ -450,6 +522,18 @@ class OffloadAdamW:
                 with open(path, "wb") as f:
                     f.write(data)
             self._opt.load(directory)
+
+
+_STATE_FORMAT = "strata.torch.OffloadAdamW/2"
+_FILES_FORMAT = "strata.torch.OffloadAdamW/1"  # checkpoint files as bytes (before 2026-11-29)
+
+
+def _cpu_tensor(values) -> torch.Tensor:
+    """read_state's float32 array (numpy, or a memoryview without numpy) as a CPU tensor."""
+    try:
+        return torch.from_numpy(values)
+    except TypeError:
+        return torch.frombuffer(bytearray(values), dtype=torch.float32)
 
 
 # The data-parallel path (ZeRO-DP stages 1-3 over strata's Communicator): its own file.
