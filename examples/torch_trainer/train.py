@@ -131,7 +131,7 @@ def parse_args(argv):
     p.add_argument("--load-sharded", metavar="DIR", help="ZeRO: start from the sharded "
                    "checkpoint in DIR (any world size) and train the remaining steps")
     p.add_argument("--overlap-step", action="store_true",
-                   help="the overlapped optimizer step (OffloadAdamW(overlap_step=True), at the "
+                   help="the overlapped optimizer step (ZeroAdamW(overlap_step=True), at the "
                         "ZeRO stages ZeroAdamW(overlap_step=True)): each parameter's Adam runs "
                         "during backward, validated by step(); bitwise the same training")
     p.add_argument("--offload-activations", action="store_true",

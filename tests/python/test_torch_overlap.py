@@ -1,6 +1,6 @@
 """The overlapped optimizer step from Python: strata.OverlapOptions, OffloadOptimizer(overlap=),
-grad_ready's completion hint, and strata.torch's switches (OffloadAdamW(overlap_step=...),
-ZeroAdamW(overlap_step=...)). With overlap the losses, the final weights and the optimizer
+grad_ready's completion hint, and strata.torch's switch (optimizer=ZeroAdamW(overlap_step=...)
+to OffloadAdamW and to zero_shard). With overlap the losses, the final weights and the optimizer
 states are bit for bit those without, also when clipping bites (the early work rolled back) and
 with gradient accumulation; the hints of accumulation_steps keep the early work."""
 
