@@ -10,17 +10,7 @@ from torch import nn
 
 import strata
 import strata.torch as st
-
-
-def make_mlp():
-    torch.manual_seed(1234)
-    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 32), nn.GELU(),
-                         nn.Linear(32, 4))
-
-
-def data():
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(128, 16, generator=g), torch.randn(128, 4, generator=g)
+from mlp import data, make_mlp
 
 
 HYPER = dict(lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.05)
@@ -41,7 +31,7 @@ def train(model, opt, steps, x, y):
                                                    ("nvme", "module", "nvme"),
                                                    ("nvme", "record", "cpu")])
 def test_mlp_matches_torch_adamw(runtime, home, order, state_home):
-    x, y = data()
+    x, y = data(128)
     reference = make_mlp()
     model = copy.deepcopy(reference)
     wrapped = st.offload(model, runtime, home=home, order=order)
@@ -69,7 +59,7 @@ def test_mlp_matches_torch_adamw(runtime, home, order, state_home):
 
 def test_forward_without_autograd_releases_layer_by_layer(runtime):
     wrapped = st.offload(make_mlp(), runtime)
-    x, _ = data()
+    x, _ = data(128)
     seen = []
 
     def probe(module, inputs, output):
@@ -86,7 +76,7 @@ def test_forward_without_autograd_releases_layer_by_layer(runtime):
 
 
 def test_state_dict_round_trip(runtime):
-    x, y = data()
+    x, y = data(128)
     wrapped = st.offload(make_mlp(), runtime, home="nvme")
     opt = st.OffloadAdamW(wrapped, optimizer=st.ZeroAdamW(**HYPER))
     train(wrapped, opt, 5, x, y)
@@ -104,7 +94,7 @@ def test_state_dict_in_memory_round_trip(runtime, monkeypatch):
     """state_dict() reads the states from the optimizer (no checkpoint files), as CPU tensors;
     load_state_dict() restores masters, moments, step counts, the loss scaler and the
     hyper-parameters, bitwise, for states in the CPU tier."""
-    x, y = data()
+    x, y = data(128)
     wrapped = st.offload(make_mlp(), runtime, home="cpu")
     opt = st.OffloadAdamW(wrapped, optimizer=st.ZeroAdamW(**HYPER),
                           mp_policy=st.MixedPrecisionPolicy(loss_scale=64.0,
@@ -149,11 +139,13 @@ def test_state_dict_of_other_parameters_is_refused(runtime):
         opt.load_state_dict(state)
     with pytest.raises(ValueError, match="OffloadAdamW/2"):
         opt.load_state_dict({"format": "something else"})
+    with pytest.raises(ValueError, match="has no scaler: it is damaged"):
+        opt.load_state_dict({k: v for k, v in opt.state_dict().items() if k != "scaler"})
 
 
 def test_state_dict_of_the_earlier_format_still_loads(runtime, tmp_path):
     """A state_dict saved before 2026-11-29 (format /1: checkpoint files as bytes)."""
-    x, y = data()
+    x, y = data(128)
     wrapped = st.offload(make_mlp(), runtime, home="nvme")
     opt = st.OffloadAdamW(wrapped, optimizer=st.ZeroAdamW(**HYPER))
     train(wrapped, opt, 3, x, y)
@@ -198,7 +190,7 @@ def test_offload_adamw_takes_zero_shards_policies_and_says_where_keywords_went(r
 
 
 def test_lr_and_step_result(runtime):
-    x, y = data()
+    x, y = data(128)
     wrapped = st.offload(make_mlp(), runtime)
     opt = st.OffloadAdamW(wrapped, optimizer=st.ZeroAdamW(lr=1e-3))
     opt.lr = 5e-4
@@ -212,7 +204,7 @@ def test_lr_and_step_result(runtime):
 
 
 def test_gradient_accumulation_matches_torch(runtime):
-    x, y = data()
+    x, y = data(128)
     reference = make_mlp()
     wrapped = st.offload(copy.deepcopy(reference), runtime)
     opt = st.OffloadAdamW(wrapped, optimizer=st.ZeroAdamW(**HYPER))

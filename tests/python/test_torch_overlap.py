@@ -14,23 +14,13 @@ import strata
 import strata.torch as st
 from conftest import solo_communicator
 from strata import zero_policy
+from mlp import data, make_mlp
 
 HYPER = dict(lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.05)
 STEPS = 6
 
 
-def make_mlp():
-    torch.manual_seed(1234)
-    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 32), nn.GELU(),
-                         nn.Linear(32, 4))
-
-
 ELEMENTS = sum(p.numel() for p in make_mlp().parameters())
-
-
-def data(rows=64):
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(rows, 16, generator=g), torch.randn(rows, 4, generator=g)
 
 
 def new_runtime(tmp_path, name):

@@ -11,6 +11,7 @@ from torch import nn
 
 import strata
 import strata.torch as st
+from mlp import data, make_mlp
 
 HYPER = dict(lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.05)
 WARMUP = 4
@@ -19,17 +20,6 @@ WARMUP = 4
 def warm(i: int) -> float:
     """LambdaLR's factor at step i (0-based): linear to 1 over WARMUP steps, then constant."""
     return min(1.0, (i + 1) / WARMUP)
-
-
-def make_mlp():
-    torch.manual_seed(1234)
-    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 32), nn.GELU(),
-                         nn.Linear(32, 4))
-
-
-def data(rows=64):
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(rows, 16, generator=g), torch.randn(rows, 4, generator=g)
 
 
 def close_to(got, want, rel):

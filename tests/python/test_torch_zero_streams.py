@@ -21,6 +21,7 @@ import strata
 import strata.torch as st
 from conftest import solo_communicator
 from strata._strata import testing
+from mlp import data, make_mlp
 
 HYPER = dict(lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.05)
 
@@ -28,17 +29,6 @@ HYPER = dict(lr=3e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.05)
 def host_runtime():
     return strata.Runtime(backend="host", gpu_bytes="16MiB", cpu_bytes="16MiB", nvme_paths=None,
                           staging_bytes="4MiB")
-
-
-def make_mlp():
-    torch.manual_seed(1234)
-    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 32), nn.GELU(),
-                         nn.Linear(32, 4))
-
-
-def data(rows=32):
-    g = torch.Generator().manual_seed(7)
-    return torch.randn(rows, 16, generator=g), torch.randn(rows, 4, generator=g)
 
 
 def shard(module, comm, stage, **kw):
@@ -76,7 +66,7 @@ def test_forward_and_backward_do_not_wait_on_the_host(stage):
     waits on their events, gradient adds, releases, reduce-scatters) while every stream of the
     device is held: no call waits on the host. Afterwards training goes on bitwise as a run
     without the held step."""
-    x, y = data()
+    x, y = data(32)
     rt, ref_rt = host_runtime(), host_runtime()
     model = shard(make_mlp(), solo_communicator(rt), stage)
     reference = shard(make_mlp(), solo_communicator(ref_rt), stage)
@@ -154,7 +144,7 @@ def test_slow_streams_give_the_same_bits(stage):
     """Training with every stream held piece by piece equals training without: torch (on the
     host here) reads gathered parameters and gradient buckets only after strata's work on
     them, and strata reuses memory only after torch's."""
-    x, y = data()
+    x, y = data(32)
 
     def run(slow):
         rt = host_runtime()
@@ -178,7 +168,7 @@ def test_backward_on_another_thread_gives_the_same_bits(stage):
     gradient adds, releases, reduce-scatters) from autograd's. Each backward here runs on a
     thread of its own (a new one every step, as no thread is special to the engine), and
     training equals the run on one thread, bitwise."""
-    x, y = data()
+    x, y = data(32)
 
     def run(backward_thread):
         model = shard(make_mlp(), solo_communicator(host_runtime()), stage,
@@ -254,7 +244,7 @@ def test_activation_checkpointing_at_stage_3(checkpointed, offload):
     again there and held until their gradients are in. Bitwise equal to the run without
     checkpointing (the same operations on the same values), alone and with the saved
     activations offloaded to strata."""
-    x, y = data()
+    x, y = data(32)
     x.requires_grad_(True)  # reentrant checkpointing needs an input that requires grad
 
     def run(checkpointed, offload):
@@ -291,7 +281,7 @@ def test_bf16_parameters_and_gradients_track_fp32(stage):
     same training in fp32: every loss within 2e-2 relative (bf16 keeps 8 bits of mantissa:
     one rounding is up to 2^-9 = 2e-3 relative; forward, backward and the bf16 copy of the
     master add up to a few)."""
-    x, y = data()
+    x, y = data(32)
 
     def run(dtype):
         model = shard(make_mlp(), solo_communicator(host_runtime()), stage,
@@ -338,7 +328,7 @@ def test_zero_shard_on_cuda(stage, dtype):
     rt = strata.Runtime(backend="cuda", gpu_bytes="256MiB", cpu_bytes="256MiB", nvme_paths=None)
     comm = solo_communicator(rt)
     device = torch.device("cuda", rt.config["device"])
-    x, y = (t.to(device) for t in data())
+    x, y = (t.to(device) for t in data(32))
     mp = st.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
                                  loss_scale=1024.0 if dtype == torch.float16 else 1.0,
                                  dynamic_loss_scale=dtype == torch.float16)
