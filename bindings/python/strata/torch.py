@@ -495,6 +495,10 @@ class OffloadAdamW:
         if kind != _STATE_FORMAT:
             raise ValueError("not a strata.torch.OffloadAdamW state_dict (its 'format' is "
                              f"{kind!r}, want {_STATE_FORMAT!r})")
+        missing_keys = [k for k in ("state", "scaler", "group") if k not in state]
+        if missing_keys:
+            raise ValueError(f"the OffloadAdamW state_dict has no {', '.join(missing_keys)}: it "
+                             "is damaged; load one written by state_dict()")
         saved, names = state["state"], [prm.name for prm in self.module._params]
         if sorted(saved) != sorted(names):
             missing = sorted(set(names) - set(saved))
@@ -511,8 +515,7 @@ class OffloadAdamW:
         scaler = state["scaler"]
         self._opt.set_scaler_state(int(scaler["step"]), float(scaler["loss_scale"]),
                                    int(scaler["good_steps"]))
-        group = {k: v for k, v in state["group"].items()}
-        self._opt.set_group(0, **group)
+        self._opt.set_group(0, **state["group"])
 
     def _load_files(self, state: dict) -> None:
         with tempfile.TemporaryDirectory(prefix="strata-state-") as directory:
