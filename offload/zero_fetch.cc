@@ -18,6 +18,40 @@
 
 namespace strata {
 
+// The parameter API over the fetch machinery below: stages 1-2 wrap the store, stage 3 gathers.
+absl::StatusOr<void*> ZeroEngine::acquire_param(ZeroParamId id, TierKind tier, Stream& stream,
+                                                AccessMode mode) {
+  if (auto st = impl_->check_param(id); !st.ok()) return st;
+  if (impl_->groups[impl_->layout.param_segment(id.index).group].partitioned) {
+    if (mode != AccessMode::kRead) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ZeroEngine::acquire_param: parameter '%s' is partitioned (stage 3): its gathered copy "
+          "is read-only, the optimizer owns its values; acquire it with AccessMode::kRead",
+          impl_->layout.params()[id.index].name));
+    }
+    return impl_->acquire_gathered(id.index, tier, stream);
+  }
+  auto view = param_view(id);
+  if (!view.ok()) return view.status();
+  // The parameter is a slice of its group's tensor, and the store's kOverwrite leaves all of
+  // that tensor undefined (nothing fetched): the group's other parameters would be lost. Writing
+  // every byte of one parameter is a kWrite of the group.
+  if (mode == AccessMode::kOverwrite) mode = AccessMode::kWrite;
+  auto data = impl_->runtime.store().acquire(view->tensor, tier, stream, mode);
+  if (!data.ok()) return data.status();
+  return static_cast<std::byte*>(*data) + view->offset;
+}
+
+absl::Status ZeroEngine::release_param(ZeroParamId id, Stream& stream) {
+  if (auto st = impl_->check_param(id); !st.ok()) return st;
+  if (impl_->groups[impl_->layout.param_segment(id.index).group].partitioned) {
+    return impl_->release_gathered(id.index, stream);
+  }
+  auto view = param_view(id);
+  if (!view.ok()) return view.status();
+  return impl_->runtime.store().release(view->tensor, stream);
+}
+
 uint64_t ZeroEngine::Impl::gathered_bytes(uint32_t group) const {
   return layout.groups()[group].padded * param_bytes;
 }
