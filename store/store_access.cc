@@ -40,15 +40,15 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
     late = !overwrite;
   }
   Impl::Copy& c = t.copies[tier_index(tier)];
-  const bool was_hit = c.present && c.valid && !c.moving;
+  const bool was_hit = c.valid();
   // Its prefetch is still being issued, or still landing: this acquire waits for it.
-  if (c.prefetching || (c.moving && c.prefetched)) late = true;
+  if (c.prefetching() || (c.arriving() && c.prefetched())) late = true;
   // When this acquire will wait for bytes from NVMe (its own read, or its prefetch still
   // landing), the next accesses' prefetches start first: the drives then never drain between
   // one tensor and the next. Otherwise they start after its move is issued, so that copies reach
   // a link in the order they are needed.
   const bool plan_first =
-      s.options.prefetch && (c.moving || (!overwrite && s.only_on_nvme(t, tier)));
+      s.options.prefetch && (c.arriving() || (!overwrite && s.only_on_nvme(t, tier)));
   if (plan_first) s.plan_prefetches();
   bool waited = false;
   // kOverwrite: set when the copy was made without its bytes (it held garbage until the caller
@@ -65,7 +65,7 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
     // write-back to NVMe) and for device ones until their event is in the busy list (the caller's
     // work is then ordered after it); then make sure the copy is still here and valid. (A copy
     // made without its bytes has no readers: make_resident checked, with the lock held since.)
-    if (!is_write(mode) || c.readers == 0) break;
+    if (!is_write(mode) || c.readers() == 0) break;
     waited = true;
     const absl::Time w = absl::Now();
     wait(&s.changed, &s.mu);
@@ -79,37 +79,32 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   }
   // A prefetch that was issued but has not landed on the device (stream-ordered H2D): the
   // caller's stream will wait for it, so it is late as well.
-  for (size_t i = 0; c.prefetched && !late && i < c.busy.size(); ++i) {
+  for (size_t i = 0; c.prefetched() && !late && i < c.busy.size(); ++i) {
     late = !s.device.query(*c.busy[i].event).value_or(true);
   }
-  if (unfetched && c.prefetched) {  // a stale prefetch the overwrite took the place of
-    ++s.counters.prefetches_wasted;
-    c.prefetched = false;
-  }
-  if (c.prefetched) {
-    ++s.counters.prefetches_used;
-    c.prefetched = false;
+  if (c.prefetched()) {
+    // Used, or (an overwrite) a stale prefetch the overwrite took the place of.
+    ++(unfetched ? s.counters.prefetches_wasted : s.counters.prefetches_used);
+    c.clear_prefetched();
   }
   if (late) {
     ++s.counters.prefetches_late;
     if (t.scheduled) s.schedule.on_late(access);
   }
-  ++c.pins;
-  if (is_write(mode)) ++c.writers;
+  if (is_write(mode) && c.written_back_early()) {
+    ++s.counters.early_writebacks_wasted;  // written again before its eviction
+  }
+  c.acquire(is_write(mode));
   s.update_pin(t, tier);
   t.acquired.emplace_back(tier, mode);
   if (is_write(mode)) {
     ++t.version;
-    if (c.written_back_early) ++s.counters.early_writebacks_wasted;  // written again first
-    c.written_back_early = false;
     for (TierKind other : kTiers) {
       Impl::Copy& o = t.copies[tier_index(other)];
-      valid_before[tier_index(other)] = o.present && o.valid;
-      if (other == tier || !o.present) continue;
-      if (o.prefetched) ++s.counters.prefetches_wasted;
-      o.valid = false;
-      o.written_back_early = false;
-      o.prefetched = false;
+      valid_before[tier_index(other)] = o.valid();
+      if (other == tier) continue;
+      if (o.prefetched()) ++s.counters.prefetches_wasted;
+      o.outdate();
     }
   }
   // Order the caller's work after everything that touched the copy.
@@ -134,15 +129,14 @@ absl::StatusOr<void*> TensorStore::acquire(TensorHandle handle, TierKind tier, S
   s.trace_acquire(t, tier, mode, start, was_hit, late);
   if (!status.ok()) {
     t.acquired.pop_back();
-    --c.pins;
-    if (is_write(mode)) --c.writers;
+    c.release(is_write(mode));
     if (unfetched) {
       // The copy holds no bytes of the tensor: the copies that held the newest ones before
       // (nothing has read or replaced them while this copy had a writer) are the newest again.
-      c.valid = false;
+      c.outdate();
       for (TierKind other : kTiers) {
         Impl::Copy& o = t.copies[tier_index(other)];
-        if (other != tier && o.present && valid_before[tier_index(other)]) o.valid = true;
+        if (other != tier && o.present() && valid_before[tier_index(other)]) o.restore();
       }
     }
     s.update_pin(t, tier);
@@ -177,8 +171,7 @@ absl::Status TensorStore::release(TensorHandle handle, Stream& stream) {
     s.add_busy(t, tier, &stream, *std::move(event));
   }
   t.acquired.pop_back();
-  --c.pins;
-  if (is_write(mode)) --c.writers;
+  c.release(is_write(mode));
   s.watched_in(tier).insert(Impl::key(handle.index, tier));
   s.update_pin(t, tier);
   s.changed.SignalAll();
@@ -196,9 +189,9 @@ absl::Status TensorStore::evict(TensorHandle handle, TierKind tier) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor '%s': its home copy (%s) is never evicted", t.name, to_string(tier)));
   }
-  while (c.moving) wait(&s.changed, &s.mu);  // bytes on their way in: evict what arrives
-  if (!c.present || c.evicting) return absl::OkStatus();
-  if (c.pins > c.moves_out) {  // pins beyond the moves reading it are acquisitions
+  while (c.arriving()) wait(&s.changed, &s.mu);  // bytes on their way in: evict what arrives
+  if (!c.present() || c.evicting()) return absl::OkStatus();
+  if (c.pins() > c.moves_out()) {  // pins beyond the moves reading it are acquisitions
     return absl::FailedPreconditionError(
         absl::StrFormat("tensor '%s' is acquired in the %s tier; release it before evicting",
                         t.name, to_string(tier)));
@@ -227,10 +220,8 @@ absl::Status TensorStore::discard(TensorHandle handle) {
   // work stay allocated until it ends (their busy events), as any stale copy does.
   ++t.version;
   for (Impl::Copy& c : t.copies) {
-    if (c.prefetched) ++s.counters.prefetches_wasted;
-    c.prefetched = false;
-    c.valid = false;
-    c.written_back_early = false;
+    if (c.prefetched()) ++s.counters.prefetches_wasted;
+    c.outdate();
   }
   ++s.counters.discards;
   s.changed.SignalAll();  // allocations waiting for room may take the stale copies now
@@ -244,8 +235,8 @@ absl::Status TensorStore::wait_evicted(TensorHandle handle, TierKind tier) {
   if (!found.ok()) return found.status();
   Impl::Tensor& t = **found;
   const Impl::Copy& c = t.copies[tier_index(tier)];
-  while (c.present && c.evicting) wait(&s.changed, &s.mu);
-  if (!c.present) return absl::OkStatus();
+  while (c.evicting()) wait(&s.changed, &s.mu);
+  if (!c.present()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(
       "tensor '%s': its %s copy stays (acquired again, or its write-back failed: see the log)",
       t.name, to_string(tier)));

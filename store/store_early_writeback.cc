@@ -52,7 +52,7 @@ void Impl::plan_early_writebacks(TierKind tier, const std::vector<DueAccess>& up
     walked += t.bytes;
     if (walked > window) break;
     if (due.access.tier != tier || t.home == tier || !needed.insert(id).second) continue;
-    if (!t.copies[tier_index(tier)].present) need += t.bytes;
+    if (!t.copies[tier_index(tier)].present()) need += t.bytes;
   }
   if (need == 0) return;
   const uint64_t free = tier_of(tier)->stats().arena.free;
@@ -64,11 +64,12 @@ void Impl::plan_early_writebacks(TierKind tier, const std::vector<DueAccess>& up
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     const Tensor& u = *tensors[i];
     const Copy& c = u.copies[tier_index(tier)];
-    if (!u.live || u.home == tier || !c.present || c.moving || c.evicting || needed.contains(i)) {
+    if (!u.live || u.home == tier || !c.present() || c.arriving() || c.evicting() ||
+        needed.contains(i)) {
       continue;
     }
-    if (c.pins > (c.writing_back_early ? 1u : 0u)) continue;
-    if (!c.valid) {
+    if (c.pins() > (c.writing_back_early() ? 1u : 0u)) continue;
+    if (!c.valid()) {
       room += u.bytes;  // stale: dropped first, for free
       continue;
     }
@@ -82,8 +83,8 @@ void Impl::plan_early_writebacks(TierKind tier, const std::vector<DueAccess>& up
     const Copy& c = u.copies[tier_index(tier)];
     // Clean (another copy holds its bytes), already being written, or being written by the
     // trainer (its bytes are not final: its eviction waits for the release anyway).
-    if (c.writing_back_early || c.writers > 0 || newest_copy(u, tier).has_value()) continue;
-    if (u.copies[tier_index(u.home)].moving) continue;  // a write-back is landing already
+    if (c.writing_back_early() || c.writers() > 0 || newest_copy(u, tier).has_value()) continue;
+    if (u.copies[tier_index(u.home)].arriving()) continue;  // a write-back is landing already
     if (early_in_flight_bytes >= window) break;
     const uint64_t k = key(id, tier);
     if (!early_queued.insert(k).second) continue;
@@ -101,12 +102,9 @@ std::shared_ptr<Impl::InFlight> Impl::early_writeback_of(const Tensor& t, TierKi
 
 void Impl::early_writeback_done(Tensor& t, InFlight& m, bool succeeded) {
   Copy& src = t.copies[tier_index(m.from)];
-  src.writing_back_early = false;
   early_in_flight_bytes -= t.bytes;
   // The home copy is as new as this one (no write overtook the move): evicting it is free now.
-  if (succeeded && src.present && src.valid && t.copies[tier_index(t.home)].valid) {
-    src.written_back_early = true;
-  }
+  src.end_early_writeback(succeeded && src.valid() && t.copies[tier_index(t.home)].valid());
   early_work.Signal();
 }
 
@@ -142,17 +140,17 @@ void Impl::run_early_writer() {
     Copy& c = t.copies[tier_index(tier)];
     const Copy& home = t.copies[tier_index(t.home)];
     // Decided a while ago: still resident, written, idle and the only newest bytes?
-    if (!c.present || !c.valid || c.moving || c.evicting || c.pins > 0 || c.writers > 0 ||
-        c.writing_back_early || home.moving || home.pins > 0 || newest_copy(t, tier).has_value()) {
+    if (!c.valid() || c.evicting() || c.pins() > 0 || c.writers() > 0 || c.writing_back_early() ||
+        home.arriving() || home.pins() > 0 || newest_copy(t, tier).has_value()) {
       continue;
     }
     OperationGuard guard(*this, t);
-    c.writing_back_early = true;
+    c.begin_early_writeback();
     early_in_flight_bytes += t.bytes;
     auto write = write_back(t, tier);
     if (!write.ok()) {
       // Failed to start (counted in errors; the copy stays the newest): its eviction tries again.
-      c.writing_back_early = false;
+      c.end_early_writeback(false);
       early_in_flight_bytes -= t.bytes;
       STRATA_LOG(kDebug, "early write-back of '%s' from %s: %s", t.name, to_string(tier),
                  write.status().message());
@@ -160,10 +158,10 @@ void Impl::run_early_writer() {
     }
     if (*write == nullptr) {
       // Nothing to write after all, or a move complete when issued (a device without events).
-      c.writing_back_early = false;
+      const bool written = c.valid() && home.valid();
+      c.end_early_writeback(written);
       early_in_flight_bytes -= t.bytes;
-      if (c.present && c.valid && home.valid) {
-        c.written_back_early = true;
+      if (written) {
         ++counters.early_writebacks;
         counters.early_writeback_bytes += t.bytes;
       }

@@ -22,7 +22,7 @@ bool Impl::moves_hold(TierKind tier, const Tensor& except) const {
     const Copy& c = u->copies[tier_index(tier)];
     // A tensor being destroyed (no longer live, its copies not yet freed) gives its memory back
     // once the operations on it end.
-    if (c.present && (!u->live || c.moving || c.moves_out > 0 || c.evicting)) return true;
+    if (c.present() && (!u->live || c.arriving() || c.moves_out() > 0 || c.evicting())) return true;
   }
   return false;
 }
@@ -36,12 +36,12 @@ Impl::Tensor* Impl::choose_victim(const Tensor& keep, TierKind tier,
     Tensor& u = *tensors[i];
     const Copy& c = u.copies[tier_index(tier)];
     // An early write-back's pin does not keep it: its eviction waits for that write-back.
-    if (!u.live || &u == &keep || u.home == tier || !c.present || c.moving ||
-        c.pins > (c.writing_back_early ? 1u : 0u) || c.evicting) {
+    if (!u.live || &u == &keep || u.home == tier || !c.present() || c.arriving() ||
+        c.pins() > (c.writing_back_early() ? 1u : 0u) || c.evicting()) {
       continue;  // an evicting copy is on its way out already
     }
     // (allocate() reaped the tier's finished device work before asking: `busy` is current.)
-    if (!c.valid) {
+    if (!c.valid()) {
       if (c.busy.empty()) return &u;  // costs nothing to drop
       if (stale == nullptr) stale = &u;
       continue;
@@ -88,41 +88,44 @@ Impl::EvictionRank Impl::eviction_rank(TierKind tier, TensorId id) const {
   // an acquire that makes its own room (an overwrite, which no prefetch made room for) would
   // otherwise evict them before their use, their last acquire being a step old.
   const Tensor& t = *tensors[id];
-  return {t.copies[tier_index(tier)].prefetched ? 1u : 0u, t.last_use, id};
+  return {t.copies[tier_index(tier)].prefetched() ? 1u : 0u, t.last_use, id};
 }
 
 void Impl::drop_copy(Tensor& t, TierKind tier) {
   Copy& c = t.copies[tier_index(tier)];
-  if (!c.present || c.pins > 0 || c.moving || !c.busy.empty()) return;
+  if (!c.present() || c.pins() > 0 || c.arriving() || !c.busy.empty()) return;
   // Rule 1, enforced where copies die: the lock may have been released since the caller
   // decided (a write acquire and release can make this the only newest copy meanwhile).
-  if (c.valid && !newest_copy(t, tier).has_value()) return;
-  if (c.prefetched) ++counters.prefetches_wasted;
-  if (c.arena_pinned) (void)tier_of(tier)->unpin(c.block);
+  if (c.valid() && !newest_copy(t, tier).has_value()) return;
+  const bool wasted = c.prefetched();
+  const bool arena_pinned = c.arena_pinned();
+  if (!c.drop()) return;  // (an internal error, reported: the memory stays)
+  if (wasted) ++counters.prefetches_wasted;
+  if (arena_pinned) (void)tier_of(tier)->unpin(c.block);
   if (MemoryTier* memory = tier_of(tier)) (void)memory->free(c.block);
-  c = Copy();
+  c = Copy();  // the resources too
   dropping.erase(key(t.index, tier));
   changed.SignalAll();
 }
 
 void Impl::cancel_eviction(Tensor& t, TierKind tier) {
   Copy& c = t.copies[tier_index(tier)];
-  if (!c.evicting) return;
-  c.evicting = false;
+  if (!c.evicting()) return;
+  c.cancel_eviction();
   dropping.erase(key(t.index, tier));
   changed.SignalAll();  // allocations waiting for this copy to go choose again
 }
 
 bool Impl::try_drop(Tensor& t, TierKind tier) {
   Copy& c = t.copies[tier_index(tier)];
-  if (!c.present || !c.evicting) return true;
-  if (c.moving || c.moves_out > 0) return false;  // the move's completion tries again
+  if (!c.evicting()) return true;
+  if (c.arriving() || c.moves_out() > 0) return false;  // the move's completion tries again
   prune(c);
   if (!c.busy.empty()) return false;  // device work still uses it
   update_pin(t, tier);
   drop_copy(t, tier);
   // Refused (rule 1: a write made it the only newest copy again): it stays.
-  if (c.present) cancel_eviction(t, tier);
+  if (c.present()) cancel_eviction(t, tier);
   return true;
 }
 
@@ -134,9 +137,9 @@ void Impl::schedule_drop(Tensor& t, TierKind tier) {
 absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::evict_copy(Tensor& t, TierKind tier) {
   OperationGuard guard(*this, t);
   Copy& c = t.copies[tier_index(tier)];
-  if (!c.present || c.evicting) return nullptr;
+  if (!c.present() || c.evicting()) return nullptr;
   std::shared_ptr<InFlight> write = early_writeback_of(t, tier);
-  const bool only_newest = c.valid && !newest_copy(t, tier).has_value();
+  const bool only_newest = c.valid() && !newest_copy(t, tier).has_value();
   if (write != nullptr) {
     // Its early write-back is under way: the eviction ends with it (its completion drops the
     // copy, or cancels the eviction should it fail).
@@ -150,14 +153,14 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::evict_copy(Tensor& t, Tier
     STRATA_LOG(kDebug, "evict '%s' from %s: write-back to %s", t.name, to_string(tier),
                to_string(t.home));
   } else {
-    if (c.valid) ++counters.evictions_clean;  // rule 2: no write-back
-    if (c.valid && c.written_back_early) ++counters.early_writebacks_used;
+    if (c.valid()) ++counters.evictions_clean;  // rule 2: no write-back
+    if (c.valid() && c.written_back_early()) ++counters.early_writebacks_used;
     STRATA_LOG(kDebug, "evict '%s' from %s: %s", t.name, to_string(tier),
-               c.valid ? "clean" : "stale");
+               c.valid() ? "clean" : "stale");
   }
   // write_back() may have waited: someone dropped or acquired the copy meanwhile.
-  if (!c.present || c.pins > c.moves_out) return write;
-  c.evicting = true;
+  if (!c.present() || c.pins() > c.moves_out()) return write;
+  c.begin_eviction();
   // With a write-back in flight its completion schedules the drop (or cancels the eviction).
   if (write == nullptr || write->done) schedule_drop(t, tier);
   return write;
@@ -168,15 +171,15 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
   if (tier == TierKind::kNvme) {
     auto extent = nvme->allocate(t.bytes, t.name);
     if (!extent.ok()) return extent.status();
-    c.present = true;
     c.extent = *extent;
+    c.place();
     return absl::OkStatus();
   }
   MemoryTier& memory = *tier_of(tier);
   for (;;) {
     // Evicting below may release the lock; another thread may have placed this copy meanwhile
     // (and be filling it). Overwriting its block would orphan those bytes.
-    if (c.present) return absl::OkStatus();
+    if (c.present()) return absl::OkStatus();
     // Forgetting finished device work unpins copies, for compaction and eviction. A tier with a
     // hole that fits needs neither; and reaping costs a device query per copy with work in
     // flight, which a pass of acquires running ahead of the device would pay at every one.
@@ -191,8 +194,8 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
       block = memory.allocate(t.bytes, t.placement);
     }
     if (block.ok()) {
-      c.present = true;
       c.block = *block;
+      c.place();
       return absl::OkStatus();
     }
     if (!absl::IsResourceExhausted(block.status())) return block.status();
@@ -210,8 +213,8 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
       // than fail, go into it (the stash's loads then evict this or fail naming the window).
       block = memory.allocate(t.bytes, Placement::kAnywhere);
       if (block.ok()) {
-        c.present = true;
         c.block = *block;
+        c.place();
         return absl::OkStatus();
       }
     }
@@ -236,7 +239,7 @@ absl::Status Impl::allocate(Tensor& t, TierKind tier, std::optional<uint64_t> ev
     // A victim destroyed meanwhile waits for this guard to go before it frees its memory:
     // stop waiting for the drop and let the next round find the room.
     const Copy& v = victim->copies[tier_index(tier)];
-    while (v.present && v.evicting && victim->live) {
+    while (v.evicting() && victim->live) {
       const absl::Time w = absl::Now();
       wait(&changed, &mu);
       trace_wait("eviction: victim's device work", *victim, 0, w);

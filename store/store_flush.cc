@@ -29,7 +29,7 @@ absl::Status TensorStore::flush() {
     for (const auto& owned : s.tensors) {
       const Impl::Tensor& t = *owned;
       const Impl::Copy& home = t.copies[tier_index(t.home)];
-      if (t.live && !home.valid && !home.moving && s.newest_copy(t, t.home).has_value()) {
+      if (t.live && !home.valid() && s.newest_copy(t, t.home).has_value()) {
         dirty.push_back(TensorHandle{t.index, t.generation});
       }
     }
@@ -51,8 +51,8 @@ absl::Status TensorStore::flush() {
         const Impl::Copy& home = t.copies[tier_index(t.home)];
         const std::optional<TierKind> source = s.newest_copy(t, t.home);
         // Still being written by the trainer: its bytes are not final; the next flush takes them.
-        if (home.valid || home.moving || !source.has_value() ||
-            t.copies[tier_index(*source)].writers > 0) {
+        if (home.valid() || home.arriving() || !source.has_value() ||
+            t.copies[tier_index(*source)].writers() > 0) {
           continue;
         }
         auto write = s.write_back(t, *source);

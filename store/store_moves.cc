@@ -25,13 +25,9 @@ Impl::MoveGuard::MoveGuard(Impl& s, Tensor& t, TierKind from, TierKind to)
       host_reads_(from == TierKind::kCpu && to == TierKind::kNvme) {
   Copy& src = t.copies[tier_index(from)];
   Copy& dst = t.copies[tier_index(to)];
-  ++src.pins;
-  ++src.moves_out;
-  ++src.readers;
-  dst.moving = true;
-  dst.valid = false;
-  dst.written_back_early = false;
+  src.begin_move_out();
   s.cancel_eviction(t, to);  // being filled: wanted again
+  dst.begin_arrival();
   ++t.operations;
   s.update_pin(t, from);
   s.update_pin(t, to);
@@ -52,7 +48,7 @@ Impl::MoveGuard::~MoveGuard() { finish(false); }
 void Impl::MoveGuard::issued() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (!active_ || !reading_ || host_reads_) return;
   reading_ = false;
-  --t_->copies[tier_index(from_)].readers;
+  t_->copies[tier_index(from_)].move_reads_issued();
   s_->changed.SignalAll();
 }
 
@@ -62,11 +58,12 @@ void Impl::MoveGuard::finish(bool succeeded) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   Tensor& t = *t_;
   Copy& src = t.copies[tier_index(from_)];
   Copy& dst = t.copies[tier_index(to_)];
-  --src.pins;
-  --src.moves_out;
-  if (reading_) --src.readers;
-  dst.moving = false;
-  if (succeeded && t.version == version_) dst.valid = true;
+  src.end_move_out(reading_);
+  if (succeeded && t.version == version_) {
+    dst.arrive();
+  } else {
+    dst.miss_arrival();
+  }
   s_->update_pin(t, from_);
   s_->update_pin(t, to_);
   --t.operations;
@@ -243,7 +240,7 @@ void Impl::complete(InFlight& m, const absl::Status& status) {
     STRATA_LOG(kDebug, "%s", m.status.message());
   }
   Copy& src = t.copies[tier_index(m.from)];
-  if (t.live && src.evicting) {
+  if (t.live && src.evicting()) {
     if (status.ok()) {
       schedule_drop(t, m.from);
     } else {

@@ -51,7 +51,7 @@ uint64_t Impl::read_ahead_bytes() const {
 
 bool Impl::only_on_nvme(const Tensor& t, TierKind tier) const {
   const Copy& c = t.copies[tier_index(tier)];
-  if ((c.present && c.valid) || c.moving) return false;
+  if (c.valid() || c.arriving()) return false;
   const std::optional<TierKind> source = newest_copy(t, tier);
   return source.has_value() && *source == TierKind::kNvme;
 }
@@ -87,7 +87,7 @@ void Impl::plan_prefetches() {
     if (id >= tensors.size() || !tensors[id]->live) continue;
     const Tensor& t = *tensors[id];
     const Copy& c = t.copies[tier_index(due.access.tier)];
-    if ((c.present && c.valid) || c.moving) continue;
+    if (c.valid() || c.arriving()) continue;
     const uint64_t k = key(id, due.access.tier);
     if (!queued.insert(k).second) continue;
     prefetch_queue.emplace_back(TensorHandle{id, t.generation}, due.access.tier);
@@ -120,27 +120,25 @@ void Impl::run_worker() {
     if (!found.ok()) continue;
     Tensor& t = **found;
     Copy& c = t.copies[tier_index(tier)];
-    if ((c.present && c.valid) || c.moving) continue;
+    if (c.valid() || c.arriving()) continue;
     ++t.operations;
     ++counters.prefetches_issued;
     STRATA_LOG(kDebug, "prefetch: issued %s -> %s, %s", t.name, to_string(tier),
                beyond ? absl::StrFormat("%d acquire(s) ahead", *beyond) : "explicit");
-    c.prefetching = true;  // an acquire that arrives now is late
+    c.begin_prefetch();  // an acquire that arrives now is late
     bool waited = false;
     // Not waited for: a fetch from NVMe lands on the completion worker while this worker issues
     // the next ones, so the reads of several upcoming tensors are in flight at once.
     const absl::Status status = make_resident(t, tier, beyond, &waited, /*arrive=*/false);
+    c.end_prefetch(status.ok());
     if (status.ok()) {
-      t.copies[tier_index(tier)].prefetching = false;
       // LRU: a prefetched copy enters as the most recently used, not at its last acquire's age:
       // else an acquire that needs room (an overwrite's, which no prefetch made room for) evicts
       // the copies just fetched for the next accesses first.
       t.last_use = ++tick;
       // Awaiting its use (or still landing); an acquire that waited for it counts the use (and
-      // the lateness).
-      if (c.pins == 0) c.prefetched = true;
+      // the lateness): end_prefetch marked it prefetched unless an acquire holds it already.
     } else {
-      t.copies[tier_index(tier)].prefetching = false;
       ++counters.prefetches_failed;
       STRATA_LOG(kDebug, "prefetch: skipped %s -> %s: %s", t.name, to_string(tier),
                  absl::IsResourceExhausted(status) ? "no room without evicting a copy needed sooner"

@@ -19,10 +19,10 @@ void* Impl::address(Tensor& t, TierKind tier) {
 void Impl::update_pin(Tensor& t, TierKind tier) {
   MemoryTier* memory = tier_of(tier);
   Copy& c = t.copies[tier_index(tier)];
-  if (memory == nullptr || !c.present) return;
-  const bool want = c.pins > 0 || c.moving || !c.busy.empty();
-  if (want == c.arena_pinned) return;
-  if (want ? memory->pin(c.block).ok() : memory->unpin(c.block).ok()) c.arena_pinned = want;
+  if (memory == nullptr || !c.present()) return;
+  const bool want = c.pins() > 0 || c.arriving() || !c.busy.empty();
+  if (want == c.arena_pinned()) return;
+  if (want ? memory->pin(c.block).ok() : memory->unpin(c.block).ok()) c.set_arena_pinned(want);
 }
 
 void Impl::prune(Copy& c) {
@@ -93,7 +93,7 @@ std::optional<TierKind> Impl::newest_copy(const Tensor& t, TierKind dst) const {
       dst == TierKind::kGpu ? kTiers : std::array{TierKind::kGpu, TierKind::kCpu, TierKind::kNvme};
   for (TierKind k : order) {
     const Copy& c = t.copies[tier_index(k)];
-    if (k != dst && c.present && c.valid && !c.moving) return k;
+    if (k != dst && c.valid()) return k;
   }
   return std::nullopt;
 }
@@ -102,13 +102,13 @@ absl::StatusOr<std::shared_ptr<Impl::InFlight>> Impl::write_back(Tensor& t, Tier
   const TierKind home = t.home;
   Copy& src = t.copies[tier_index(from)];
   Copy& dst = t.copies[tier_index(home)];
-  while (dst.moving) wait_while_moving(t, home, "home copy moving");
+  while (dst.arriving()) wait_while_moving(t, home, "home copy moving");
   // The wait released the lock: a write elsewhere may have made this copy stale since the
   // caller looked. Its bytes are then not the newest and must not become the home copy. Nor
   // may a copy the trainer acquired for writing meanwhile be read: its bytes are not final, and
   // the move would carry the same version as the write (the next write-back takes them).
-  if (!src.valid || src.writers > 0) return nullptr;
-  if (dst.pins > 0) {
+  if (!src.valid() || src.writers() > 0) return nullptr;
+  if (dst.pins() > 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "tensor '%s': cannot write back to its home tier (%s) while that copy is acquired", t.name,
         to_string(home)));
@@ -122,12 +122,12 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
                                  bool* waited, bool arrive, bool* unfetched) {
   for (;;) {
     Copy& c = t.copies[tier_index(tier)];
-    if (c.moving) {
+    if (c.arriving()) {
       *waited = true;
       wait_while_moving(t, tier, "move in flight");
       continue;
     }
-    if (c.present && c.valid) {
+    if (c.valid()) {
       cancel_eviction(t, tier);  // wanted again
       return absl::OkStatus();
     }
@@ -139,35 +139,35 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
       bool busy = false;
       for (TierKind k : kTiers) {
         const Copy& o = t.copies[tier_index(k)];
-        if (o.moving) {
+        if (o.arriving()) {
           *waited = true;
           wait_while_moving(t, k, "overwrite: move in flight");
           busy = true;
           break;
         }
-        if (o.writers > 0 || o.moves_out > 0 || o.readers > 0) {
+        if (o.writers() > 0 || o.moves_out() > 0 || o.readers() > 0) {
           *waited = true;
           const absl::Time w = absl::Now();
           wait(&changed, &mu);
-          trace_wait(o.writers > 0 ? "writer" : "overwrite: readers of a copy", t, 0, w);
+          trace_wait(o.writers() > 0 ? "writer" : "overwrite: readers of a copy", t, 0, w);
           busy = true;
           break;
         }
       }
       if (busy) continue;
-      if (!c.present) {
+      if (!c.present()) {
         if (auto status = allocate(t, tier, evict_beyond); !status.ok()) return status;
         continue;  // allocate() may have released the lock to evict: look again
       }
       // Marked valid without its bytes; the caller takes its writer in the same hold of the
       // lock, so no move reads it before the caller has written it.
       cancel_eviction(t, tier);
-      c.valid = true;
+      c.declare_valid();
       *unfetched = true;
       return absl::OkStatus();
     }
     const std::optional<TierKind> source = newest_copy(t, tier);
-    if (source.has_value() && t.copies[tier_index(*source)].writers > 0) {
+    if (source.has_value() && t.copies[tier_index(*source)].writers() > 0) {
       // The trainer is still writing the newest bytes: they exist once it releases them.
       *waited = true;
       const absl::Time w = absl::Now();
@@ -177,7 +177,7 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
     }
     const bool source_moving =
         !source.has_value() &&
-        std::any_of(t.copies.begin(), t.copies.end(), [](const Copy& x) { return x.moving; });
+        std::any_of(t.copies.begin(), t.copies.end(), [](const Copy& x) { return x.arriving(); });
     if (source_moving) {  // the newest bytes are on their way somewhere: wait for them
       *waited = true;
       const absl::Time w = absl::Now();
@@ -185,13 +185,14 @@ absl::Status Impl::make_resident(Tensor& t, TierKind tier, std::optional<uint64_
       trace_wait("source moving", t, 0, w);
       continue;
     }
-    if (!c.present) {
+    if (!c.present()) {
       if (auto status = allocate(t, tier, evict_beyond); !status.ok()) return status;
       continue;  // allocate() may have released the lock to evict: decide the source again
     }
     if (!source.has_value()) {
       // Never written: any bytes are the tensor's bytes (contents are undefined until written).
-      c.valid = true;
+      cancel_eviction(t, tier);
+      c.declare_valid();
       return absl::OkStatus();
     }
     *waited = true;

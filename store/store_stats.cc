@@ -40,7 +40,7 @@ StoreStats TensorStore::stats() const {
     }
     for (const auto& t : s.tensors) {
       const Impl::Copy& c = t->copies[tier_index(tier)];
-      if (t->live && c.present && c.valid) ++usage.resident;
+      if (t->live && c.valid()) ++usage.resident;
     }
   }
   return out;

@@ -121,16 +121,18 @@ absl::Status TensorStore::destroy(TensorHandle handle) {
   while (t.operations > 0) wait(&s.changed, &s.mu);  // moves in flight end first
   for (TierKind tier : kTiers) {
     Impl::Copy& c = t.copies[tier_index(tier)];
-    if (!c.present) continue;
+    if (!c.present()) continue;
     const absl::Status settled = s.settle(t, tier);
     if (tier == TierKind::kNvme) {
       (void)s.nvme->free(c.extent);
+      (void)c.drop();  // (checks that nothing uses it: the operations on it have ended)
       c = Impl::Copy();
     } else if (settled.ok()) {
       // Not drop_copy(): its rule-1 guard keeps the last valid copy, which here must go too.
       MemoryTier& memory = *s.tier_of(tier);
-      if (c.arena_pinned) (void)memory.unpin(c.block);
+      if (c.arena_pinned()) (void)memory.unpin(c.block);
       (void)memory.free(c.block);
+      (void)c.drop();
       c = Impl::Copy();
     }
     // A copy whose device work could not be confirmed finished keeps its memory: the device

@@ -8,10 +8,10 @@
 //   store_stats.cc      stats()
 //   store_prefetch.cc   background movers
 //
-// One mutex guards all metadata. Moves run with it released: the destination copy is marked
-// `moving` and the source copy pinned (a MoveGuard), so no other thread evicts, drops or reads
-// half-moved bytes; every thread that meets a moving copy waits on `changed`. Moves whose end the
-// host must observe (write-backs, fetches into the CPU tier) are finished by the completion
+// One mutex guards all metadata. Moves run with it released: the destination copy is arriving
+// (copy_state.h) and the source copy pinned (a MoveGuard), so no other thread evicts, drops or
+// reads half-moved bytes; every thread that meets an arriving copy waits on `changed`. Moves whose
+// end the host must observe (write-backs, fetches into the CPU tier) are finished by the completion
 // worker, which ends their MoveGuard once the device or the drives say they are done.
 #pragma once
 
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "strata/base/mutex.h"
+#include "strata/store/copy_state.h"
 #include "strata/store/tensor_store.h"
 #include "tier_mover.h"
 
@@ -51,25 +52,12 @@ struct TensorStore::Impl {
     std::shared_ptr<Event> event;
   };
 
-  struct Copy {
-    bool present = false;      // memory allocated in this tier
-    bool valid = false;        // holds the tensor's newest bytes, completely
-    bool moving = false;       // bytes are being moved into it: not readable yet
-    bool prefetched = false;   // arrived by prefetch, not yet acquired
-    bool prefetching = false;  // a prefetch is moving bytes into it right now
-    bool evicting = false;     // evicted: dropped once its write-back and device work are done
-    bool arena_pinned = false;
-    bool writing_back_early = false;  // an early write-back reads it now (one of its pins)
-    bool written_back_early = false;  // its home copy came from an early write-back, and it has
-                                      // not been written since
-    uint32_t pins = 0;                // acquisitions and moves reading from it
-    uint32_t writers = 0;             // write acquisitions not yet released: no move may read it
-    uint32_t readers = 0;    // moves reading it now: a write acquisition waits for them (for a
-                             // device read only until its event is in `busy`)
-    uint32_t moves_out = 0;  // moves reading it, device or host: it is their source
-    uint64_t move_id = 0;    // the timeline's id of the last move into it (0: none recorded)
-    BlockHandle block;       // gpu / cpu
-    ExtentHandle extent;     // nvme
+  // A tier's copy of a tensor: its state (strata/store/copy_state.h, changed only through its
+  // transitions) and the resources it holds.
+  struct Copy : CopyStateMachine {
+    uint64_t move_id = 0;  // the timeline's id of the last move into it (0: none recorded)
+    BlockHandle block;     // gpu / cpu
+    ExtentHandle extent;   // nvme
     // Device work that reads or writes this copy; it must finish before the memory is reused,
     // and streams that acquire the copy wait for it. Bounded: one entry per stream, completed
     // entries pruned.
