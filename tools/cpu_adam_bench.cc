@@ -20,8 +20,8 @@
 #include "cli.h"
 #include "strata/base/format_bytes.h"
 #include "strata/config/config.h"
-#include "strata/offload/cpu_adam.h"
-#include "strata/offload/cpu_pool.h"
+#include "strata/optimizer/cpu_adam.h"
+#include "strata/optimizer/cpu_pool.h"
 
 namespace {
 

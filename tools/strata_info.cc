@@ -25,7 +25,7 @@
 #include "strata/config/machine_info.h"
 #include "strata/device/backend.h"
 #include "strata/device/cuda_libraries.h"
-#include "strata/offload/cpu_pool.h"
+#include "strata/optimizer/cpu_pool.h"
 #include "strata/runtime/runtime.h"
 
 namespace strata {

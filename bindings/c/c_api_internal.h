@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "strata/offload/offload_optimizer.h"
+#include "strata/optimizer/offload_optimizer.h"
 #include "strata/runtime/runtime.h"
 #include "strata/store/tensor_store.h"
 #include "strata/store/tier.h"

@@ -5,7 +5,7 @@
 
 #include "c_api_internal.h"
 #include "strata/base/mutex.h"
-#include "strata/offload/offload_optimizer.h"
+#include "strata/optimizer/offload_optimizer.h"
 
 namespace strata::c_api {
 namespace {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "c_api_comm.h"
-#include "strata/offload/zero_engine.h"
+#include "strata/zero/zero_engine.h"
 
 namespace strata::c_api {
 namespace {

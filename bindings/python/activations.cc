@@ -1,4 +1,4 @@
-// strata.ActivationStash: the C++ ActivationStash (include/strata/offload/activation_stash.h)
+// strata.ActivationStash: the C++ ActivationStash (include/strata/activations/activation_stash.h)
 // for Python. allocate() and load() hand out strata.Acquisitions (DLPack views with the
 // activation's shape and dtype); releasing the one from allocate() offloads the activation,
 // releasing the one from load() gives the load back, each ordered after the work on the
@@ -13,7 +13,7 @@
 #include "errors.h"
 #include "names.h"
 #include "runtime.h"
-#include "strata/offload/activation_stash.h"
+#include "strata/activations/activation_stash.h"
 #include "stream.h"
 #include "tensor.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "runtime.h"
-#include "strata/offload/offload_optimizer.h"
+#include "strata/optimizer/offload_optimizer.h"
 
 namespace strata::python {
 

@@ -4,7 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include "strata/config/config.h"
-#include "strata/offload/offload_optimizer.h"
+#include "strata/optimizer/offload_optimizer.h"
 #include "strata/runtime/runtime.h"
 #include "strata/store/tensor_store.h"
 

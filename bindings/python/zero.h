@@ -1,4 +1,4 @@
-// strata.ZeroEngine: ZeRO-DP stages 1, 2 and 3 (include/strata/offload/zero_engine.h) for Python:
+// strata.ZeroEngine: ZeRO-DP stages 1, 2 and 3 (include/strata/zero/zero_engine.h) for Python:
 // parameters given as numpy arrays, read back as copies or acquired as DLPack views, gradients
 // added from numpy arrays or written through acquire_grad() views.
 #pragma once
@@ -9,7 +9,7 @@
 
 #include "comm.h"
 #include "runtime.h"
-#include "strata/offload/zero_engine.h"
+#include "strata/zero/zero_engine.h"
 
 namespace strata::python {
 

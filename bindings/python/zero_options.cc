@@ -238,7 +238,7 @@ ZeroOptions zero_options_from(const py::object& options, const py::kwargs& field
 void bind_zero_options(py::module_& m) {
   py::class_<AdamGroup> adam(m, "AdamGroup",
                              "Adam/AdamW hyper-parameters of a parameter group "
-                             "(include/strata/offload/cpu_adam.h, AdamHyper).");
+                             "(include/strata/optimizer/cpu_adam.h, AdamHyper).");
   init_from_kwargs(adam, "AdamGroup");
   number_field(adam, "AdamGroup", "lr", &AdamGroup::lr, 0.0F);
   number_field(adam, "AdamGroup", "beta1", &AdamGroup::beta1, 0.0F, 1.0F);
@@ -315,7 +315,7 @@ void bind_zero_options(py::module_& m) {
   });
 
   py::class_<ZeroOptions> zero(m, "ZeroOptions", R"doc(
-The options strata.ZeroEngine is created with: include/strata/offload/zero_engine.h's
+The options strata.ZeroEngine is created with: include/strata/zero/zero_engine.h's
 ZeroOptions, field by field (readwrite; the defaults are the C++ ones). Byte counts take an int
 or a size string ("32MiB"); tiers 'gpu', 'cpu' or 'nvme'; dtypes float32, float16, bfloat16
 (names, numpy or torch dtypes). A value of the wrong type or out of range raises, naming the

@@ -1,11 +1,11 @@
 // strata.ZeroOptions (and the structs it holds: OffloadOptimizerOptions, AdamGroup, LossScaling)
-// bound field by field, readwrite, as include/strata/offload/zero_engine.h declares them: what
+// bound field by field, readwrite, as include/strata/zero/zero_engine.h declares them: what
 // strata.ZeroEngine is created with, and what strata.torch.zero_shard's policy objects fill.
 #pragma once
 
 #include <pybind11/pybind11.h>
 
-#include "strata/offload/zero_engine.h"
+#include "strata/zero/zero_engine.h"
 
 namespace strata::python {
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "strata/offload/offload_optimizer.h"
+#include "strata/optimizer/offload_optimizer.h"
 #include "trainer.h"
 
 namespace cpp_trainer {

@@ -13,8 +13,8 @@
 
 #include "json.h"
 #include "model.h"
-#include "strata/offload/activation_stash.h"
-#include "strata/offload/zero_engine.h"
+#include "strata/activations/activation_stash.h"
+#include "strata/zero/zero_engine.h"
 #include "strata/runtime/runtime.h"
 
 namespace cpp_trainer {

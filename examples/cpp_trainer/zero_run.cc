@@ -20,7 +20,7 @@
 #include <string>
 
 #include "strata/comm/communicator.h"
-#include "strata/offload/zero_engine.h"
+#include "strata/zero/zero_engine.h"
 #include "trainer.h"
 
 namespace cpp_trainer {

@@ -265,7 +265,7 @@ STRATA_API strata_status_t strata_tensor_discard(strata_tensor_t tensor);
  */
 
 /* Adam/AdamW with fp32 master weights and moments in the pinned CPU tier or on NVMe, stepped on
- * the CPU; see include/strata/offload/offload_optimizer.h for the step's pipeline and its data
+ * the CPU; see include/strata/optimizer/offload_optimizer.h for the step's pipeline and its data
  * safety (a step applies completely or not at all). Belongs to one runtime. */
 typedef struct strata_optimizer strata_optimizer_t; /* opaque */
 

@@ -86,7 +86,7 @@ STRATA_API strata_status_t strata_communicator_barrier(strata_communicator_t* co
 /* ---- ZeRO-DP engine (stages 1, 2 and 3) -------------------------------------------------------
  */
 
-/* Data-parallel training with ZeRO's partitioning (include/strata/offload/zero_engine.h): each
+/* Data-parallel training with ZeRO's partitioning (include/strata/zero/zero_engine.h): each
  * rank keeps the optimizer states of 1/N of the parameters (stage 1), and only the reduced
  * gradients of that slice too (stage 2), in the tiers of its offload optimizer options; the
  * parameters are flat tensors of the runtime, all-gathered after every step. At stage 3 each
@@ -156,7 +156,7 @@ typedef struct strata_zero_param_info {
   uint32_t group;                 /* hyper-parameter group */
 } strata_zero_param_info_t;
 
-/* How the parameters were cut (include/strata/offload/zero_layout.h). */
+/* How the parameters were cut (include/strata/zero/zero_layout.h). */
 typedef struct strata_zero_layout {
   uint32_t ranks;
   uint32_t alignment;

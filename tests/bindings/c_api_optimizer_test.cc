@@ -44,7 +44,7 @@ TEST_CASE("c_api: optimizer calls with bad arguments return an error code and a 
   CHECK(options.defaults.lr == Approx(1e-3));
   CHECK(options.defaults.beta2 == Approx(0.999));
   CHECK(options.defaults.weight_decay ==
-        0.0F);  // AdamHyper's defaults (include/strata/offload/cpu_adam.h)
+        0.0F);  // AdamHyper's defaults (include/strata/optimizer/cpu_adam.h)
   CHECK(options.defaults.decoupled == 1);
   CHECK(options.loss_scaling.scale == 1.0F);
   expect_error(strata_optimizer_create(nullptr, &options, &opt), STRATA_INVALID_ARGUMENT,

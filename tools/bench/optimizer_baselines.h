@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "strata/offload/cpu_adam.h"
+#include "strata/optimizer/cpu_adam.h"
 
 namespace strata::bench {
 

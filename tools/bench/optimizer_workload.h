@@ -25,7 +25,7 @@
 
 #include "cli.h"
 #include "strata/config/config.h"
-#include "strata/offload/offload_optimizer.h"
+#include "strata/optimizer/offload_optimizer.h"
 
 namespace strata::bench {
 

@@ -50,7 +50,7 @@
 
 #include "bench/train_step.h"
 #include "strata/config/config.h"
-#include "strata/offload/offload_optimizer.h"
+#include "strata/optimizer/offload_optimizer.h"
 
 namespace strata::bench {
 

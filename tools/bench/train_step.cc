@@ -18,7 +18,7 @@
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
 #include "strata/device/host_device.h"
-#include "strata/offload/activation_stash.h"
+#include "strata/activations/activation_stash.h"
 #include "strata/runtime/runtime.h"
 
 namespace strata::bench {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "bench/train_step.h"
-#include "strata/offload/activation_stash.h"
+#include "strata/activations/activation_stash.h"
 #include "strata/store/tensor_store.h"
 #include "strata/store/timeline.h"
 

@@ -13,7 +13,7 @@
 #include "bench/zero3_baselines.h"
 #include "bench/zero3_workload.h"
 #include "strata/comm/communicator.h"
-#include "strata/offload/zero_engine.h"
+#include "strata/zero/zero_engine.h"
 #include "strata/runtime/runtime.h"
 
 namespace strata::bench {

@@ -18,7 +18,7 @@
 #include "strata/base/size.h"
 #include "strata/comm/communicator.h"
 #include "strata/device/backend.h"
-#include "strata/offload/zero_engine.h"
+#include "strata/zero/zero_engine.h"
 #include "strata/runtime/runtime.h"
 
 namespace strata::bench {

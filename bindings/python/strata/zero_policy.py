@@ -1,5 +1,5 @@
 """strata.torch.zero_shard's policies (imported by strata.torch): small frozen objects, each
-mirroring a part of the C++ option structs (include/strata/offload/zero_engine.h's ZeroOptions
+mirroring a part of the C++ option structs (include/strata/zero/zero_engine.h's ZeroOptions
 and offload_optimizer.h's OffloadOptimizerOptions), as FSDP2's fully_shard takes
 MixedPrecisionPolicy and OffloadPolicy:
 
