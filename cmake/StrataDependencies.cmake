@@ -9,6 +9,8 @@ pkg_check_modules(liburing REQUIRED IMPORTED_TARGET GLOBAL liburing>=2.0)
 pkg_check_modules(libxxhash REQUIRED IMPORTED_TARGET GLOBAL libxxhash)
 # Gloo (Debian's libgloo-dev): the collective engine for host buffers and GPU-less machines.
 find_package(Gloo REQUIRED CONFIG)
+# nlohmann-json3-dev (header-only): every JSON document strata writes (docs/architecture.md).
+find_package(nlohmann_json 3 REQUIRED)
 if(BUILD_TESTING)
   find_package(Catch2 2 REQUIRED CONFIG)
 endif()

@@ -46,6 +46,8 @@ function(strata_pkg_config_dependencies layers out_requires out_libs)
         list(APPEND requires "${CMAKE_MATCH_1}")
       elseif(dep STREQUAL "gloo")
         list(APPEND libs -lgloo)  # Debian's libgloo-dev ships no .pc file
+      elseif(dep STREQUAL "nlohmann_json::nlohmann_json")
+        continue()  # header-only, used inside the archives: nothing to link
       elseif(dep STREQUAL "Threads::Threads")
         list(APPEND libs -pthread)
       elseif(dep STREQUAL "CUDA::cudart_static")

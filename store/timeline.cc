@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdlib>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "strata/base/mutex.h"
-#include "strata/base/text.h"
 
 namespace strata {
 
@@ -48,14 +50,33 @@ const std::string& Timeline::thread_track() { return current_track; }
 
 namespace {
 
+using Json = nlohmann::ordered_json;
+
+// An argument's value: a number as a number (an integer as one: byte counts stay 4096, not
+// 4096.0), anything else as a string.
+Json arg_value(const Timeline::Arg& a) {
+  if (!a.number) return a.value;
+  const double v = std::strtod(a.value.c_str(), nullptr);
+  if (std::isfinite(v) && v == std::trunc(v) && std::abs(v) < 1e15) {
+    return static_cast<int64_t>(v);
+  }
+  return v;  // not finite: null, which JSON has in place of NaN and infinities
+}
+
+// Microseconds, as the trace wants, from nanoseconds: 1234.567, never 1234.5670000000002 (the
+// quotient of two integers is the double nearest the decimal).
+double microseconds(int64_t ns) { return static_cast<double>(ns) / 1e3; }
+
 // One timeline's events: its tracks' names, then its spans, each overlapping span of a track on
 // the first lane free at its start (spans of one thread nest or follow one another, so a
 // thread's track keeps one lane).
 void chrome_events(const std::vector<Timeline::Span>& all, int pid, std::string_view process,
-                   int64_t shift_ns, std::vector<std::string>& out) {
-  out.push_back(absl::StrFormat(
-      R"({"ph": "M", "name": "process_name", "pid": %d, "tid": 0, "args": {"name": %s}})", pid,
-      text::json_quote(process)));
+                   int64_t shift_ns, Json& out) {
+  auto name_event = [&](const char* what, int tid, std::string_view name) {
+    out.push_back(
+        Json{{"ph", "M"}, {"name", what}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}});
+  };
+  name_event("process_name", 0, process);
   std::vector<size_t> order(all.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -83,29 +104,22 @@ void chrome_events(const std::vector<Timeline::Span>& all, int pid, std::string_
   int next = 1;
   for (auto& [name, tid] : tids) {
     tid = next++;
-    out.push_back(absl::StrFormat(
-        R"({"ph": "M", "name": "thread_name", "pid": %d, "tid": %d, "args": {"name": %s}})", pid,
-        tid, text::json_quote(name)));
+    name_event("thread_name", tid, name);
   }
   for (size_t i : order) {
     const Timeline::Span& s = all[i];
-    std::string e = absl::StrFormat(
-        R"({"ph": "X", "pid": %d, "tid": %d, "name": %s, "cat": %s, "ts": %.3f, "dur": %.3f, "args": {)",
-        pid, tids[row[i]], text::json_quote(s.name), text::json_quote(s.category),
-        static_cast<double>(s.start_ns + shift_ns) * 1e-3,
-        static_cast<double>(s.end_ns - s.start_ns) * 1e-3);
-    bool first = true;
-    auto arg = [&](std::string_view key, const std::string& value) {
-      if (!first) e += ", ";
-      first = false;
-      e += text::json_quote(key) + ": " + value;
-    };
-    if (s.id != 0) arg("id", absl::StrFormat("%d", s.id));
-    if (s.ref != 0) arg("ref", absl::StrFormat("%d", s.ref));
-    for (const Timeline::Arg& a : s.args) {
-      arg(a.key, a.number ? a.value : text::json_quote(a.value));
-    }
-    out.push_back(e + "}}");
+    Json args = Json::object();
+    if (s.id != 0) args["id"] = s.id;
+    if (s.ref != 0) args["ref"] = s.ref;
+    for (const Timeline::Arg& a : s.args) args[a.key] = arg_value(a);
+    out.push_back(Json{{"ph", "X"},
+                       {"pid", pid},
+                       {"tid", tids[row[i]]},
+                       {"name", s.name},
+                       {"cat", s.category},
+                       {"ts", microseconds(s.start_ns + shift_ns)},
+                       {"dur", microseconds(s.end_ns - s.start_ns)},
+                       {"args", std::move(args)}});
   }
 }
 
@@ -113,7 +127,7 @@ void chrome_events(const std::vector<Timeline::Span>& all, int pid, std::string_
 
 std::string Timeline::chrome_json(
     const std::vector<std::pair<std::string, const Timeline*>>& processes) {
-  std::vector<std::string> events;
+  Json events = Json::array();
   absl::Time origin = absl::InfiniteFuture();
   for (const auto& [name, timeline] : processes) origin = std::min(origin, timeline->origin_);
   int pid = 1;
@@ -121,12 +135,9 @@ std::string Timeline::chrome_json(
     chrome_events(timeline->spans(), pid++, name,
                   absl::ToInt64Nanoseconds(timeline->origin_ - origin), events);
   }
-  std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-  for (size_t i = 0; i < events.size(); ++i) {
-    out += events[i];
-    out += i + 1 < events.size() ? ",\n" : "\n";
-  }
-  return out + "]}\n";
+  const Json trace{{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}};
+  // A name that is not UTF-8 is written with U+FFFD in place of its bad bytes, not thrown on.
+  return trace.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace strata

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "json.h"
 #include "strata/allocator/arena.h"
 #include "strata/base/size.h"
 
@@ -212,16 +213,25 @@ absl::StatusOr<Replay> replay(const Trace& trace, uint64_t capacity, uint64_t al
 
 void print_json(const Trace& trace, uint64_t capacity, uint64_t alignment, bool compaction,
                 const Replay& r, uint64_t failed_without) {
-  std::cout << absl::StrFormat(
-      "{\"events\": %d, \"allocations\": %d, \"capacity\": %d, \"alignment\": %d, "
-      "\"compaction\": %s, \"peak_live_bytes\": %d, \"peak_used_bytes\": %d, \"failed\": %d, "
-      "\"failed_without_compaction\": %d, \"compactions\": %d, \"bytes_moved\": %d, "
-      "\"worst_fragmentation\": %.6f, \"alloc_ns_p50\": %d, \"alloc_ns_p99\": %d, "
-      "\"alloc_ns_max\": %d, \"free_ns_p50\": %d, \"free_ns_p99\": %d, \"free_ns_max\": %d}\n",
-      trace.events.size(), trace.allocations, capacity, alignment, compaction ? "true" : "false",
-      trace.peak_live_bytes, r.peak_used, r.failed, failed_without, r.compactions, r.bytes_moved,
-      r.worst_fragmentation, r.alloc_ns.p50, r.alloc_ns.p99, r.alloc_ns.max, r.free_ns.p50,
-      r.free_ns.p99, r.free_ns.max);
+  const Json doc{{"events", trace.events.size()},
+                 {"allocations", trace.allocations},
+                 {"capacity", capacity},
+                 {"alignment", alignment},
+                 {"compaction", compaction},
+                 {"peak_live_bytes", trace.peak_live_bytes},
+                 {"peak_used_bytes", r.peak_used},
+                 {"failed", r.failed},
+                 {"failed_without_compaction", failed_without},
+                 {"compactions", r.compactions},
+                 {"bytes_moved", r.bytes_moved},
+                 {"worst_fragmentation", json_fixed(r.worst_fragmentation, 6)},
+                 {"alloc_ns_p50", r.alloc_ns.p50},
+                 {"alloc_ns_p99", r.alloc_ns.p99},
+                 {"alloc_ns_max", r.alloc_ns.max},
+                 {"free_ns_p50", r.free_ns.p50},
+                 {"free_ns_p99", r.free_ns.p99},
+                 {"free_ns_max", r.free_ns.max}};
+  std::cout << json_line(doc) << "\n";
 }
 
 void print_table(const std::string& name, const Trace& trace, uint64_t capacity, uint64_t alignment,

@@ -98,11 +98,15 @@ class DoubleFlag : public Flag {
 
 class SizeFlag : public Flag {
  public:
-  SizeFlag(std::string name, uint64_t* out, std::string help)
-      : Flag(std::move(name), std::move(help)), out_(out) {}
+  SizeFlag(std::string name, uint64_t* out, std::string help, bool zero_ok)
+      : Flag(std::move(name), std::move(help)), out_(out), zero_ok_(zero_ok) {}
 
  private:
   absl::Status set(std::string_view value) override {
+    if (zero_ok_ && value == "0") {
+      *out_ = 0;
+      return absl::OkStatus();
+    }
     absl::StatusOr<uint64_t> bytes = parse_size(value);  // its message names the accepted form
     if (!bytes.ok()) return bytes.status();
     *out_ = *bytes;
@@ -112,6 +116,7 @@ class SizeFlag : public Flag {
   std::string default_text() const override { return *out_ == 0 ? "" : format_bytes(*out_); }
 
   uint64_t* out_;
+  bool zero_ok_;
 };
 
 class EnumFlag : public Flag {
@@ -159,8 +164,8 @@ Flag& FlagSet::add_uint64(std::string name, uint64_t* out, std::string help) {
 Flag& FlagSet::add_double(std::string name, double* out, std::string help) {
   return add(std::make_unique<DoubleFlag>(std::move(name), out, std::move(help)));
 }
-Flag& FlagSet::add_size(std::string name, uint64_t* out, std::string help) {
-  return add(std::make_unique<SizeFlag>(std::move(name), out, std::move(help)));
+Flag& FlagSet::add_size(std::string name, uint64_t* out, std::string help, bool zero_ok) {
+  return add(std::make_unique<SizeFlag>(std::move(name), out, std::move(help), zero_ok));
 }
 Flag& FlagSet::add_enum(std::string name, std::string* out, std::vector<std::string> choices,
                         std::string help) {
@@ -222,12 +227,16 @@ absl::StatusOr<std::vector<std::string>> FlagSet::parse(int argc, const char* co
     } else if (i + 1 < argc) {
       value = argv[++i];
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("flag --", av(name), " needs a value: --",
-                                                     av(name), "=", flag->placeholder()));
+      const std::string form = absl::StrCat("--", av(name), "=", flag->placeholder());
+      return absl::InvalidArgumentError(
+          flag->value_message_ ? flag->value_message_(std::nullopt, absl::StrCat("needs ", form))
+                               : absl::StrCat("flag --", av(name), " needs a value: ", form));
     }
     if (absl::Status st = flag->set(value); !st.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("bad value '", av(value), "' for --", av(name), ": ", st.message()));
+          flag->value_message_
+              ? flag->value_message_(value, sv(st.message()))
+              : absl::StrCat("bad value '", av(value), "' for --", av(name), ": ", st.message()));
     }
     flag->set_ = true;
   }
@@ -272,10 +281,14 @@ int print_error(std::string_view program, std::string_view message, int exit_cod
   return exit_code;
 }
 
-int FlagSet::usage_error(std::string_view message) const {
-  std::cerr << error_line(program_, message) << "Run '" << program_ << " --help' for usage.\n"
+int usage_error(std::string_view program, std::string_view message) {
+  std::cerr << error_line(program, message) << "Run '" << program << " --help' for usage.\n"
             << std::flush;
   return kUsageExitCode;
+}
+
+int FlagSet::usage_error(std::string_view message) const {
+  return cli::usage_error(program_, message);
 }
 
 std::optional<int> FlagSet::parse_or_exit(int argc, const char* const* argv,

@@ -1,4 +1,5 @@
-// strata::cli — the small flag parser shared by strata-info, arena-replay and offload-bench.
+// strata::cli — the small flag parser shared by the tools (strata-info, arena-replay,
+// offload-bench, ...) and examples/cpp_trainer.
 //
 //   --name=value   --name value   --flag (boolean true)   --flag=true|false|on|off|1|0|yes|no
 //   --             ends the flags; everything after it is positional ("-" is positional too)
@@ -20,6 +21,7 @@
 #include <absl/status/statusor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +41,15 @@ class Flag {
   // The flag must be given on the command line.
   Flag& required() {
     required_ = true;
+    return *this;
+  }
+  // The message for a bad value of this flag (`value`), or a missing one (nullopt), in place of
+  // the parser's ("bad value 'x' for --name: <why>", "flag --name needs a value: ..."; `why` is
+  // the parser's reason): for a program whose messages say more about its own flags.
+  using ValueMessage =
+      std::function<std::string(std::optional<std::string_view> value, std::string_view why)>;
+  Flag& value_message(ValueMessage message) {
+    value_message_ = std::move(message);
     return *this;
   }
 
@@ -61,6 +72,7 @@ class Flag {
 
   std::string name_;
   std::string help_;
+  ValueMessage value_message_;
   bool required_ = false;
   bool set_ = false;
 };
@@ -70,6 +82,9 @@ class Flag {
 std::string error_line(std::string_view program, std::string_view message);
 // Writes error_line() to stderr and returns `exit_code`; tools return it from main.
 int print_error(std::string_view program, std::string_view message, int exit_code = 1);
+// A usage error found after parsing (a combination of flags, a value out of range): error_line(),
+// then "Run '<program> --help' for usage.", to stderr; returns kUsageExitCode.
+int usage_error(std::string_view program, std::string_view message);
 
 class FlagSet {
  public:
@@ -81,8 +96,9 @@ class FlagSet {
   Flag& add_bool(std::string name, bool* out, std::string help);
   Flag& add_uint64(std::string name, uint64_t* out, std::string help);
   Flag& add_double(std::string name, double* out, std::string help);
-  // Byte sizes as strata::parse_size accepts them: 4096, 512KiB, 64MiB, 1.5GB.
-  Flag& add_size(std::string name, uint64_t* out, std::string help);
+  // Byte sizes as strata::parse_size accepts them: 4096, 512KiB, 64MiB, 1.5GB; and 0 too where
+  // `zero_ok`.
+  Flag& add_size(std::string name, uint64_t* out, std::string help, bool zero_ok = false);
   // A string restricted to `choices`.
   Flag& add_enum(std::string name, std::string* out, std::vector<std::string> choices,
                  std::string help);

@@ -6,9 +6,10 @@ set -euo pipefail
 # python3-dev, pybind11-dev: the Python module; python3-pytest, python3-numpy, python3-torch: its
 # tests and the PyTorch example trainer (CPU torch; the same scripts run on CUDA elsewhere).
 # python3-venv, python3-pip, python3-setuptools, python3-wheel: `pip install --no-build-isolation
-# .` in a venv (pyproject.toml) and its test, python.pip_install.
+# .` in a venv (pyproject.toml) and its test, python.pip_install. nlohmann-json3-dev: the JSON the
+# tools, the examples and the store's Chrome trace write (docs/architecture.md, "Libraries").
 packages=(g++ make cmake ninja-build pkg-config python3
-          liburing-dev libtbb-dev libabsl-dev catch2 libxxhash-dev libgloo-dev
+          liburing-dev libtbb-dev libabsl-dev catch2 libxxhash-dev libgloo-dev nlohmann-json3-dev
           python3-dev pybind11-dev python3-pytest python3-numpy python3-torch
           python3-venv python3-pip python3-setuptools python3-wheel)
 

@@ -94,13 +94,6 @@ int fail(const absl::Status& status) {
   return cli::print_error("offload-bench", std::string(status.message()));
 }
 
-// to_json's document is one object; the workload's results become its last key.
-std::string with_train_step(std::string document, const std::string& train_step,
-                            const std::string& overlap_step) {
-  document.pop_back();  // the closing brace
-  return document + ", \"train_step\": " + train_step + ", \"overlap_step\": " + overlap_step + "}";
-}
-
 int run_train_step_workload(const TrainStepOptions& options, const OverlapStepOptions& overlap,
                             const std::string& json) {
   auto config = Config::from_environment();
@@ -138,13 +131,14 @@ int run_train_step_workload(const TrainStepOptions& options, const OverlapStepOp
   paths.engine = report->engine;
   paths.engine_reason = report->engine_reason;
   paths.nvme_paths = report->config.nvme_paths;
-  const std::string document =
-      with_train_step(to_json(paths, report->config, **device), train_step_json(*report),
-                      overlapped.has_value() ? overlap_step_json(*overlapped) : "null") +
-      "\n";
+  Json document = to_json(paths, report->config, **device);
+  document["train_step"] = train_step_json(*report);
+  const std::string text =
+      document_with(std::move(document), "overlap_step",
+                    overlapped.has_value() ? overlap_step_json(*overlapped) : Json());
   if (json_to_stdout) {
-    std::cout << document;
-  } else if (!write_file(json, document)) {
+    std::cout << text;
+  } else if (!write_file(json, text)) {
     return cli::print_error("offload-bench",
                             "cannot write --json=" + json + ": " + std::strerror(errno));
   }

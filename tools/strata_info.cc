@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "cli.h"
+#include "json.h"
 #include "strata/base/cpu_topology.h"
 #include "strata/base/size.h"
-#include "strata/base/text.h"
 #include "strata/comm/nccl_library.h"
 #include "strata/config/config.h"
 #include "strata/config/machine_info.h"
@@ -220,162 +220,110 @@ void print_text(const MachineInfo& m, const ResolvedConfig* config, const CpuPoo
   std::cout << out.str();
 }
 
-// A JSON object built field by field.
-class JsonObject {
- public:
-  JsonObject& raw(std::string_view key, const std::string& value) {
-    text_ += absl::StrFormat("%s%s: %s", text_.empty() ? "" : ", ", text::json_quote(key), value);
-    return *this;
-  }
-  JsonObject& str(std::string_view key, std::string_view value) {
-    return raw(key, text::json_quote(value));
-  }
-  JsonObject& num(std::string_view key, uint64_t value) { return raw(key, std::to_string(value)); }
-  JsonObject& flag(std::string_view key, bool value) { return raw(key, value ? "true" : "false"); }
-  std::string done() const { return "{" + text_ + "}"; }
-
- private:
-  std::string text_;
-};
-
-std::string json_list(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
-  return "[" + out + "]";
+// A string, or null where there is none.
+Json json_optional(const std::optional<std::string>& value) {
+  return value.has_value() ? Json(*value) : Json();
 }
 
 void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSettings& pool,
-                const std::string& error, const std::string& startup) {
-  JsonObject root;
-  root.flag("valid", c != nullptr);
-  if (!error.empty()) root.str("error", error);
+                const std::string& error, Json startup) {
+  Json root{{"valid", c != nullptr}};
+  if (!error.empty()) root["error"] = error;
   if (c != nullptr) {
-    std::vector<std::string> paths;
-    for (const std::string& p : c->nvme_paths) paths.push_back(text::json_quote(p));
-    std::vector<std::string> warnings;
-    for (const std::string& w : c->warnings) warnings.push_back(text::json_quote(w));
-    root.raw("config", JsonObject()
-                           .str("backend", to_string(c->backend))
-                           .str("backend_reason", c->backend_reason)
-                           .num("device", static_cast<uint64_t>(c->device))
-                           .str("device_reason", c->device_reason)
-                           .num("gpu_sharing", static_cast<uint64_t>(c->gpu_sharing))
-                           .str("gpu_sharing_reason", c->gpu_sharing_reason)
-                           .raw("local_rank", c->local_rank ? std::to_string(*c->local_rank)
-                                                            : std::string("null"))
-                           .num("local_world_size", static_cast<uint64_t>(c->local_ranks))
-                           .num("gpu_bytes", c->gpu_bytes)
-                           .str("gpu_bytes_basis", c->gpu_bytes_basis)
-                           .num("cpu_bytes", c->cpu_bytes)
-                           .str("cpu_bytes_basis", c->cpu_bytes_basis)
-                           .raw("nvme_paths", json_list(paths))
-                           .num("nvme_bytes", c->nvme_bytes)
-                           .str("io_engine", to_string(c->io_engine))
-                           .str("io_engine_reason", c->io_engine_reason)
-                           .num("io_depth", c->io_depth)
-                           .num("io_block", c->io_block)
-                           .num("staging_bytes", c->staging_bytes)
-                           .num("io_uring_registered_bytes", io_uring_registered_bytes(*c))
-                           .flag("verify", c->verify)
-                           .str("log", to_string(c->log))
-                           .num("adam_threads", c->adam_pool.threads)
-                           .num("adam_reserve_cores", c->adam_pool.reserve_cores)
-                           .flag("adam_pin", c->adam_pool.pin)
-                           .done());
-    root.raw("warnings", json_list(warnings));
+    root["config"] = {{"backend", to_string(c->backend)},
+                      {"backend_reason", c->backend_reason},
+                      {"device", c->device},
+                      {"device_reason", c->device_reason},
+                      {"gpu_sharing", c->gpu_sharing},
+                      {"gpu_sharing_reason", c->gpu_sharing_reason},
+                      {"local_rank", c->local_rank ? Json(*c->local_rank) : Json()},
+                      {"local_world_size", c->local_ranks},
+                      {"gpu_bytes", c->gpu_bytes},
+                      {"gpu_bytes_basis", c->gpu_bytes_basis},
+                      {"cpu_bytes", c->cpu_bytes},
+                      {"cpu_bytes_basis", c->cpu_bytes_basis},
+                      {"nvme_paths", c->nvme_paths},
+                      {"nvme_bytes", c->nvme_bytes},
+                      {"io_engine", to_string(c->io_engine)},
+                      {"io_engine_reason", c->io_engine_reason},
+                      {"io_depth", c->io_depth},
+                      {"io_block", c->io_block},
+                      {"staging_bytes", c->staging_bytes},
+                      {"io_uring_registered_bytes", io_uring_registered_bytes(*c)},
+                      {"verify", c->verify},
+                      {"log", to_string(c->log)},
+                      {"adam_threads", c->adam_pool.threads},
+                      {"adam_reserve_cores", c->adam_pool.reserve_cores},
+                      {"adam_pin", c->adam_pool.pin}};
+    root["warnings"] = c->warnings;
   }
-  std::vector<std::string> paths;
+  Json paths = Json::array();
   for (const PathInfo& p : m.paths) {
-    paths.push_back(JsonObject()
-                        .str("path", p.path)
-                        .flag("exists", p.exists)
-                        .flag("is_directory", p.is_directory)
-                        .flag("writable", p.writable)
-                        .str("problem", p.problem)
-                        .num("free_bytes", p.free_bytes)
-                        .num("total_bytes", p.total_bytes)
-                        .num("logical_block_size", p.logical_block_size)
-                        .flag("block_size_known", p.block_size_known)
-                        .str("filesystem", p.filesystem)
-                        .done());
+    paths.push_back({{"path", p.path},
+                     {"exists", p.exists},
+                     {"is_directory", p.is_directory},
+                     {"writable", p.writable},
+                     {"problem", p.problem},
+                     {"free_bytes", p.free_bytes},
+                     {"total_bytes", p.total_bytes},
+                     {"logical_block_size", p.logical_block_size},
+                     {"block_size_known", p.block_size_known},
+                     {"filesystem", p.filesystem}});
   }
-  JsonObject machine;
-  machine.str("backend", to_string(m.backend))
-      .str("backend_reason", m.backend_reason)
-      .num("gpu_count", static_cast<uint64_t>(m.gpu_count))
-      .raw("cuda_visible_devices",
-           m.cuda_visible_devices ? text::json_quote(*m.cuda_visible_devices) : std::string("null"))
-      .raw("parent",
-           JsonObject()
-               .num("pid", static_cast<uint64_t>(m.parent.pid))
-               .flag("readable", m.parent.readable)
-               .str("problem", m.parent.problem)
-               .raw("cuda_visible_devices", m.parent.cuda_visible_devices
-                                                ? text::json_quote(*m.parent.cuda_visible_devices)
-                                                : std::string("null"))
-               .raw("strata_device", m.parent.strata_device
-                                         ? text::json_quote(*m.parent.strata_device)
-                                         : std::string("null"))
-               .done());
+  Json gpu = nullptr;
   if (m.gpu) {
-    machine.raw("gpu", JsonObject()
-                           .num("ordinal", static_cast<uint64_t>(m.gpu->ordinal))
-                           .str("name", m.gpu->name)
-                           .num("total_bytes", m.gpu->total_bytes)
-                           .num("free_bytes", m.gpu->free_bytes)
-                           .str("compute_capability",
-                                absl::StrFormat("%d.%d", m.gpu->cc_major, m.gpu->cc_minor))
-                           .done());
-  } else {
-    machine.raw("gpu", "null");
+    gpu = {{"ordinal", m.gpu->ordinal},
+           {"name", m.gpu->name},
+           {"total_bytes", m.gpu->total_bytes},
+           {"free_bytes", m.gpu->free_bytes},
+           {"compute_capability", absl::StrFormat("%d.%d", m.gpu->cc_major, m.gpu->cc_minor)}};
   }
-  machine.num("physical_memory_bytes", m.physical_memory_bytes)
-      .str("physical_memory_source", m.physical_memory_source)
-      .num("available_memory_bytes", m.available_memory_bytes)
-      .num("cpu_count", m.cpu_count)
-      .str("cpu_model", m.cpu_model)
-      .raw("memlock_limit_bytes", m.memlock_limit_bytes == kUnlimited
-                                      ? std::string("null")
-                                      : std::to_string(m.memlock_limit_bytes))
-      .flag("has_cap_ipc_lock", m.has_cap_ipc_lock)
-      .flag("io_uring_available", m.io_uring_available)
-      .str("io_uring_detail", m.io_uring_detail)
-      .raw("nvme_paths", json_list(paths));
   const CpuLines cpus = cpu_lines(pool);
-  std::vector<std::string> nodes;
+  Json nodes = Json::array();
   for (const NumaNode& node : cpus.nodes) {
-    nodes.push_back(JsonObject()
-                        .num("id", static_cast<uint64_t>(node.id))
-                        .str("cpus", format_cpu_list(node.cpus))
-                        .done());
+    nodes.push_back({{"id", node.id}, {"cpus", format_cpu_list(node.cpus)}});
   }
-  machine.raw("numa_nodes", json_list(nodes)).str("numa_source", cpus.source);
-  root.raw("machine", machine.done());
+  root["machine"] = {{"backend", to_string(m.backend)},
+                     {"backend_reason", m.backend_reason},
+                     {"gpu_count", m.gpu_count},
+                     {"cuda_visible_devices", json_optional(m.cuda_visible_devices)},
+                     {"parent",
+                      {{"pid", m.parent.pid},
+                       {"readable", m.parent.readable},
+                       {"problem", m.parent.problem},
+                       {"cuda_visible_devices", json_optional(m.parent.cuda_visible_devices)},
+                       {"strata_device", json_optional(m.parent.strata_device)}}},
+                     {"gpu", std::move(gpu)},
+                     {"physical_memory_bytes", m.physical_memory_bytes},
+                     {"physical_memory_source", m.physical_memory_source},
+                     {"available_memory_bytes", m.available_memory_bytes},
+                     {"cpu_count", m.cpu_count},
+                     {"cpu_model", m.cpu_model},
+                     {"memlock_limit_bytes",
+                      m.memlock_limit_bytes == kUnlimited ? Json() : Json(m.memlock_limit_bytes)},
+                     {"has_cap_ipc_lock", m.has_cap_ipc_lock},
+                     {"io_uring_available", m.io_uring_available},
+                     {"io_uring_detail", m.io_uring_detail},
+                     {"nvme_paths", std::move(paths)},
+                     {"numa_nodes", std::move(nodes)},
+                     {"numa_source", cpus.source}};
   if (cpus.pool.ok()) {
-    root.raw("adam_pool", JsonObject()
-                              .str("cpus", format_cpu_list(cpus.pool->cpus))
-                              .num("threads", cpus.pool->cpus.size())
-                              .num("node", static_cast<uint64_t>(cpus.pool->node))
-                              .flag("pinned", cpus.pool->pinned)
-                              .str("reason", cpus.pool->reason)
-                              .done());
+    root["adam_pool"] = {{"cpus", format_cpu_list(cpus.pool->cpus)},
+                         {"threads", cpus.pool->cpus.size()},
+                         {"node", cpus.pool->node},
+                         {"pinned", cpus.pool->pinned},
+                         {"reason", cpus.pool->reason}};
   } else {
-    root.raw("adam_pool",
-             JsonObject().str("error", std::string(cpus.pool.status().message())).done());
+    root["adam_pool"] = {{"error", std::string(cpus.pool.status().message())}};
   }
   const LibraryLines libraries = library_lines();
-  std::vector<std::string> searched;
-  for (const std::string& step : libraries.nccl_searched)
-    searched.push_back(text::json_quote(step));
-  root.raw("libraries", JsonObject()
-                            .str("cuda_runtime", libraries.cuda_runtime)
-                            .str("cuda_driver", libraries.cuda_driver)
-                            .str("nccl_backend", libraries.nccl_backend)
-                            .str("nccl", libraries.nccl)
-                            .raw("nccl_searched", json_list(searched))
-                            .done());
-  if (!startup.empty()) root.raw("startup", startup);
-  std::cout << root.done() << "\n";
+  root["libraries"] = {{"cuda_runtime", libraries.cuda_runtime},
+                       {"cuda_driver", libraries.cuda_driver},
+                       {"nccl_backend", libraries.nccl_backend},
+                       {"nccl", libraries.nccl},
+                       {"nccl_searched", libraries.nccl_searched}};
+  if (!startup.is_null()) root["startup"] = std::move(startup);
+  std::cout << json_line(root) << "\n";
 }
 
 // --start: a runtime from this configuration, as a trainer creates it, and what that cost. The
@@ -388,21 +336,19 @@ absl::StatusOr<StartupStats> start_runtime(const Config& config) {
   return (*runtime)->startup();
 }
 
-std::string startup_json(const StartupStats& s) {
+Json startup_json(const StartupStats& s) {
   const PinningStats& p = s.pinning;
-  return JsonObject()
-      .raw("create_seconds", absl::StrFormat("%.6f", s.create_seconds))
-      .num("piece_bytes", p.piece_bytes)
-      .num("pieces", p.pieces)
-      .num("pinned_pieces", p.pinned_pieces)
-      .num("pinned_bytes", p.pinned_bytes)
-      .raw("pin_seconds", absl::StrFormat("%.6f", static_cast<double>(p.pin_ns) / 1e9))
-      .num("io_uring_rings", s.rings)
-      .num("registered_bytes", s.registered_bytes)
-      .num("registrations", s.registrations)
-      .raw("registration_seconds", absl::StrFormat("%.6f", s.registration_seconds))
-      .num("registration_failures", s.registration_failures)
-      .done();
+  return Json{{"create_seconds", json_fixed(s.create_seconds, 6)},
+              {"piece_bytes", p.piece_bytes},
+              {"pieces", p.pieces},
+              {"pinned_pieces", p.pinned_pieces},
+              {"pinned_bytes", p.pinned_bytes},
+              {"pin_seconds", json_fixed(static_cast<double>(p.pin_ns) / 1e9, 6)},
+              {"io_uring_rings", s.rings},
+              {"registered_bytes", s.registered_bytes},
+              {"registrations", s.registrations},
+              {"registration_seconds", json_fixed(s.registration_seconds, 6)},
+              {"registration_failures", s.registration_failures}};
 }
 
 int run(int argc, char** argv) {
@@ -444,7 +390,7 @@ int run(int argc, char** argv) {
   if (json) {
     std::string error(resolved.ok() ? start_status.message() : resolved.status().message());
     print_json(*machine, shown, config->adam_pool, error,
-               started && started->ok() ? startup_json(**started) : std::string());
+               started && started->ok() ? startup_json(**started) : Json());
   } else {
     print_text(*machine, shown, config->adam_pool);
     if (started && started->ok()) {

@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "json.h"
 #include "strata/base/format_bytes.h"
 #include "strata/base/size.h"
@@ -106,22 +107,8 @@ uint64_t model_bytes() {
   return 2 * 4 * n;
 }
 
-int usage(const std::string& why) {
-  std::fprintf(stderr,
-               "cpp_trainer: %s\nusage: cpp_trainer [--steps=N] [--states=nvme|cpu] "
-               "[--max-loss=X] [--tolerance=X] [--zero-stage=0|1|2|3] [--bucket-bytes=SIZE] "
-               "[--accumulation=K] [--overlap-step] [--json=FILE|-]\n"
-               "  stage 3: [--param-home=gpu|cpu|nvme] [--prefetch-bytes=SIZE] "
-               "[--max-live-bytes=SIZE] [--persist-below-bytes=SIZE] [--reuse-window-bytes=SIZE] "
-               "[--hpz]\n"
-               "  stage 0: [--offload-activations] [--activation-home=cpu|nvme] "
-               "[--activation-window-bytes=SIZE] [--activation-prefetch-bytes=SIZE] "
-               "[--activation-trace=FILE] [--variable-batches]\n"
-               "  SIZE: 65536, 64KiB, 1MiB, ... (0 too for --prefetch-bytes, "
-               "--persist-below-bytes, --reuse-window-bytes, --activation-prefetch-bytes)\n",
-               why.c_str());
-  return 2;
-}
+// A usage error found once the job is known (exit 2), as the flags' own (flags.cc).
+int usage(const std::string& why) { return strata::cli::usage_error("cpp_trainer", why); }
 
 int fail(const absl::Status& st) {
   std::fprintf(stderr, "cpp_trainer: %s\n", std::string(st.message()).c_str());
@@ -152,100 +139,81 @@ double state_ratio(const RunResult& r) {
          static_cast<double>(r.state_bytes);
 }
 
-JsonObject report_json(const Args& args, const RunResult& r, double worst) {
-  JsonObject bytes;
-  bytes.add("gpu", r.model_states.by_tier[static_cast<size_t>(strata::TierKind::kGpu)])
-      .add("cpu", r.model_states.by_tier[static_cast<size_t>(strata::TierKind::kCpu)])
-      .add("nvme", r.model_states.by_tier[static_cast<size_t>(strata::TierKind::kNvme)])
-      .add("total", r.model_states.total());
-  JsonObject doc;
-  doc.add("backend", r.backend)
-      .add("ranks", static_cast<uint64_t>(r.ranks))
-      .add("stage", static_cast<uint64_t>(args.zero_stage))
-      .add("steps", static_cast<uint64_t>(args.steps))
-      .add("accumulation", static_cast<uint64_t>(args.accumulation))
-      .add("losses", r.losses)
-      .add("final_loss", r.losses.empty() ? 0.0F : r.losses.back())
-      .add("max_loss", args.max_loss)
-      .add("max_weight_difference", worst)
-      .add("weights_checksum", weights_checksum(r.weights))
-      .add("tolerance", args.tolerance)
-      .add("max_replica_difference", r.replica_difference)
-      .add("model_state_bytes_per_rank", bytes)
-      .add("gradient_bucket_bytes_per_rank", r.bucket_memory)
-      .add("comm_bytes_per_step", r.comm_bytes_per_step)
-      .add("bucket_bytes", args.zero_stage == 0 ? uint64_t{0} : args.bucket_bytes)
-      .add("groups", r.groups)
-      .add("states", std::string(strata::to_string(args.states)))
-      .add("bytes_moved", r.moved_bytes)
-      .add("gpu_tier_peak_bytes", r.gpu_tier_peak_bytes)
-      .add("gpu_arena_bytes", r.gpu_arena_bytes)
-      .add("optimizer_state_bytes", r.state_bytes)
-      .add("nvme_read_bytes_per_step", r.nvme_read_per_step)
-      .add("nvme_written_bytes_per_step", r.nvme_written_per_step)
-      .add("nvme_state_ratio", state_ratio(r));
-  doc.add("overlap_step", args.overlap_step).add("optimizer", optimizer_json(r));
+Json report_json(const Args& args, const RunResult& r, double worst) {
+  const auto& by_tier = r.model_states.by_tier;
+  Json doc{{"backend", r.backend},
+           {"ranks", r.ranks},
+           {"stage", args.zero_stage},
+           {"steps", args.steps},
+           {"accumulation", args.accumulation},
+           {"losses", json_floats(r.losses)},
+           {"final_loss", strata::json_float(r.losses.empty() ? 0.0F : r.losses.back())},
+           {"max_loss", strata::json_float(args.max_loss)},
+           {"max_weight_difference", json_double(worst)},
+           {"weights_checksum", weights_checksum(r.weights)},
+           {"tolerance", json_double(args.tolerance)},
+           {"max_replica_difference", json_double(r.replica_difference)},
+           {"model_state_bytes_per_rank",
+            {{"gpu", by_tier[static_cast<size_t>(strata::TierKind::kGpu)]},
+             {"cpu", by_tier[static_cast<size_t>(strata::TierKind::kCpu)]},
+             {"nvme", by_tier[static_cast<size_t>(strata::TierKind::kNvme)]},
+             {"total", r.model_states.total()}}},
+           {"gradient_bucket_bytes_per_rank", r.bucket_memory},
+           {"comm_bytes_per_step", r.comm_bytes_per_step},
+           {"bucket_bytes", args.zero_stage == 0 ? uint64_t{0} : args.bucket_bytes},
+           {"groups", r.groups},
+           {"states", strata::to_string(args.states)},
+           {"bytes_moved", r.moved_bytes},
+           {"gpu_tier_peak_bytes", r.gpu_tier_peak_bytes},
+           {"gpu_arena_bytes", r.gpu_arena_bytes},
+           {"optimizer_state_bytes", r.state_bytes},
+           {"nvme_read_bytes_per_step", r.nvme_read_per_step},
+           {"nvme_written_bytes_per_step", r.nvme_written_per_step},
+           {"nvme_state_ratio", json_double(state_ratio(r))},
+           {"overlap_step", args.overlap_step},
+           {"optimizer", optimizer_json(r)}};
   if (args.offload_activations) {
     const strata::ActivationStashStats& a = r.activations;
-    JsonObject acts;
-    acts.add("home", std::string(strata::to_string(args.activation_home)))
-        .add("window_bytes", args.activation_window_bytes)
-        .add("prefetch_bytes", args.activation_prefetch_bytes == UINT64_MAX
-                                   ? args.activation_window_bytes / 2
-                                   : args.activation_prefetch_bytes)
-        .add("saved", a.saved)
-        .add("saved_bytes", a.saved_bytes)
-        .add("offloaded_bytes", a.offloaded_bytes)
-        .add("kept", a.kept)
-        .add("loads", a.loads)
-        .add("loads_prefetched", a.loads_prefetched)
-        .add("loads_kept", a.loads_kept)
-        .add("loads_on_demand", a.loads_on_demand)
-        .add("gpu_peak_bytes", a.gpu_peak_bytes)
-        .add("window_waits", a.window_waits)
-        .add("errors", a.errors);
-    doc.add("variable_batches", args.variable_batches).add("activations", acts);
+    doc["variable_batches"] = args.variable_batches;
+    doc["activations"] = {{"home", strata::to_string(args.activation_home)},
+                          {"window_bytes", args.activation_window_bytes},
+                          {"prefetch_bytes", args.activation_prefetch_bytes == UINT64_MAX
+                                                 ? args.activation_window_bytes / 2
+                                                 : args.activation_prefetch_bytes},
+                          {"saved", a.saved},
+                          {"saved_bytes", a.saved_bytes},
+                          {"offloaded_bytes", a.offloaded_bytes},
+                          {"kept", a.kept},
+                          {"loads", a.loads},
+                          {"loads_prefetched", a.loads_prefetched},
+                          {"loads_kept", a.loads_kept},
+                          {"loads_on_demand", a.loads_on_demand},
+                          {"gpu_peak_bytes", a.gpu_peak_bytes},
+                          {"window_waits", a.window_waits},
+                          {"errors", a.errors}};
   }
   if (args.zero_stage == 3) {
     const strata::ZeroStats& z = r.zero_stats;
-    JsonObject fetch;
-    fetch.add("fetches", z.fetches)
-        .add("gathers_on_demand", z.gathers_on_demand)
-        .add("gathers_prefetched", z.gathers_prefetched)
-        .add("reuses", z.reuses)
-        .add("gathers_dropped_unused", z.gathers_dropped_unused)
-        .add("order_changes", z.order_changes)
-        .add("global_gather_bytes", z.global_gather_bytes)
-        .add("node_gather_bytes", z.node_gather_bytes);
-    doc.add("param_home", std::string(strata::to_string(args.param_home)))
-        .add("prefetch_bytes", args.prefetch_bytes)
-        .add("max_live_bytes", args.max_live_bytes)
-        .add("persist_below_bytes", args.persist_below_bytes)
-        .add("reuse_window_bytes", args.reuse_window_bytes)
-        .add("hpz_node_ranks", static_cast<uint64_t>(args.hpz_node_ranks))
-        .add("partitioned_groups", r.partitioned_groups)
-        .add("gathered_peak_bytes", z.gathered_peak_bytes)
-        .add("exposed_comm_seconds", static_cast<double>(r.exposed_comm_ns) * 1e-9)
-        .add("prefetch_late", z.prefetch_late)
-        .add("fetch", fetch);
+    doc["param_home"] = strata::to_string(args.param_home);
+    doc["prefetch_bytes"] = args.prefetch_bytes;
+    doc["max_live_bytes"] = args.max_live_bytes;
+    doc["persist_below_bytes"] = args.persist_below_bytes;
+    doc["reuse_window_bytes"] = args.reuse_window_bytes;
+    doc["hpz_node_ranks"] = args.hpz_node_ranks;
+    doc["partitioned_groups"] = r.partitioned_groups;
+    doc["gathered_peak_bytes"] = z.gathered_peak_bytes;
+    doc["exposed_comm_seconds"] = json_double(static_cast<double>(r.exposed_comm_ns) * 1e-9);
+    doc["prefetch_late"] = z.prefetch_late;
+    doc["fetch"] = {{"fetches", z.fetches},
+                    {"gathers_on_demand", z.gathers_on_demand},
+                    {"gathers_prefetched", z.gathers_prefetched},
+                    {"reuses", z.reuses},
+                    {"gathers_dropped_unused", z.gathers_dropped_unused},
+                    {"order_changes", z.order_changes},
+                    {"global_gather_bytes", z.global_gather_bytes},
+                    {"node_gather_bytes", z.node_gather_bytes}};
   }
   return doc;
-}
-
-// A size flag's value: parse_size's forms, and 0 where `zero_ok`.
-bool parse_bytes(const std::string& flag, const std::string& value, bool zero_ok, uint64_t& out,
-                 std::string& why) {
-  if (zero_ok && value == "0") {
-    out = 0;
-    return true;
-  }
-  auto bytes = strata::parse_size(value);
-  if (!bytes.ok()) {
-    why = absl::StrFormat("%s=%s%s", flag, bytes.status().message(), zero_ok ? " (or 0)" : "");
-    return false;
-  }
-  out = *bytes;
-  return true;
 }
 
 }  // namespace
@@ -254,132 +222,7 @@ bool parse_bytes(const std::string& flag, const std::string& value, bool zero_ok
 int main(int argc, char** argv) {
   using namespace cpp_trainer;  // NOLINT(google-build-using-namespace)
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto value = a.substr(a.find('=') + 1);
-    char* end = nullptr;
-    if (a.starts_with("--steps=")) {
-      args.steps = static_cast<int>(std::strtol(value.c_str(), &end, 10));
-      if (*end != '\0' || args.steps <= 0) return usage("--steps wants a positive integer");
-    } else if (a == "--states=nvme" || a == "--states=cpu") {
-      args.states = a == "--states=cpu" ? strata::TierKind::kCpu : strata::TierKind::kNvme;
-      args.states_given = true;
-    } else if (a.starts_with("--max-loss=")) {
-      args.max_loss = std::strtof(value.c_str(), &end);
-      if (*end != '\0' || !(args.max_loss > 0)) return usage("--max-loss wants a number > 0");
-    } else if (a.starts_with("--tolerance=")) {
-      args.tolerance = std::strtod(value.c_str(), &end);
-      if (*end != '\0' || !(args.tolerance > 0)) return usage("--tolerance wants a number > 0");
-    } else if (a == "--zero-stage=0" || a == "--zero-stage=1" || a == "--zero-stage=2" ||
-               a == "--zero-stage=3") {
-      args.zero_stage = static_cast<uint32_t>(a.back() - '0');
-    } else if (a.starts_with("--zero-stage=")) {
-      return usage("--zero-stage wants 0 (one rank, OffloadOptimizer), 1, 2 or 3, not '" + value +
-                   "'");
-    } else if (a.starts_with("--param-home=")) {
-      if (value == "gpu" || value == "cpu" || value == "nvme") {
-        args.param_home = value == "gpu"   ? strata::TierKind::kGpu
-                          : value == "cpu" ? strata::TierKind::kCpu
-                                           : strata::TierKind::kNvme;
-      } else {
-        return usage(
-            "--param-home wants gpu, cpu or nvme (where each rank's parameter shards "
-            "live), not '" +
-            value + "'");
-      }
-      if (args.stage3_flag.empty()) args.stage3_flag = "--param-home";
-    } else if (const std::string flag = a.substr(0, a.find('='));
-               flag == "--prefetch-bytes" || flag == "--max-live-bytes" ||
-               flag == "--persist-below-bytes" || flag == "--reuse-window-bytes") {
-      uint64_t& into = flag == "--prefetch-bytes"        ? args.prefetch_bytes
-                       : flag == "--max-live-bytes"      ? args.max_live_bytes
-                       : flag == "--persist-below-bytes" ? args.persist_below_bytes
-                                                         : args.reuse_window_bytes;
-      std::string why;
-      if (a.find('=') == std::string::npos ||
-          !parse_bytes(flag, value, flag != "--max-live-bytes", into, why)) {
-        return usage(why.empty() ? flag + " wants a size, e.g. " + flag + "=256KiB" : why);
-      }
-      if (args.stage3_flag.empty()) args.stage3_flag = flag;
-    } else if (a.starts_with("--bucket-bytes=")) {
-      auto bytes = strata::parse_size(value);
-      if (!bytes.ok()) {
-        return usage("--bucket-bytes=" + std::string(bytes.status().message()));
-      }
-      args.bucket_bytes = *bytes;
-    } else if (a.starts_with("--accumulation=")) {
-      const long k = std::strtol(value.c_str(), &end, 10);
-      if (*end != '\0' || k <= 0 || k > kBatch) {
-        return usage(absl::StrFormat("--accumulation wants micro-steps per step, 1 to %d", kBatch));
-      }
-      args.accumulation = static_cast<uint32_t>(k);
-    } else if (a == "--offload-activations") {
-      args.offload_activations = true;
-    } else if (a == "--hpz") {
-      // Nodes of LOCAL_WORLD_SIZE ranks, as strata-run, torchrun and Slurm set it.
-      const char* local = std::getenv("LOCAL_WORLD_SIZE");
-      const unsigned long n = local == nullptr ? 0 : std::strtoul(local, &end, 10);
-      if (local == nullptr || *end != '\0' || n == 0) {
-        return usage("--hpz needs LOCAL_WORLD_SIZE (the ranks per node; strata-run sets it)");
-      }
-      args.hpz_node_ranks = static_cast<uint32_t>(n);
-      if (args.stage3_flag.empty()) args.stage3_flag = "--hpz";
-    } else if (a == "--overlap-step") {
-      args.overlap_step = true;
-    } else if (a == "--variable-batches") {
-      args.variable_batches = true;
-    } else if (a.starts_with("--activation-home=")) {
-      if (value != "cpu" && value != "nvme") {
-        return usage(
-            "--activation-home wants cpu or nvme (where saved activations wait for "
-            "backward), not '" +
-            value + "'");
-      }
-      args.activation_home = value == "cpu" ? strata::TierKind::kCpu : strata::TierKind::kNvme;
-    } else if (a.starts_with("--activation-window-bytes") ||
-               a.starts_with("--activation-prefetch-bytes")) {
-      const std::string name = a.substr(0, a.find('='));
-      const bool window = name == "--activation-window-bytes";
-      uint64_t& into = window ? args.activation_window_bytes : args.activation_prefetch_bytes;
-      std::string why;
-      if (a.find('=') == std::string::npos || !parse_bytes(name, value, !window, into, why)) {
-        return usage(why.empty() ? name + " wants a size, e.g. " + name + "=64KiB" : why);
-      }
-    } else if (a.starts_with("--activation-trace=")) {
-      args.activation_trace = value;
-      if (value.empty()) return usage("--activation-trace wants a file name");
-    } else if (a.starts_with("--json=")) {
-      args.json = value;
-      if (args.json.empty()) return usage("--json wants a file name, or - for stdout");
-    } else {
-      return usage("unknown argument '" + a + "'");
-    }
-  }
-
-  if (args.hpz_node_ranks == 0) {
-    absl::StatusOr<uint32_t> hpz = strata::hpz_node_ranks_from_environment();
-    if (!hpz.ok()) return usage(std::string(hpz.status().message()));
-    args.hpz_node_ranks = *hpz;
-  }
-  if (!args.stage3_flag.empty() && args.zero_stage != 3) {
-    return usage(absl::StrFormat(
-        "%s applies to --zero-stage=3 only, the stage that partitions the parameters (this run is "
-        "stage %u); add --zero-stage=3 or drop it",
-        args.stage3_flag, args.zero_stage));
-  }
-
-  if (args.offload_activations && args.zero_stage != 0) {
-    return usage(
-        "--offload-activations is for --zero-stage=0 in this example (the stage-1-3 "
-        "path keeps its activations in memory); drop one of them");
-  }
-  if (!args.offload_activations &&
-      (!args.activation_trace.empty() || args.activation_home != strata::TierKind::kCpu)) {
-    return usage("--activation-home and --activation-trace need --offload-activations");
-  }
-  if (args.variable_batches && args.zero_stage != 0) {
-    return usage("--variable-batches is for --zero-stage=0 in this example");
-  }
+  if (std::optional<int> exit_code = parse_flags(argc, argv, args)) return *exit_code;
 
   // The job this process is part of (strata-run, torchrun); alone: rank 0 of 1.
   auto launch = strata::LaunchInfo::from_environment();
@@ -574,9 +417,9 @@ int main(int argc, char** argv) {
   }
   std::fprintf(human, "%s\n", ok ? "PASS" : "FAIL");
   if (json_file) {
-    JsonObject doc = report_json(args, r, worst);
-    doc.add("passed", ok);
-    const std::string text = doc.str(2) + "\n";
+    Json doc = report_json(args, r, worst);
+    doc["passed"] = ok;
+    const std::string text = strata::json_line(doc, 2) + "\n";
     if (std::fputs(text.c_str(), json_file.get()) < 0 || std::fflush(json_file.get()) != 0) {
       return fail(absl::InternalError(
           absl::StrFormat("--json=%s: writing failed: %s", args.json, std::strerror(errno))));

@@ -1,8 +1,10 @@
 // What cpp_trainer reports of its optimizer steps: per step the optimizer time exposed after the
-// last gradient and, with --overlap-step, the early work kept or rolled back.
+// last gradient and, with --overlap-step, the early work kept or rolled back; and the report's
+// list of floats (the losses).
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "trainer.h"
 
@@ -47,14 +49,18 @@ void print_optimizer_summary(std::FILE* human, const Args& args, const RunResult
   std::fprintf(human, "\n");
 }
 
-JsonObject optimizer_json(const RunResult& r) {
-  std::vector<double> exposed;
-  for (uint64_t ns : r.optimizer_ns) exposed.push_back(static_cast<double>(ns) * 1e-9);
-  JsonObject optimizer;
-  optimizer.add("exposed_seconds", exposed)
-      .add("early_elements", r.early_elements)
-      .add("rollbacks", rollbacks(r));
-  return optimizer;
+Json optimizer_json(const RunResult& r) {
+  Json exposed = Json::array();
+  for (uint64_t ns : r.optimizer_ns) exposed.push_back(json_double(static_cast<double>(ns) * 1e-9));
+  return Json{{"exposed_seconds", std::move(exposed)},
+              {"early_elements", r.early_elements},
+              {"rollbacks", rollbacks(r)}};
+}
+
+Json json_floats(const std::vector<float>& values) {
+  Json list = Json::array();
+  for (float v : values) list.push_back(strata::json_float(v));
+  return list;
 }
 
 }  // namespace cpp_trainer

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@
 #include "strata/runtime/runtime.h"
 
 namespace cpp_trainer {
+
+using strata::Json;  // the report's documents (tools/json.h)
 
 inline constexpr float kLr = 2e-3F;
 inline constexpr float kWeightDecay = 1e-4F;
@@ -143,7 +146,17 @@ void record_optimizer_step(const strata::OffloadOptimizerStats& after, uint64_t 
                            RunResult& result);
 std::string overlap_note(const Args& args, const RunResult& r, size_t step);
 void print_optimizer_summary(std::FILE* human, const Args& args, const RunResult& r);
-JsonObject optimizer_json(const RunResult& r);
+Json optimizer_json(const RunResult& r);
+
+// The report's numbers (--json): a double to 9 significant digits, floats each in the fewest
+// digits that read back as the same float (0.05, not 0.0500000007).
+inline Json json_double(double v) { return strata::json_significant(v, 9); }
+Json json_floats(const std::vector<float>& values);
+
+// flags.cc: parses the command line into `args` and checks the flags together; the exit code
+// when the program should not run (0 after --help, 2 on a usage error, with the message
+// written), nullopt when it should.
+std::optional<int> parse_flags(int argc, char** argv, Args& args);
 
 // Today's path: one rank, parameters and gradients as store tensors, OffloadOptimizer.
 // `human`: where rank 0 writes its progress lines.

@@ -1,17 +1,18 @@
 // offload-bench's shared pieces, unit-tested: the link check that fails a run whose figure no
-// link could carry, the JSON writer every workload uses, and the train-step plan's arena-aware
+// link could carry, the JSON figures every workload rounds, and the train-step plan's arena-aware
 // lower bound.
 #include <absl/strings/match.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <limits>
 #include <numeric>
 #include <random>
 
-#include "bench/json.h"
 #include "bench/link_check.h"
 #include "bench/train_step.h"
 #include "bench/train_step_plan.h"
+#include "json.h"
 
 namespace strata::bench {
 namespace {
@@ -296,18 +297,23 @@ TEST_CASE("The link's extra passes raise its limit", "[bench]") {
   CHECK(check_link(row).ok());
 }
 
-TEST_CASE("The JSON writer escapes strings and formats numbers as the documents do", "[bench]") {
-  CHECK(json_quote("a\"b\\c\nd") == "\"a\\\"b\\\\c\\nd\"");
-  CHECK(json_strings({"x", "y\"z"}) == "[\"x\", \"y\\\"z\"]");
-  CHECK(json_strings({}) == "[]");
-  CHECK(gbps_json(1.23456) == "1.235");
-  CHECK(seconds_json(0.5) == "0.500000");
-  CHECK(ratio_json(1.0 / 3) == "0.3333");
-  CHECK(json_general(123456789.0) == "1.23457e+08");
-  CHECK(seconds_list_json({0.25, 1}) == "[0.250000, 1.000000]");
-  CHECK(json_fixed_list({1.5}, 4) == "[1.5000]");
-  CHECK(json_general_list({}) == "[]");
-  CHECK(std::string(json_bool(true)) == "true");
+TEST_CASE("The JSON figures are rounded as the documents need, non-finite ones null", "[bench]") {
+  CHECK(json_line(gbps_json(1.23456)) == "1.235");
+  CHECK(json_line(seconds_json(0.5)) == "0.5");
+  CHECK(json_line(ratio_json(1.0 / 3)) == "0.3333");
+  CHECK(json_line(json_fixed(2.5, 0)) == "3");  // an integer, rounded half away from zero
+  CHECK(json_line(json_general(123456789.0)) == "123457000.0");
+  CHECK(json_line(json_general(1.234567e-7)) == "1.23457e-07");
+  CHECK(json_line(seconds_list_json({0.25, 1.0000004})) == "[0.25,1.0]");
+  CHECK(json_line(json_fixed_list({1.23456}, 4)) == "[1.2346]");
+  CHECK(json_line(json_general_list({})) == "[]");
+  CHECK(seconds_json(std::numeric_limits<double>::quiet_NaN()).is_null());
+  CHECK(json_general(-std::numeric_limits<double>::infinity()).is_null());
+  // Keys stay in the order written; strings are escaped; bytes that are not UTF-8 do not fail
+  // the document.
+  const Json doc{{"b", "a\"b\\c\nd"}, {"a", true}, {"path", "\xff"}};
+  CHECK(json_line(doc) == R"({"b":"a\"b\\c\nd","a":true,"path":")"
+                          "\xef\xbf\xbd\"}");
 }
 
 }  // namespace strata::bench

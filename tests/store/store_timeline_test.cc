@@ -7,6 +7,7 @@
 #include <absl/time/time.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -149,13 +150,10 @@ STRATA_BOTH_BACKENDS("The timeline records every move, wait and acquire, well fo
     }
   }
   CHECK(waits_on_moves > 0);
-  const std::string json = timeline->chrome_json();
-  CHECK(json.rfind("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [", 0) == 0);
+  const auto trace = nlohmann::json::parse(timeline->chrome_json());
+  CHECK(trace["displayTimeUnit"] == "ms");
   size_t events = 0;
-  for (size_t at = json.find("\"ph\": \"X\""); at != std::string::npos;
-       at = json.find("\"ph\": \"X\"", at + 1)) {
-    ++events;
-  }
+  for (const auto& event : trace["traceEvents"]) events += event["ph"] == "X" ? 1 : 0;
   CHECK(events == spans.size());
 }
 

@@ -2,7 +2,9 @@
 #include "cli.h"
 
 #include <catch2/catch.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace strata::cli {
@@ -96,6 +98,24 @@ TEST_CASE("errors name the flag, the value and the accepted form", "[cli]") {
   CHECK_THAT(f.parse({"--count"}).error(),
              Catch::Contains("--count needs a value") && Catch::Contains("--count=N"));
   CHECK_THAT(f.parse({"-x"}).error(), Catch::Contains("unknown option '-x'"));
+}
+
+TEST_CASE("a flag's own message replaces the parser's for a bad or missing value", "[cli]") {
+  Fixture f;
+  uint64_t window = 1024;
+  f.flags.add_size("window", &window, "a window", /*zero_ok=*/true)
+      .value_message([](std::optional<std::string_view> value, std::string_view why) {
+        return value ? "--window=" + std::string(why) + " (or 0)"
+                     : "--window wants a size, e.g. --window=64KiB (" + std::string(why) + ")";
+      });
+  CHECK_THAT(f.parse({"--window=lots"}).error(),
+             Catch::StartsWith("--window='lots'") && Catch::EndsWith(" (or 0)"));
+  CHECK(f.parse({"--window"}).error() ==
+        "--window wants a size, e.g. --window=64KiB (needs --window=SIZE)");
+  // 0 where allowed, and still refused by a size flag without zero_ok.
+  REQUIRE(f.parse({"--window=0"}).result.ok());
+  CHECK(window == 0);
+  CHECK_THAT(f.parse({"--bytes=0"}).error(), Catch::StartsWith("bad value '0' for --bytes"));
 }
 
 TEST_CASE("unknown flags suggest the closest name", "[cli]") {

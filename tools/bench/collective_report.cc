@@ -1,10 +1,9 @@
 // offload-bench --workload=collective's output: the table and the "collective" JSON object.
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_join.h>
 
 #include "bench/collective_workload.h"
 #include "bench/common.h"
-#include "bench/json.h"
+#include "json.h"
 #include "strata/base/size.h"
 
 namespace strata::bench {
@@ -29,24 +28,30 @@ void print_collective_footer(const CollectiveReport& report, std::ostream& out) 
          "ratio = baseline time / strata time.\n";
 }
 
-std::string collective_json(const CollectiveReport& report) {
-  std::vector<std::string> rows;
+Json collective_json(const CollectiveReport& report) {
+  Json rows = Json::array();
   for (const CollectiveRow& r : report.rows) {
-    rows.push_back(absl::StrFormat(
-        R"({"op": %s, "bytes": %d, "calls_per_sample": %d, "time_s": %s, "algbw_gbps": %s, )"
-        R"("busbw_gbps": %s, "baseline_time_s": %s, "baseline_algbw_gbps": %s, )"
-        R"("baseline_busbw_gbps": %s, "ratio": %s, "samples_s": %s, "baseline_samples_s": %s})",
-        json_quote(r.op), r.bytes, r.calls_per_sample, json_general(r.time_s),
-        json_general(r.algbw_gbps), json_general(r.busbw_gbps), json_general(r.baseline_time_s),
-        json_general(r.baseline_algbw_gbps), json_general(r.baseline_busbw_gbps),
-        json_general(r.ratio), json_general_list(r.samples_s),
-        json_general_list(r.baseline_samples_s)));
+    rows.push_back(Json{{"op", r.op},
+                        {"bytes", r.bytes},
+                        {"calls_per_sample", r.calls_per_sample},
+                        {"time_s", json_general(r.time_s)},
+                        {"algbw_gbps", json_general(r.algbw_gbps)},
+                        {"busbw_gbps", json_general(r.busbw_gbps)},
+                        {"baseline_time_s", json_general(r.baseline_time_s)},
+                        {"baseline_algbw_gbps", json_general(r.baseline_algbw_gbps)},
+                        {"baseline_busbw_gbps", json_general(r.baseline_busbw_gbps)},
+                        {"ratio", json_general(r.ratio)},
+                        {"samples_s", json_general_list(r.samples_s)},
+                        {"baseline_samples_s", json_general_list(r.baseline_samples_s)}});
   }
-  return absl::StrFormat(
-      R"({"backend": %s, "ranks": %d, "description": %s, "baseline": %s, "repeat": %d, )"
-      R"("warmups": %d, "time": "median over samples of the slowest rank's time", "rows": [%s]})",
-      json_quote(report.backend), report.ranks, json_quote(report.description),
-      json_quote(report.baseline), report.repeat, report.warmups, absl::StrJoin(rows, ", "));
+  return Json{{"backend", report.backend},
+              {"ranks", report.ranks},
+              {"description", report.description},
+              {"baseline", report.baseline},
+              {"repeat", report.repeat},
+              {"warmups", report.warmups},
+              {"time", "median over samples of the slowest rank's time"},
+              {"rows", std::move(rows)}};
 }
 
 }  // namespace strata::bench

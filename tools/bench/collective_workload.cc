@@ -328,9 +328,8 @@ absl::StatusOr<std::string> document(const CollectiveReport& report) {
   if (!device.ok()) return device.status();
   Report paths;  // no path rows: this workload's results are under "collective"
   paths.engine = "none";
-  std::string text = to_json(paths, loaded->first, **device);
-  text.pop_back();  // the closing brace: the results become the document's last key
-  return text + ", \"collective\": " + collective_json(report) + "}\n";
+  return document_with(to_json(paths, loaded->first, **device), "collective",
+                       collective_json(report));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -84,6 +85,6 @@ void print_collective_header(const CollectiveReport& report, std::ostream& out);
 void print_collective_row(const CollectiveRow& row, std::ostream& out);
 void print_collective_footer(const CollectiveReport& report, std::ostream& out);
 // The value of the "collective" key of offload-bench's JSON document.
-std::string collective_json(const CollectiveReport& report);
+nlohmann::ordered_json collective_json(const CollectiveReport& report);
 
 }  // namespace strata::bench

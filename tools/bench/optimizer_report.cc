@@ -1,28 +1,29 @@
 // The optimizer workload's output: the human lines and the "optimizer" JSON object.
-#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
-#include "bench/json.h"
 #include "bench/optimizer_baselines.h"
 #include "bench/optimizer_workload.h"
+#include "json.h"
 #include "strata/base/size.h"
 
 namespace strata::bench {
 namespace {
 
-std::string stats_json(const OptimizerStepRun& run) {
+Json stats_json(const OptimizerStepRun& run) {
   const OffloadOptimizerStats& s = run.stats;
-  return absl::StrFormat(
-      R"({"last_step_ns": %d, "last_step_wait_ns": %d, "last_adam_ns": %d, )"
-      R"("last_nvme_wait_ns": %d, "peak_staging_chunks": %d, "chunk_elements": %d, "chunks": %d, )"
-      R"("nvme_bytes_read": %d, "nvme_bytes_written": %d})",
-      s.last_step_ns, s.last_step_wait_ns, s.last_adam_ns, s.last_nvme_wait_ns,
-      s.peak_staging_chunks, s.chunk_elements, s.chunks, run.nvme_bytes_read,
-      run.nvme_bytes_written);
+  return Json{{"last_step_ns", s.last_step_ns},
+              {"last_step_wait_ns", s.last_step_wait_ns},
+              {"last_adam_ns", s.last_adam_ns},
+              {"last_nvme_wait_ns", s.last_nvme_wait_ns},
+              {"peak_staging_chunks", s.peak_staging_chunks},
+              {"chunk_elements", s.chunk_elements},
+              {"chunks", s.chunks},
+              {"nvme_bytes_read", run.nvme_bytes_read},
+              {"nvme_bytes_written", run.nvme_bytes_written}};
 }
 
-std::string all_seconds_json(const OptimizerStepRun& run) {
+Json all_seconds_json(const OptimizerStepRun& run) {
   return seconds_list_json(run.all_step_seconds);
 }
 
@@ -38,10 +39,19 @@ std::string count_text(double count) {
 
 }  // namespace
 
-std::string optimizer_stats_json(const OptimizerStepRun& run) { return stats_json(run); }
-std::string optimizer_all_seconds_json(const OptimizerStepRun& run) {
-  return all_seconds_json(run);
+Json optimizer_fields_json(const OptimizerOptions& options, uint64_t tensors,
+                           const std::string& isa, uint32_t threads) {
+  return Json{{"params", options.params},
+              {"dtype", options.dtype},
+              {"bytes_per_param", bytes_per_param(options.dtype)},
+              {"tensors", tensors},
+              {"repeat", options.repeat},
+              {"isa", isa},
+              {"threads", threads}};
 }
+
+Json optimizer_stats_json(const OptimizerStepRun& run) { return stats_json(run); }
+Json optimizer_all_seconds_json(const OptimizerStepRun& run) { return all_seconds_json(run); }
 
 void print_optimizer(const OptimizerReport& r, std::ostream& out) {
   const OptimizerOptions& o = r.options;
@@ -102,42 +112,44 @@ void print_optimizer(const OptimizerReport& r, std::ostream& out) {
          "OffloadOptimizer::step() with the gradients already landed; GB/s = 1e9 bytes/s.\n";
 }
 
-std::string optimizer_json(const OptimizerReport& r) {
+Json optimizer_json(const OptimizerReport& r) {
   const OptimizerOptions& o = r.options;
-  std::string nvme = "null";
+  Json doc = optimizer_fields_json(o, r.tensors, r.isa, r.threads);
+  doc.update(
+      Json{{"floor_seconds", seconds_json(r.floor_seconds)},
+           {"triad_gbps", ratio_json(gbps(r.triad_bytes_per_second))},
+           {"triad_bytes", r.triad_bytes},
+           {"triad_bytes_per_element", o.params > 0 ? r.triad_bytes / o.params : 0},
+           {"in_place_gbps", ratio_json(gbps(r.in_place_bytes_per_second))},
+           {"in_place_floor_seconds", seconds_json(r.in_place_floor_seconds)},
+           {"ratio_to_in_place_floor", ratio_json(r.ratio_to_in_place_floor())},
+           {"step_seconds", seconds_json(r.cpu.step_seconds)},
+           {"ratio_to_floor", ratio_json(r.ratio_to_floor())},
+           {"params_per_second", json_fixed(static_cast<double>(o.params) / r.cpu.step_seconds, 0)},
+           {"all_step_seconds", all_seconds_json(r.cpu)},
+           {"stats", stats_json(r.cpu)},
+           {"naive_seconds", seconds_json(r.naive_seconds)},
+           {"naive_measured_params", r.naive_measured_params},
+           {"naive_measured_seconds", seconds_json(r.naive_measured_seconds)}});
   if (r.nvme.has_value()) {
     const OptimizerNvme& v = *r.nvme;
     const double bound = v.bound_seconds();
-    const bool has_bound = bound > 0;
-    nvme = absl::StrFormat(
-        R"({"bound_seconds": %s, "step_seconds": %s, "ratio_to_bound": %s, )"
-        R"("overlapped_bound_seconds": %s, "read_gbps": %s, )"
-        R"("write_gbps": %s, "state_bytes": %d, "paths": %s, "engine": "%s", )"
-        R"("all_step_seconds": %s, "stats": %s})",
-        has_bound ? seconds_json(bound) : "null", seconds_json(v.run.step_seconds),
-        has_bound ? ratio_json(bound / v.run.step_seconds) : "null",
-        has_bound ? seconds_json(v.overlapped_bound_seconds()) : "null",
-        has_bound ? ratio_json(gbps(v.read_bytes_per_second)) : "null",
-        has_bound ? ratio_json(gbps(v.write_bytes_per_second)) : "null", v.state_bytes,
-        json_strings(v.paths), v.engine, all_seconds_json(v.run), stats_json(v.run));
+    // The bound's figures, or null where the raw baseline could not run.
+    auto bounded = [&](Json figure) { return bound > 0 ? figure : Json(); };
+    doc["nvme"] =
+        Json{{"bound_seconds", bounded(seconds_json(bound))},
+             {"step_seconds", seconds_json(v.run.step_seconds)},
+             {"ratio_to_bound", bounded(ratio_json(bound / v.run.step_seconds))},
+             {"overlapped_bound_seconds", bounded(seconds_json(v.overlapped_bound_seconds()))},
+             {"read_gbps", bounded(ratio_json(gbps(v.read_bytes_per_second)))},
+             {"write_gbps", bounded(ratio_json(gbps(v.write_bytes_per_second)))},
+             {"state_bytes", v.state_bytes},
+             {"paths", v.paths},
+             {"engine", v.engine},
+             {"all_step_seconds", all_seconds_json(v.run)},
+             {"stats", stats_json(v.run)}};
   }
-  return absl::StrFormat(
-      R"({"params": %d, "dtype": "%s", "bytes_per_param": %d, "tensors": %d, "repeat": %d, )"
-      R"("isa": "%s", "threads": %d, "floor_seconds": %s, "triad_gbps": %s, "triad_bytes": %d, )"
-      R"("triad_bytes_per_element": %d, "in_place_gbps": %s, "in_place_floor_seconds": %s, )"
-      R"("ratio_to_in_place_floor": %s, )"
-      R"("step_seconds": %s, "ratio_to_floor": %s, "params_per_second": %s, )"
-      R"("all_step_seconds": %s, "stats": %s, "naive_seconds": %s, "naive_measured_params": %d, )"
-      R"("naive_measured_seconds": %s%s})",
-      o.params, o.dtype, bytes_per_param(o.dtype), r.tensors, o.repeat, r.isa, r.threads,
-      seconds_json(r.floor_seconds), ratio_json(gbps(r.triad_bytes_per_second)), r.triad_bytes,
-      o.params > 0 ? r.triad_bytes / o.params : 0, ratio_json(gbps(r.in_place_bytes_per_second)),
-      seconds_json(r.in_place_floor_seconds), ratio_json(r.ratio_to_in_place_floor()),
-      seconds_json(r.cpu.step_seconds), ratio_json(r.ratio_to_floor()),
-      absl::StrFormat("%.0f", static_cast<double>(o.params) / r.cpu.step_seconds),
-      all_seconds_json(r.cpu), stats_json(r.cpu), seconds_json(r.naive_seconds),
-      r.naive_measured_params, seconds_json(r.naive_measured_seconds),
-      r.nvme.has_value() ? ", \"nvme\": " + nvme : std::string());
+  return doc;
 }
 
 }  // namespace strata::bench

@@ -540,9 +540,8 @@ int run_optimizer_workload(const OptimizerOptions& o, const std::string& json,
   paths.engine = report.nvme.has_value() ? report.nvme->engine : "none";
   paths.engine_reason = report.nvme.has_value() ? report.nvme->engine_reason : "";
   paths.nvme_paths = report.nvme.has_value() ? report.nvme->paths : std::vector<std::string>();
-  std::string document = to_json(paths, report.config, **device);
-  document.pop_back();  // the closing brace: the results become the document's last key
-  document += ", \"optimizer\": " + optimizer_json(report) + "}\n";
+  const std::string document =
+      document_with(to_json(paths, report.config, **device), "optimizer", optimizer_json(report));
   if (json_to_stdout) {
     std::cout << document;
   } else if (std::fwrite(document.data(), 1, document.size(), json_file.get()) != document.size() ||

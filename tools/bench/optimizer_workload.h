@@ -18,6 +18,7 @@
 #include <absl/status/statusor.h>
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -110,7 +111,7 @@ int run_optimizer_workload(const OptimizerOptions& options, const std::string& j
 
 void print_optimizer(const OptimizerReport& report, std::ostream& out);
 // The value of the "optimizer" key of offload-bench's JSON document.
-std::string optimizer_json(const OptimizerReport& report);
+nlohmann::ordered_json optimizer_json(const OptimizerReport& report);
 
 // Shared with the ranked workload (bench/zero_workload.h).
 // Element counts of the tensors --params is split into (at most 16 Mi elements each, as equal as
@@ -125,8 +126,12 @@ absl::StatusOr<OptimizerStepRun> run_single_rank_steps(const OptimizerOptions& o
                                                        const std::vector<std::string>& nvme_paths,
                                                        OptimizerReport& report,
                                                        std::ostream& human);
+// The fields both the optimizer and the ZeRO documents open with: params, dtype,
+// bytes_per_param, tensors, repeat, isa, threads.
+nlohmann::ordered_json optimizer_fields_json(const OptimizerOptions& options, uint64_t tensors,
+                                             const std::string& isa, uint32_t threads);
 // `run`'s "stats" object and its "all_step_seconds" array, as in optimizer_json().
-std::string optimizer_stats_json(const OptimizerStepRun& run);
-std::string optimizer_all_seconds_json(const OptimizerStepRun& run);
+nlohmann::ordered_json optimizer_stats_json(const OptimizerStepRun& run);
+nlohmann::ordered_json optimizer_all_seconds_json(const OptimizerStepRun& run);
 
 }  // namespace strata::bench

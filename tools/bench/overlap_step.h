@@ -43,6 +43,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -149,6 +150,6 @@ absl::StatusOr<OverlapStepReport> run_overlap_step(const TrainStepOptions& train
 
 void print_overlap_step(const OverlapStepReport& report, std::ostream& out);
 // The value of the "overlap_step" key of offload-bench's JSON document.
-std::string overlap_step_json(const OverlapStepReport& report);
+nlohmann::ordered_json overlap_step_json(const OverlapStepReport& report);
 
 }  // namespace strata::bench

@@ -1,12 +1,10 @@
 // The overlapped-step report: the text table and the "overlap_step" JSON object
 // (bench/overlap_step.h).
-#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_join.h>
 
 #include "bench/common.h"
-#include "bench/json.h"
 #include "bench/overlap_step.h"
+#include "json.h"
 
 namespace strata::bench {
 namespace {
@@ -19,63 +17,71 @@ std::string ratio_text(double value) {
   return value > 0 ? absl::StrFormat("%.3f", value) : std::string("-");
 }
 
-std::string stats_json(const OffloadOptimizerStats& s) {
-  return absl::StrFormat(
-      "{\"last_step_ns\": %d, \"last_step_wait_ns\": %d, \"last_adam_ns\": %d, "
-      "\"last_nvme_wait_ns\": %d, \"last_early_elements\": %d, \"last_redone_elements\": %d, "
-      "\"last_early_adam_ns\": %d, \"last_rollback_ns\": %d, \"last_early_wait_ns\": %d, "
-      "\"overlap_early_steps\": %d, \"overlap_rollbacks\": %d, \"overlap_host_bytes\": %d, "
-      "\"overlap_budget_misses\": %d}",
-      s.last_step_ns, s.last_step_wait_ns, s.last_adam_ns, s.last_nvme_wait_ns,
-      s.last_early_elements, s.last_redone_elements, s.last_early_adam_ns, s.last_rollback_ns,
-      s.last_early_wait_ns, s.overlap_early_steps, s.overlap_rollbacks, s.overlap_host_bytes,
-      s.overlap_budget_misses);
+Json stats_json(const OffloadOptimizerStats& s) {
+  return Json{{"last_step_ns", s.last_step_ns},
+              {"last_step_wait_ns", s.last_step_wait_ns},
+              {"last_adam_ns", s.last_adam_ns},
+              {"last_nvme_wait_ns", s.last_nvme_wait_ns},
+              {"last_early_elements", s.last_early_elements},
+              {"last_redone_elements", s.last_redone_elements},
+              {"last_early_adam_ns", s.last_early_adam_ns},
+              {"last_rollback_ns", s.last_rollback_ns},
+              {"last_early_wait_ns", s.last_early_wait_ns},
+              {"overlap_early_steps", s.overlap_early_steps},
+              {"overlap_rollbacks", s.overlap_rollbacks},
+              {"overlap_host_bytes", s.overlap_host_bytes},
+              {"overlap_budget_misses", s.overlap_budget_misses}};
 }
 
-std::string run_json(const OverlapStepReport& report, const OverlapStepRun& run) {
+Json run_json(const OverlapStepReport& report, const OverlapStepRun& run) {
   std::vector<double> exposed, steps, forwards, backwards;
-  std::vector<std::string> rolled, skipped, early, redone;
+  Json rolled = Json::array(), skipped = Json::array(), early = Json::array(),
+       redone = Json::array();
   for (const OverlapStepSample& s : run.samples) {
     exposed.push_back(s.exposed_seconds);
     steps.push_back(s.step_seconds);
     forwards.push_back(s.forward_seconds);
     backwards.push_back(s.backward_seconds);
-    rolled.push_back(json_bool(s.rolled_back));
-    skipped.push_back(json_bool(s.skipped));
-    early.push_back(absl::StrCat(s.early_elements));
-    redone.push_back(absl::StrCat(s.redone_elements));
+    rolled.push_back(s.rolled_back);
+    skipped.push_back(s.skipped);
+    early.push_back(s.early_elements);
+    redone.push_back(s.redone_elements);
   }
   const OverlapStepSample& m = run.median;
-  return absl::StrCat(
-      "{\"name\": ", json_quote(run.name), ", \"overlap\": ", json_bool(run.overlap),
-      ", \"max_grad_norm\": ", json_general(run.max_grad_norm), ", \"inf_every\": ", run.inf_every,
-      ", \"steps\": ", run.samples.size(), ", \"rollbacks\": ", run.rollbacks,
-      ", \"rollback_rate\": ", ratio_json(run.rollback_rate()),
-      ", \"exposed_seconds\": ", seconds_json(m.exposed_seconds),
-      ", \"exposed_ratio\": ", ratio_json(report.exposed_ratio(run)),
-      ", \"exposed_after_landing_seconds\": ", seconds_json(m.exposed_after_landing_seconds()),
-      ", \"exposed_after_landing_ratio\": ", ratio_json(report.exposed_after_landing_ratio(run)),
-      ", \"forward_seconds\": ", seconds_json(run.forward_seconds),
-      ", \"forward_wait_seconds\": ", seconds_json(run.forward_wait_seconds),
-      ", \"first_layer_wait_seconds\": ", seconds_json(run.first_layer_wait_seconds),
-      ", \"backward_seconds\": ", seconds_json(m.backward_seconds),
-      ", \"step_seconds\": ", seconds_json(run.step_seconds),
-      ", \"ratio_to_bound\": ", ratio_json(report.ratio_to_bound(run)),
-      ", \"kept_exposed_seconds\": ", seconds_json(run.kept_exposed_seconds),
-      ", \"rolled_back_exposed_seconds\": ", seconds_json(run.rolled_back_exposed_seconds),
-      ", \"rollback_cost\": ", ratio_json(report.rollback_cost(run)),
-      ", \"early_elements\": ", m.early_elements,
-      ", \"overlap_host_bytes\": ", m.stats.overlap_host_bytes,
-      ", \"stats\": ", stats_json(m.stats),
-      ", \"all_exposed_seconds\": ", seconds_list_json(exposed),
-      ", \"all_step_seconds\": ", seconds_list_json(steps),
-      ", \"all_forward_seconds\": ", seconds_list_json(forwards),
-      ", \"all_backward_seconds\": ", seconds_list_json(backwards), ", \"all_rolled_back\": [",
-      absl::StrJoin(rolled, ", "), "], \"all_skipped\": [", absl::StrJoin(skipped, ", "),
-      "], \"all_early_elements\": [", absl::StrJoin(early, ", "), "], \"all_redone_elements\": [",
-      absl::StrJoin(redone, ", "), "], \"warmup_early_elements\": ", run.warmup_early_elements,
-      ", \"warmup_redone_elements\": ", run.warmup_redone_elements,
-      ", \"warmup_rolled_back\": ", json_bool(run.warmup_rolled_back), "}");
+  return Json{{"name", run.name},
+              {"overlap", run.overlap},
+              {"max_grad_norm", json_general(run.max_grad_norm)},
+              {"inf_every", run.inf_every},
+              {"steps", run.samples.size()},
+              {"rollbacks", run.rollbacks},
+              {"rollback_rate", ratio_json(run.rollback_rate())},
+              {"exposed_seconds", seconds_json(m.exposed_seconds)},
+              {"exposed_ratio", ratio_json(report.exposed_ratio(run))},
+              {"exposed_after_landing_seconds", seconds_json(m.exposed_after_landing_seconds())},
+              {"exposed_after_landing_ratio", ratio_json(report.exposed_after_landing_ratio(run))},
+              {"forward_seconds", seconds_json(run.forward_seconds)},
+              {"forward_wait_seconds", seconds_json(run.forward_wait_seconds)},
+              {"first_layer_wait_seconds", seconds_json(run.first_layer_wait_seconds)},
+              {"backward_seconds", seconds_json(m.backward_seconds)},
+              {"step_seconds", seconds_json(run.step_seconds)},
+              {"ratio_to_bound", ratio_json(report.ratio_to_bound(run))},
+              {"kept_exposed_seconds", seconds_json(run.kept_exposed_seconds)},
+              {"rolled_back_exposed_seconds", seconds_json(run.rolled_back_exposed_seconds)},
+              {"rollback_cost", ratio_json(report.rollback_cost(run))},
+              {"early_elements", m.early_elements},
+              {"overlap_host_bytes", m.stats.overlap_host_bytes},
+              {"stats", stats_json(m.stats)},
+              {"all_exposed_seconds", seconds_list_json(exposed)},
+              {"all_step_seconds", seconds_list_json(steps)},
+              {"all_forward_seconds", seconds_list_json(forwards)},
+              {"all_backward_seconds", seconds_list_json(backwards)},
+              {"all_rolled_back", std::move(rolled)},
+              {"all_skipped", std::move(skipped)},
+              {"all_early_elements", std::move(early)},
+              {"all_redone_elements", std::move(redone)},
+              {"warmup_early_elements", run.warmup_early_elements},
+              {"warmup_redone_elements", run.warmup_redone_elements},
+              {"warmup_rolled_back", run.warmup_rolled_back}};
 }
 
 }  // namespace
@@ -127,22 +133,25 @@ void print_overlap_step(const OverlapStepReport& report, std::ostream& out) {
   for (const std::string& note : report.notes) out << note << "\n";
 }
 
-std::string overlap_step_json(const OverlapStepReport& report) {
-  std::vector<std::string> runs;
+Json overlap_step_json(const OverlapStepReport& report) {
+  Json runs = Json::array();
   for (const OverlapStepRun& run : report.runs) runs.push_back(run_json(report, run));
-  return absl::StrCat(
-      "{\"mode\": ", json_quote(report.options.mode),
-      ", \"state_home\": ", json_quote(report.state_home), ", \"layers\": ", report.train.layers,
-      ", \"layer_bytes\": ", report.train.layer_bytes, ", \"params\": ", report.params,
-      ", \"chunk_elements\": ", report.chunk_elements,
-      ", \"compute_ms\": ", json_general(report.train.compute_ms),
-      ", \"link_throttle_gbps\": ", json_general(report.train.link_gbps),
-      ", \"steps\": ", report.train.steps, ", \"inf_every\": ", report.options.inf_every,
-      ", \"bound_seconds\": ", seconds_json(report.bound_seconds()),
-      ", \"compute_seconds\": ", seconds_json(report.compute_seconds),
-      ", \"transfer_seconds\": ", seconds_json(report.transfer_seconds),
-      ", \"optimizer_seconds\": ", seconds_json(report.optimizer_seconds), ", \"runs\": [",
-      absl::StrJoin(runs, ", "), "], \"notes\": ", json_strings(report.notes), "}");
+  return Json{{"mode", report.options.mode},
+              {"state_home", report.state_home},
+              {"layers", report.train.layers},
+              {"layer_bytes", report.train.layer_bytes},
+              {"params", report.params},
+              {"chunk_elements", report.chunk_elements},
+              {"compute_ms", json_general(report.train.compute_ms)},
+              {"link_throttle_gbps", json_general(report.train.link_gbps)},
+              {"steps", report.train.steps},
+              {"inf_every", report.options.inf_every},
+              {"bound_seconds", seconds_json(report.bound_seconds())},
+              {"compute_seconds", seconds_json(report.compute_seconds)},
+              {"transfer_seconds", seconds_json(report.transfer_seconds)},
+              {"optimizer_seconds", seconds_json(report.optimizer_seconds)},
+              {"runs", std::move(runs)},
+              {"notes", report.notes}};
 }
 
 }  // namespace strata::bench

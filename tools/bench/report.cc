@@ -1,29 +1,28 @@
 #include "bench/report.h"
 
-#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_join.h>
 
 #include <algorithm>
 #include <optional>
 #include <string>
 
 #include "bench/gpu_paths.h"
-#include "bench/json.h"
 #include "bench/link_check.h"
+#include "json.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
 
 namespace strata::bench {
 namespace {
 
-std::string staging_json(const std::optional<NvmeUse>& use) {
-  if (!use.has_value()) return "null";
-  return absl::StrFormat(
-      R"({"bytes": %d, "chunk_bytes": %d, "peak_leases": %d, "peak_bytes": %d, "waits": %d, )"
-      R"("wait_seconds": %s})",
-      use->bytes, use->chunk_bytes, use->peak_leases, use->peak_bytes, use->waits,
-      seconds_json(use->wait_seconds));
+Json staging_json(const std::optional<NvmeUse>& use) {
+  if (!use.has_value()) return nullptr;
+  return Json{{"bytes", use->bytes},
+              {"chunk_bytes", use->chunk_bytes},
+              {"peak_leases", use->peak_leases},
+              {"peak_bytes", use->peak_bytes},
+              {"waits", use->waits},
+              {"wait_seconds", seconds_json(use->wait_seconds)}};
 }
 
 // The NVMe rows' use of the staging pool and the drives' queue, one line each.
@@ -77,38 +76,52 @@ void print_table(const Report& report, const Device& device, std::ostream& out) 
          "its spread and 25% (200% for a drive); a figure above that fails the run.\n";
 }
 
-std::string to_json(const Report& report, const ResolvedConfig& config, const Device& device) {
-  std::vector<std::string> results;
+Json to_json(const Report& report, const ResolvedConfig& config, const Device& device) {
+  Json results = Json::array();
   for (const Row& r : report.rows) {
     const bool has_baseline = r.baseline.has_value();
-    results.push_back(absl::StrFormat(
-        R"({"path": %s, "tensor_bytes": %d, "total_bytes": %d, "repeats": %d, )"
-        R"("gbps_median": %s, "gbps_min": %s, "gbps_max": %s, "baseline_gbps": %s, )"
-        R"("baseline_bytes": %d, "ratio": %s, "baseline_gbps_min": %s, "baseline_gbps_max": %s, )"
-        R"("link": %s, "link_gbps": %s, "link_rechecks": %d, "link_limit_gbps": %s, )"
-        R"("staging": %s, "fetches_in_flight_peak": %s})",
-        json_quote(r.path), r.tensor_bytes, r.total_bytes, r.repeats, gbps_json(r.runtime.median),
-        gbps_json(r.runtime.min), gbps_json(r.runtime.max),
-        has_baseline ? gbps_json(r.baseline->median) : "null", r.baseline_bytes,
-        has_baseline ? gbps_json(r.runtime.median / r.baseline->median) : "null",
-        has_baseline ? gbps_json(r.baseline->min) : "null",
-        has_baseline ? gbps_json(r.baseline->max) : "null",
-        has_baseline ? json_quote(r.nvme_link ? "nvme" : "gpu") : "null",
-        has_baseline ? gbps_json(std::max(r.link_gbps, r.baseline->max)) : "null", r.link_rechecks,
-        has_baseline ? gbps_json(link_limit_gbps(r)) : "null", staging_json(r.nvme_use),
-        r.nvme_use.has_value() ? absl::StrCat(r.nvme_use->fetches_in_flight_peak) : "null"));
+    // A figure of the baseline, or null when the row has none.
+    auto baseline = [&](auto figure) { return has_baseline ? gbps_json(figure()) : Json(); };
+    results.push_back(
+        Json{{"path", r.path},
+             {"tensor_bytes", r.tensor_bytes},
+             {"total_bytes", r.total_bytes},
+             {"repeats", r.repeats},
+             {"gbps_median", gbps_json(r.runtime.median)},
+             {"gbps_min", gbps_json(r.runtime.min)},
+             {"gbps_max", gbps_json(r.runtime.max)},
+             {"baseline_gbps", baseline([&] { return r.baseline->median; })},
+             {"baseline_bytes", r.baseline_bytes},
+             {"ratio", baseline([&] { return r.runtime.median / r.baseline->median; })},
+             {"baseline_gbps_min", baseline([&] { return r.baseline->min; })},
+             {"baseline_gbps_max", baseline([&] { return r.baseline->max; })},
+             {"link", has_baseline ? Json(r.nvme_link ? "nvme" : "gpu") : Json()},
+             {"link_gbps", baseline([&] { return std::max(r.link_gbps, r.baseline->max); })},
+             {"link_rechecks", r.link_rechecks},
+             {"link_limit_gbps", baseline([&] { return link_limit_gbps(r); })},
+             {"staging", staging_json(r.nvme_use)},
+             {"fetches_in_flight_peak",
+              r.nvme_use.has_value() ? Json(r.nvme_use->fetches_in_flight_peak) : Json()}});
   }
-  std::vector<std::string> paths;
-  for (const std::string& path : report.nvme_paths) paths.push_back(json_quote(path));
-  return absl::StrFormat(
-      R"({"version": %s, "backend": %s, "device": %s, "config": {"gpu_bytes": %d, )"
-      R"("cpu_bytes": %d, "io_engine": %s, "engine": %s, "engine_reason": %s, )"
-      R"("io_block": %d, "io_depth": %d, "verify": %s, "nvme_paths": [%s]}, "results": [%s]})",
-      json_quote(STRATA_VERSION), json_quote(to_string(config.backend)),
-      json_quote(device.description()), config.gpu_bytes, config.cpu_bytes,
-      json_quote(to_string(config.io_engine)), json_quote(report.engine),
-      json_quote(report.engine_reason), config.io_block, config.io_depth, json_bool(config.verify),
-      absl::StrJoin(paths, ", "), absl::StrJoin(results, ", "));
+  return Json{{"version", STRATA_VERSION},
+              {"backend", to_string(config.backend)},
+              {"device", device.description()},
+              {"config",
+               {{"gpu_bytes", config.gpu_bytes},
+                {"cpu_bytes", config.cpu_bytes},
+                {"io_engine", to_string(config.io_engine)},
+                {"engine", report.engine},
+                {"engine_reason", report.engine_reason},
+                {"io_block", config.io_block},
+                {"io_depth", config.io_depth},
+                {"verify", config.verify},
+                {"nvme_paths", report.nvme_paths}}},
+              {"results", std::move(results)}};
+}
+
+std::string document_with(Json document, const std::string& key, Json results) {
+  document[key] = std::move(results);
+  return json_line(document) + "\n";
 }
 
 std::string to_csv(const Report& report) {
@@ -117,10 +130,11 @@ std::string to_csv(const Report& report) {
       "baseline_bytes,ratio\n";
   for (const Row& r : report.rows) {
     const bool base = r.baseline.has_value();
-    out += absl::StrFormat("%s,%d,%d,%d,%.3f,%.3f,%.3f,%s,%d,%s\n", r.path, r.tensor_bytes,
-                           r.total_bytes, r.repeats, r.runtime.median, r.runtime.min, r.runtime.max,
-                           base ? gbps_json(r.baseline->median) : "", r.baseline_bytes,
-                           base ? gbps_json(r.runtime.median / r.baseline->median) : "");
+    out +=
+        absl::StrFormat("%s,%d,%d,%d,%.3f,%.3f,%.3f,%s,%d,%s\n", r.path, r.tensor_bytes,
+                        r.total_bytes, r.repeats, r.runtime.median, r.runtime.min, r.runtime.max,
+                        base ? absl::StrFormat("%.3f", r.baseline->median) : "", r.baseline_bytes,
+                        base ? absl::StrFormat("%.3f", r.runtime.median / r.baseline->median) : "");
   }
   return out;
 }

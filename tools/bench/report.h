@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bench/common.h"
+#include "json.h"
 #include "strata/config/config.h"
 #include "strata/device/device.h"
 
@@ -23,6 +24,9 @@ void print_table(const Report& report, const Device& device, std::ostream& out);
 // One header line, then one line per row: the JSON row fields, an empty field for a missing
 // baseline.
 std::string to_csv(const Report& report);
-std::string to_json(const Report& report, const ResolvedConfig& config, const Device& device);
+Json to_json(const Report& report, const ResolvedConfig& config, const Device& device);
+// A workload's document: to_json's (without path rows) with the workload's results under `key`,
+// its last key, as one line of text.
+std::string document_with(Json document, const std::string& key, Json results);
 
 }  // namespace strata::bench

@@ -198,7 +198,7 @@ int run_swap_workload(Options options, bool tune, const cli::FlagSet& flags) {
   }
 
   if (!data_to_stdout) print_table(report, **device, std::cout);
-  const std::string json = to_json(report, resolved, **device) + "\n";
+  const std::string json = json_line(to_json(report, resolved, **device)) + "\n";
   const std::string csv = to_csv(report);
   if (options.json == "-") std::cout << json;
   if (options.csv == "-") std::cout << csv;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -184,6 +185,6 @@ void print_train_step(const TrainStepReport& report, std::ostream& out);
 std::vector<cli::Flag*> add_train_step_flags(cli::FlagSet& flags, TrainStepOptions* train,
                                              std::string* policies_text);
 // The value of the "train_step" key of offload-bench's JSON document.
-std::string train_step_json(const TrainStepReport& report);
+nlohmann::ordered_json train_step_json(const TrainStepReport& report);
 
 }  // namespace strata::bench

@@ -1,20 +1,20 @@
 // The train-step workload's output: the human table and the "train_step" JSON object.
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_join.h>
 
 #include <algorithm>
 
-#include "bench/json.h"
 #include "bench/train_step.h"
+#include "json.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
 
 namespace strata::bench {
 namespace {
 
-std::string model_json(const PagingModel& m) {
-  return absl::StrFormat(R"({"misses": %d, "fetched_bytes": %d, "written_back_bytes": %d})",
-                         m.misses, m.fetched_bytes, m.written_back_bytes);
+Json model_json(const PagingModel& m) {
+  return Json{{"misses", m.misses},
+              {"fetched_bytes", m.fetched_bytes},
+              {"written_back_bytes", m.written_back_bytes}};
 }
 
 std::string model_text(const char* policy, const PagingModel& m) {
@@ -130,70 +130,95 @@ void print_train_step(const TrainStepReport& report, std::ostream& out) {
          "itself).\n";
 }
 
-std::string train_step_json(const TrainStepReport& report) {
+namespace {
+
+Json stash_json(const TrainStepRun& r) {
+  if (!r.stash.has_value()) return nullptr;
+  const TrainStepRun::Stash& st = *r.stash;
+  return Json{{"loads", st.loads},
+              {"loads_prefetched", st.loads_prefetched},
+              {"loads_kept", st.loads_kept},
+              {"loads_on_demand", st.loads_on_demand},
+              {"bytes_out", st.bytes_out},
+              {"window_waits", st.window_waits},
+              {"window_wait_seconds", seconds_json(st.window_wait_seconds)},
+              {"gpu_peak_bytes", st.gpu_peak_bytes}};
+}
+
+Json run_json(const TrainStepRun& r) {
+  return Json{{"policy", r.policy},
+              {"step_seconds", seconds_json(r.step_seconds)},
+              {"ratio_to_bound", ratio_json(r.ratio_to_bound)},
+              {"ratio_to_arena_bound", ratio_json(r.ratio_to_arena_bound)},
+              {"stall_seconds", seconds_json(r.stall_seconds)},
+              {"bytes_moved", r.bytes_moved},
+              {"bytes_to_gpu", r.bytes_to_gpu},
+              {"bytes_from_gpu", r.bytes_from_gpu},
+              {"hits", r.hits},
+              {"misses", r.misses},
+              {"prefetches_issued", r.prefetches_issued},
+              {"prefetches_used", r.prefetches_used},
+              {"prefetches_late", r.prefetches_late},
+              {"prefetches_wasted", r.prefetches_wasted},
+              {"prefetches_failed", r.prefetches_failed},
+              {"prefetch_accuracy", ratio_json(r.prefetch_accuracy)},
+              {"compute_seconds", seconds_json(r.compute_seconds)},
+              {"early_writebacks", r.early_writebacks},
+              {"early_writebacks_used", r.early_writebacks_used},
+              {"early_writebacks_wasted", r.early_writebacks_wasted},
+              {"discards", r.discards},
+              {"seconds_per_move", seconds_json(r.seconds_per_move)},
+              {"seconds_per_fetch", seconds_json(r.seconds_per_fetch)},
+              {"seconds_per_write_back", seconds_json(r.seconds_per_write_back)},
+              {"all_step_seconds", seconds_list_json(r.all_step_seconds)},
+              {"gpu_tier_peak_bytes", r.gpu_tier_peak_bytes},
+              {"activations", stash_json(r)},
+              {"timeline", r.timeline.has_value() ? step_timeline_json(*r.timeline) : Json()}};
+}
+
+}  // namespace
+
+Json train_step_json(const TrainStepReport& report) {
   const TrainStepOptions& o = report.options;
   const TrainStepBound& b = report.bound;
-  std::vector<std::string> runs;
-  for (const TrainStepRun& r : report.runs) {
-    std::vector<std::string> all;
-    for (double s : r.all_step_seconds) all.push_back(seconds_json(s));
-    std::string stash = "null";
-    if (r.stash.has_value()) {
-      const TrainStepRun::Stash& st = *r.stash;
-      stash = absl::StrFormat(
-          R"({"loads": %d, "loads_prefetched": %d, "loads_kept": %d, "loads_on_demand": %d, )"
-          R"("bytes_out": %d, "window_waits": %d, "window_wait_seconds": %s, )"
-          R"("gpu_peak_bytes": %d})",
-          st.loads, st.loads_prefetched, st.loads_kept, st.loads_on_demand, st.bytes_out,
-          st.window_waits, seconds_json(st.window_wait_seconds), st.gpu_peak_bytes);
-    }
-    runs.push_back(absl::StrFormat(
-        R"({"policy": "%s", "step_seconds": %s, "ratio_to_bound": %s, )"
-        R"("ratio_to_arena_bound": %s, "stall_seconds": %s, )"
-        R"("bytes_moved": %d, "bytes_to_gpu": %d, "bytes_from_gpu": %d, "hits": %d, )"
-        R"("misses": %d, "prefetches_issued": %d, )"
-        R"("prefetches_used": %d, "prefetches_late": %d, "prefetches_wasted": %d, )"
-        R"("prefetches_failed": %d, "prefetch_accuracy": %s, "compute_seconds": %s, )"
-        R"("early_writebacks": %d, "early_writebacks_used": %d, "early_writebacks_wasted": %d, )"
-        R"("discards": %d, )"
-        R"("seconds_per_move": %s, "seconds_per_fetch": %s, "seconds_per_write_back": %s, )"
-        R"("all_step_seconds": [%s], "gpu_tier_peak_bytes": %d, "activations": %s, )"
-        R"("timeline": %s})",
-        r.policy, seconds_json(r.step_seconds), ratio_json(r.ratio_to_bound),
-        ratio_json(r.ratio_to_arena_bound), seconds_json(r.stall_seconds), r.bytes_moved,
-        r.bytes_to_gpu, r.bytes_from_gpu, r.hits, r.misses, r.prefetches_issued, r.prefetches_used,
-        r.prefetches_late, r.prefetches_wasted, r.prefetches_failed,
-        ratio_json(r.prefetch_accuracy), seconds_json(r.compute_seconds), r.early_writebacks,
-        r.early_writebacks_used, r.early_writebacks_wasted, r.discards,
-        seconds_json(r.seconds_per_move), seconds_json(r.seconds_per_fetch),
-        seconds_json(r.seconds_per_write_back), absl::StrJoin(all, ", "), r.gpu_tier_peak_bytes,
-        stash, r.timeline.has_value() ? step_timeline_json(*r.timeline) : "null"));
-  }
-  return absl::StrFormat(
-      R"({"bound_seconds": %s, "arena_bound_seconds": %s, "arena_bound_cut": %s, )"
-      R"("arena_bound_cross_bytes": %d, "arena_bound_link": "%s", )"
-      R"("compute_seconds": %s, "transfer_bytes": %d, )"
-      R"("transfer_seconds": %s, "link_gbps": %s, "h2d_gbps": %s, "nvme_read_gbps": %s, )"
-      R"("layers": %d, "layer_bytes": %d, "activation_bytes": %d, "compute_ms": %s, )"
-      R"("optimizer": %s, "optimizer_ms": %s, "arena_layers": %d, "arena_bytes": %d, )"
-      R"("home": "%s", "link_throttle_gbps": %s, "steps": %d, "sync_each_layer": %s, )"
-      R"("discard": %s, "early_writeback": %s, )"
-      R"("model": {"belady": %s, "lru": %s}, "activations": "%s", )"
-      R"("activation_window_bytes": %d, "activation_prefetch_bytes": %d, )"
-      R"("activation_transfer_bytes": %d, "d2h_bytes": %d, "runs": [%s]})",
-      seconds_json(b.seconds()), seconds_json(b.arena_seconds()), json_quote(b.arena.where),
-      b.arena.cross_after_bytes, b.arena_link, seconds_json(b.compute_seconds), b.transfer_bytes,
-      seconds_json(b.transfer_seconds()), ratio_json(b.link_bytes_per_second / 1e9),
-      ratio_json(b.h2d_bytes_per_second / 1e9),
-      b.nvme_bytes_per_second.has_value() ? ratio_json(*b.nvme_bytes_per_second / 1e9) : "null",
-      o.layers, o.layer_bytes, o.activation_bytes, ratio_json(o.compute_ms), json_bool(o.optimizer),
-      ratio_json(o.optimizer_ms), o.arena_layers, b.arena_bytes, o.home,
-      report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : "null", o.steps,
-      json_bool(o.sync_each_layer), json_bool(o.discard), json_bool(o.early_writeback),
-      model_json(b.belady), model_json(b.lru), o.activations,
-      o.activations == "stash" ? stash_window_bytes(o) : 0,
-      o.activations == "stash" ? stash_prefetch_bytes(o) : 0, b.activation_transfer_bytes,
-      b.d2h_bytes, absl::StrJoin(runs, ", "));
+  const bool stash = o.activations == "stash";
+  Json runs = Json::array();
+  for (const TrainStepRun& r : report.runs) runs.push_back(run_json(r));
+  return Json{
+      {"bound_seconds", seconds_json(b.seconds())},
+      {"arena_bound_seconds", seconds_json(b.arena_seconds())},
+      {"arena_bound_cut", b.arena.where},
+      {"arena_bound_cross_bytes", b.arena.cross_after_bytes},
+      {"arena_bound_link", b.arena_link},
+      {"compute_seconds", seconds_json(b.compute_seconds)},
+      {"transfer_bytes", b.transfer_bytes},
+      {"transfer_seconds", seconds_json(b.transfer_seconds())},
+      {"link_gbps", ratio_json(b.link_bytes_per_second / 1e9)},
+      {"h2d_gbps", ratio_json(b.h2d_bytes_per_second / 1e9)},
+      {"nvme_read_gbps",
+       b.nvme_bytes_per_second.has_value() ? ratio_json(*b.nvme_bytes_per_second / 1e9) : Json()},
+      {"layers", o.layers},
+      {"layer_bytes", o.layer_bytes},
+      {"activation_bytes", o.activation_bytes},
+      {"compute_ms", ratio_json(o.compute_ms)},
+      {"optimizer", o.optimizer},
+      {"optimizer_ms", ratio_json(o.optimizer_ms)},
+      {"arena_layers", o.arena_layers},
+      {"arena_bytes", b.arena_bytes},
+      {"home", o.home},
+      {"link_throttle_gbps",
+       report.config.backend == Backend::kHost ? ratio_json(o.link_gbps) : Json()},
+      {"steps", o.steps},
+      {"sync_each_layer", o.sync_each_layer},
+      {"discard", o.discard},
+      {"early_writeback", o.early_writeback},
+      {"model", {{"belady", model_json(b.belady)}, {"lru", model_json(b.lru)}}},
+      {"activations", o.activations},
+      {"activation_window_bytes", stash ? stash_window_bytes(o) : 0},
+      {"activation_prefetch_bytes", stash ? stash_prefetch_bytes(o) : 0},
+      {"activation_transfer_bytes", b.activation_transfer_bytes},
+      {"d2h_bytes", b.d2h_bytes},
+      {"runs", std::move(runs)}};
 }
 
 }  // namespace strata::bench

@@ -4,7 +4,6 @@
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_join.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,7 +12,7 @@
 #include <map>
 #include <memory>
 
-#include "bench/json.h"
+#include "json.h"
 #include "strata/base/format_bytes.h"
 
 namespace strata::bench {
@@ -216,29 +215,33 @@ std::string step_timeline_text(const std::string& policy, const StepTimelineSumm
   return out;
 }
 
-std::string step_timeline_json(const StepTimelineSummary& s) {
-  std::vector<std::string> causes;
+Json step_timeline_json(const StepTimelineSummary& s) {
+  Json causes = Json::array();
   for (const auto& [cause, ms] : s.idle_ms_by_cause) {
-    causes.push_back(
-        absl::StrFormat(R"({"cause": %s, "ms": %s})", json_quote(cause), json_fixed(ms, 3)));
+    causes.push_back(Json{{"cause", cause}, {"ms", json_fixed(ms, 3)}});
   }
-  std::vector<std::string> moves;
+  Json moves = Json::array();
   for (const StepTimelineSummary::Moves& k : s.moves) {
-    moves.push_back(
-        absl::StrFormat(R"({"kind": %s, "count": %d, "mean_ms": %s, "issue_ms": %s, "io_ms": %s, )"
-                        R"("completion_lag_ms": %s, "reads_beside": %s, "writes_beside": %s})",
-                        json_quote(k.kind), k.count, json_fixed(k.mean_ms, 3),
-                        json_fixed(k.issue_ms, 3), json_fixed(k.io_ms, 3), json_fixed(k.lag_ms, 3),
-                        json_fixed(k.reads_beside, 2), json_fixed(k.writes_beside, 2)));
+    moves.push_back(Json{{"kind", k.kind},
+                         {"count", k.count},
+                         {"mean_ms", json_fixed(k.mean_ms, 3)},
+                         {"issue_ms", json_fixed(k.issue_ms, 3)},
+                         {"io_ms", json_fixed(k.io_ms, 3)},
+                         {"completion_lag_ms", json_fixed(k.lag_ms, 3)},
+                         {"reads_beside", json_fixed(k.reads_beside, 2)},
+                         {"writes_beside", json_fixed(k.writes_beside, 2)}});
   }
-  return absl::StrFormat(
-      R"({"step_ms": %s, "compute_ms": %s, "idle_ms": %s, "waits": %d, "staging_wait_ms": %s, )"
-      R"("nvme_busy_ms": %s, "nvme_read_bytes": %d, "nvme_write_bytes": %d, "h2d_busy_ms": %s, )"
-      R"("idle_by_cause": [%s], "moves": [%s]})",
-      json_fixed(s.step_ms, 3), json_fixed(s.compute_ms, 3), json_fixed(s.idle_ms, 3), s.waits,
-      json_fixed(s.staging_wait_ms, 3), json_fixed(s.nvme_busy_ms, 3), s.nvme_read_bytes,
-      s.nvme_write_bytes, json_fixed(s.h2d_busy_ms, 3), absl::StrJoin(causes, ", "),
-      absl::StrJoin(moves, ", "));
+  return Json{{"step_ms", json_fixed(s.step_ms, 3)},
+              {"compute_ms", json_fixed(s.compute_ms, 3)},
+              {"idle_ms", json_fixed(s.idle_ms, 3)},
+              {"waits", s.waits},
+              {"staging_wait_ms", json_fixed(s.staging_wait_ms, 3)},
+              {"nvme_busy_ms", json_fixed(s.nvme_busy_ms, 3)},
+              {"nvme_read_bytes", s.nvme_read_bytes},
+              {"nvme_write_bytes", s.nvme_write_bytes},
+              {"h2d_busy_ms", json_fixed(s.h2d_busy_ms, 3)},
+              {"idle_by_cause", std::move(causes)},
+              {"moves", std::move(moves)}};
 }
 
 absl::Status write_timeline_file(const std::string& path, const std::string& text) {

@@ -12,6 +12,7 @@
 #include <absl/status/status.h>
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,6 @@ StepTimelineSummary summarize_step(const std::vector<Timeline::Span>& spans, int
 absl::Status write_timeline_file(const std::string& path, const std::string& text);
 
 std::string step_timeline_text(const std::string& policy, const StepTimelineSummary& s);
-std::string step_timeline_json(const StepTimelineSummary& s);
+nlohmann::ordered_json step_timeline_json(const StepTimelineSummary& s);
 
 }  // namespace strata::bench

@@ -1,10 +1,10 @@
 // --workload=zero's output: the human table and the "zero" JSON object.
-#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_join.h>
 
-#include "bench/json.h"
+#include <utility>
+
 #include "bench/zero3_workload.h"
+#include "json.h"
 #include "strata/base/size.h"
 
 namespace strata::bench {
@@ -12,87 +12,92 @@ namespace {
 
 uint64_t whole(double v) { return static_cast<uint64_t>(v + 0.5); }
 
-std::string bound_json(const Zero3Bound& b) {
-  return absl::StrFormat(
-      R"({"compute_seconds": %s, "gather_seconds": %s, "reduce_scatter_seconds": %s, )"
-      R"("comm_seconds": %s, "shard_read_seconds": %s, "optimizer_seconds": %s, "seconds": %s})",
-      seconds_json(b.compute), seconds_json(b.gather), seconds_json(b.reduce_scatter),
-      seconds_json(b.comm), seconds_json(b.shard_read), seconds_json(b.optimizer),
-      seconds_json(b.seconds));
+Json bound_json(const Zero3Bound& b) {
+  return Json{{"compute_seconds", seconds_json(b.compute)},
+              {"gather_seconds", seconds_json(b.gather)},
+              {"reduce_scatter_seconds", seconds_json(b.reduce_scatter)},
+              {"comm_seconds", seconds_json(b.comm)},
+              {"shard_read_seconds", seconds_json(b.shard_read)},
+              {"optimizer_seconds", seconds_json(b.optimizer)},
+              {"seconds", seconds_json(b.seconds)}};
 }
 
 // The fields of one step's record, shared by the job and its ranks.
-std::string sample_fields(const Zero3Report& report, const Zero3Sample& s) {
+void add_sample_fields(const Zero3Report& report, const Zero3Sample& s, Json& into) {
   const Zero3Bound b = bound_of(report, s);
   const Zero3Goal g = goal_of(report, s);
-  return absl::StrCat(
-      absl::StrFormat(
-          R"("forward_seconds": %s, "backward_seconds": %s, "step_call_seconds": %s, )"
-          R"("compute_seconds": %s, "optimizer_seconds": %s, "fetch_wait_seconds": %s, )"
-          R"("gather_wait_seconds": %s, )"
-          R"("reduce_scatter_wait_seconds": %s, "acquire_param_seconds": %s, )"
-          R"("release_param_seconds": %s, "acquire_grad_seconds": %s, "grad_ready_seconds": %s, )"
-          R"("grad_copy_seconds": %s, "outside_compute_seconds": %s, )",
-          seconds_json(s.forward), seconds_json(s.backward), seconds_json(s.step_call),
-          seconds_json(s.compute), seconds_json(s.optimizer), seconds_json(s.fetch_wait),
-          seconds_json(s.gather_wait), seconds_json(s.reduce_scatter_wait),
-          seconds_json(s.acquire_param), seconds_json(s.release_param),
-          seconds_json(s.acquire_grad), seconds_json(s.grad_ready), seconds_json(s.grad_copy),
-          seconds_json(s.outside_compute())),
-      absl::StrFormat(
-          R"("exposed_comm_seconds": %s, "exposed_comm_fraction": %s, )"
-          R"("exposed_with_grad_waits_seconds": %s, "exposed_with_grad_waits_fraction": %s, )"
-          R"("gathers": %d, )"
-          R"("gathers_on_demand": %d, "gathers_prefetched": %d, "reuses": %d, "prefetch_late": %d, )"
-          R"("gathers_dropped_unused": %d, "order_changes": %d, "gathered_peak_bytes": %d, )"
-          R"("all_gather_bytes": %d, "reduce_scatter_bytes": %d, "nvme_read_bytes": %d, )",
-          seconds_json(s.exposed()), ratio_json(s.exposed_fraction()),
-          seconds_json(s.exposed_with_grad_waits()),
-          ratio_json(s.exposed_with_grad_waits_fraction()), whole(s.gathers),
-          whole(s.gathers_on_demand), whole(s.gathers_prefetched), whole(s.reuses),
-          whole(s.prefetch_late), whole(s.dropped_unused), whole(s.order_changes),
-          whole(s.gathered_peak_bytes), whole(s.all_gather_bytes), whole(s.reduce_scatter_bytes),
-          whole(s.nvme_read_bytes)),
-      absl::StrFormat(R"("optimizer_step_seconds": %s, "early_elements": %d, )"
-                      R"("rolled_back": %s, "early_wait_seconds": %s, )",
-                      seconds_json(s.optimizer_step), whole(s.early_elements),
-                      json_bool(s.rolled_back > 0), seconds_json(s.early_wait)),
-      absl::StrFormat(R"("overlap_bound_seconds": %s, "ratio": %s, "bound": %s, )"
-                      R"("goal": {"exposed_fraction_max": %s, "applies": %s, "met": %s})",
-                      seconds_json(b.seconds), ratio_json(b.seconds > 0 ? s.step / b.seconds : 0),
-                      bound_json(b), ratio_json(kExposedGoal), json_bool(g.applies),
-                      json_bool(g.met)));
+  const std::pair<const char*, double> seconds[] = {
+      {"forward_seconds", s.forward},
+      {"backward_seconds", s.backward},
+      {"step_call_seconds", s.step_call},
+      {"compute_seconds", s.compute},
+      {"optimizer_seconds", s.optimizer},
+      {"fetch_wait_seconds", s.fetch_wait},
+      {"gather_wait_seconds", s.gather_wait},
+      {"reduce_scatter_wait_seconds", s.reduce_scatter_wait},
+      {"acquire_param_seconds", s.acquire_param},
+      {"release_param_seconds", s.release_param},
+      {"acquire_grad_seconds", s.acquire_grad},
+      {"grad_ready_seconds", s.grad_ready},
+      {"grad_copy_seconds", s.grad_copy},
+      {"outside_compute_seconds", s.outside_compute()},
+      {"exposed_comm_seconds", s.exposed()}};
+  for (const auto& [key, value] : seconds) into[key] = seconds_json(value);
+  into["exposed_comm_fraction"] = ratio_json(s.exposed_fraction());
+  into["exposed_with_grad_waits_seconds"] = seconds_json(s.exposed_with_grad_waits());
+  into["exposed_with_grad_waits_fraction"] = ratio_json(s.exposed_with_grad_waits_fraction());
+  const std::pair<const char*, double> counts[] = {{"gathers", s.gathers},
+                                                   {"gathers_on_demand", s.gathers_on_demand},
+                                                   {"gathers_prefetched", s.gathers_prefetched},
+                                                   {"reuses", s.reuses},
+                                                   {"prefetch_late", s.prefetch_late},
+                                                   {"gathers_dropped_unused", s.dropped_unused},
+                                                   {"order_changes", s.order_changes},
+                                                   {"gathered_peak_bytes", s.gathered_peak_bytes},
+                                                   {"all_gather_bytes", s.all_gather_bytes},
+                                                   {"reduce_scatter_bytes", s.reduce_scatter_bytes},
+                                                   {"nvme_read_bytes", s.nvme_read_bytes}};
+  for (const auto& [key, value] : counts) into[key] = whole(value);
+  into["optimizer_step_seconds"] = seconds_json(s.optimizer_step);
+  into["early_elements"] = whole(s.early_elements);
+  into["rolled_back"] = s.rolled_back > 0;
+  into["early_wait_seconds"] = seconds_json(s.early_wait);
+  into["overlap_bound_seconds"] = seconds_json(b.seconds);
+  into["ratio"] = ratio_json(b.seconds > 0 ? s.step / b.seconds : 0);
+  into["bound"] = bound_json(b);
+  into["goal"] = {
+      {"exposed_fraction_max", ratio_json(kExposedGoal)}, {"applies", g.applies}, {"met", g.met}};
 }
 
-std::string rank_json(const Zero3Report& report, const Zero3RankSummary& r) {
+Json rank_json(const Zero3Report& report, const Zero3RankSummary& r) {
   const auto& t = r.model_states_by_tier;
-  return absl::StrFormat(
-      R"({"rank": %d, "step_seconds": %s, "all_step_seconds": %s, %s, "model_state_bytes": %d, )"
-      R"("model_state_bytes_by_tier": {"gpu": %d, "cpu": %d, "nvme": %d}, )"
-      R"("mean_nvme_read_bytes": %.1f, "rollback_rate": %s})",
-      r.rank, seconds_json(r.median.step), seconds_list_json(r.all_step_seconds),
-      sample_fields(report, r.median), r.model_state_bytes, t[0], t[1], t[2],
-      r.mean_nvme_read_bytes, ratio_json(r.rollback_rate));
+  Json rank{{"rank", r.rank},
+            {"step_seconds", seconds_json(r.median.step)},
+            {"all_step_seconds", seconds_list_json(r.all_step_seconds)}};
+  add_sample_fields(report, r.median, rank);
+  rank["model_state_bytes"] = r.model_state_bytes;
+  rank["model_state_bytes_by_tier"] = {{"gpu", t[0]}, {"cpu", t[1]}, {"nvme", t[2]}};
+  rank["mean_nvme_read_bytes"] = json_fixed(r.mean_nvme_read_bytes, 1);
+  rank["rollback_rate"] = ratio_json(r.rollback_rate);
+  return rank;
 }
 
-std::string baselines_json(const Zero3Report& r) {
-  std::string read = "null";
+Json baselines_json(const Zero3Report& r) {
+  Json read = nullptr;
   if (r.raw_read.has_value()) {
-    read =
-        absl::StrFormat(R"({"bytes": %d, "seconds": %s, "samples": %s})", r.raw_read->bytes,
-                        seconds_json(r.raw_read->seconds), seconds_list_json(r.raw_read->samples));
+    read = {{"bytes", r.raw_read->bytes},
+            {"seconds", seconds_json(r.raw_read->seconds)},
+            {"samples", seconds_list_json(r.raw_read->samples)}};
   }
-  return absl::StrFormat(
-      R"({"calls_per_sample": %d, "all_gather_seconds": %s, "reduce_scatter_seconds": %s, )"
-      R"("all_gather_samples": %s, "reduce_scatter_samples": %s, "shard_read": %s, )"
-      R"("compute_ns_per_element": %s, "compute_elements_per_layer": %d, )"
-      R"("compute_samples_ns": %s})",
-      r.raw_comm.calls_per_sample, seconds_json(r.raw_comm.all_gather_seconds),
-      seconds_json(r.raw_comm.reduce_scatter_seconds),
-      seconds_list_json(r.raw_comm.all_gather_samples),
-      seconds_list_json(r.raw_comm.reduce_scatter_samples), read,
-      json_fixed(r.compute.ns_per_element, 4), r.compute.elements_per_layer,
-      json_fixed_list(r.compute.samples_ns, 4));
+  return Json{{"calls_per_sample", r.raw_comm.calls_per_sample},
+              {"all_gather_seconds", seconds_json(r.raw_comm.all_gather_seconds)},
+              {"reduce_scatter_seconds", seconds_json(r.raw_comm.reduce_scatter_seconds)},
+              {"all_gather_samples", seconds_list_json(r.raw_comm.all_gather_samples)},
+              {"reduce_scatter_samples", seconds_list_json(r.raw_comm.reduce_scatter_samples)},
+              {"shard_read", std::move(read)},
+              {"compute_ns_per_element", json_fixed(r.compute.ns_per_element, 4)},
+              {"compute_elements_per_layer", r.compute.elements_per_layer},
+              {"compute_samples_ns", json_fixed_list(r.compute.samples_ns, 4)}};
 }
 
 std::string ms(double s) { return absl::StrFormat("%.3f ms", s * 1e3); }
@@ -188,24 +193,35 @@ void print_zero3(const Zero3Report& r, std::ostream& out) {
          "peak = gathered_peak_bytes.\n";
 }
 
-std::string zero3_json(const Zero3Report& r) {
+Json zero3_json(const Zero3Report& r) {
   const Zero3Options& o = r.options;
-  std::vector<std::string> ranks;
+  Json doc{{"ranks", r.ranks},
+           {"stage", 3},
+           {"backend", r.comm_backend},
+           {"param_home", o.param_home},
+           {"state_home", "cpu"},
+           {"overlap", o.overlap},
+           {"layers", o.layers},
+           {"layer_bytes", o.layer_bytes},
+           {"layer_params", r.layer_params},
+           {"padded_params", r.padded_params},
+           {"shard_params", r.shard_params},
+           {"gathered_layer_bytes", r.gathered_layer_bytes},
+           {"shard_bytes", r.shard_bytes},
+           {"prefetch_bytes", r.prefetch_bytes},
+           {"max_live_bytes", r.max_live_bytes},
+           {"reuse_window_bytes", r.reuse_window_bytes},
+           {"steps", o.steps},
+           {"layer_compute_seconds", seconds_json(absl::ToDoubleSeconds(o.layer_compute))},
+           {"baselines", baselines_json(r)},
+           {"step_seconds", seconds_json(r.step_seconds)},
+           {"all_step_seconds", seconds_list_json(r.all_step_seconds)},
+           {"slowest_rank", r.slowest_rank}};
+  add_sample_fields(r, r.median, doc);
+  Json ranks = Json::array();
   for (const Zero3RankSummary& rank : r.per_rank) ranks.push_back(rank_json(r, rank));
-  return absl::StrFormat(
-      R"({"ranks": %d, "stage": 3, "backend": "%s", "param_home": "%s", "state_home": "cpu", )"
-      R"("overlap": %s, )"
-      R"("layers": %d, "layer_bytes": %d, "layer_params": %d, "padded_params": %d, )"
-      R"("shard_params": %d, "gathered_layer_bytes": %d, "shard_bytes": %d, )"
-      R"("prefetch_bytes": %d, "max_live_bytes": %d, "reuse_window_bytes": %d, "steps": %d, )"
-      R"("layer_compute_seconds": %s, "baselines": %s, "step_seconds": %s, )"
-      R"("all_step_seconds": %s, "slowest_rank": %d, %s, "per_rank": [%s]})",
-      r.ranks, r.comm_backend, o.param_home, json_bool(o.overlap), o.layers, o.layer_bytes,
-      r.layer_params, r.padded_params, r.shard_params, r.gathered_layer_bytes, r.shard_bytes,
-      r.prefetch_bytes, r.max_live_bytes, r.reuse_window_bytes, o.steps,
-      seconds_json(absl::ToDoubleSeconds(o.layer_compute)), baselines_json(r),
-      seconds_json(r.step_seconds), seconds_list_json(r.all_step_seconds), r.slowest_rank,
-      sample_fields(r, r.median), absl::StrJoin(ranks, ", "));
+  doc["per_rank"] = std::move(ranks);
+  return doc;
 }
 
 }  // namespace strata::bench

@@ -183,9 +183,7 @@ absl::StatusOr<std::string> document(const Zero3Report& report) {
                      ? std::string(to_string(report.config.io_engine))
                      : "none";
   paths.nvme_paths = report.config.nvme_paths;
-  std::string text = to_json(paths, report.config, **device);
-  text.pop_back();  // the closing brace: the results become the document's last key
-  return text + ", \"zero\": " + zero3_json(report) + "}\n";
+  return document_with(to_json(paths, report.config, **device), "zero", zero3_json(report));
 }
 
 // Where the engine's collectives read and write: Gloo moves host memory, so on a CUDA device

@@ -35,6 +35,7 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -216,6 +217,6 @@ int run_zero3_workload(const Zero3Options& options, const cli::FlagSet& flags);
 
 void print_zero3(const Zero3Report& report, std::ostream& out);
 // The value of the "zero" key of offload-bench's JSON document for this workload.
-std::string zero3_json(const Zero3Report& report);
+nlohmann::ordered_json zero3_json(const Zero3Report& report);
 
 }  // namespace strata::bench

@@ -1,11 +1,9 @@
 // The ranked optimizer workload's output: the human lines and the "optimizer" JSON object.
-#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_join.h>
 
-#include "bench/json.h"
 #include "bench/optimizer_workload.h"
 #include "bench/zero_workload.h"
+#include "json.h"
 #include "strata/base/size.h"
 
 namespace strata::bench {
@@ -18,45 +16,59 @@ uint64_t comm_total(const ZeroSample& s) {
 }
 
 // The time fields of one sample, shared by the run and its ranks.
-std::string sample_fields(const ZeroSample& s) {
-  return absl::StrFormat(
-      R"("exposed_comm_seconds": %s, "reduce_scatter_wait_seconds": %s, "gather_seconds": %s, )"
-      R"("stats_all_reduce_seconds": %s, "optimizer_seconds": %s, "adam_seconds": %s, )"
-      R"("outside_optimizer_seconds": %s, "engine_step_seconds": %s, "grad_phase_seconds": %s)",
-      seconds_json(s.exposed()), seconds_json(s.wait), seconds_json(s.gather),
-      seconds_json(s.stats_reduce), seconds_json(s.optimizer), seconds_json(s.adam),
-      seconds_json(s.outside_optimizer()), seconds_json(s.engine_step), seconds_json(s.grad_phase));
+void add_sample_fields(const ZeroSample& s, Json& into) {
+  into["exposed_comm_seconds"] = seconds_json(s.exposed());
+  into["reduce_scatter_wait_seconds"] = seconds_json(s.wait);
+  into["gather_seconds"] = seconds_json(s.gather);
+  into["stats_all_reduce_seconds"] = seconds_json(s.stats_reduce);
+  into["optimizer_seconds"] = seconds_json(s.optimizer);
+  into["adam_seconds"] = seconds_json(s.adam);
+  into["outside_optimizer_seconds"] = seconds_json(s.outside_optimizer());
+  into["engine_step_seconds"] = seconds_json(s.engine_step);
+  into["grad_phase_seconds"] = seconds_json(s.grad_phase);
 }
 
-std::string rank_json(const ZeroRankSummary& r) {
-  return absl::StrFormat(
-      R"({"rank": %d, "step_seconds": %s, "all_step_seconds": %s, %s, "comm_bytes_per_step": %d, )"
-      R"("model_state_bytes": %d, "model_state_bytes_by_tier": {"gpu": %d, "cpu": %d, )"
-      R"("nvme": %d}, "bucket_bytes": %d})",
-      r.rank, seconds_json(r.median.step), seconds_list_json(r.all_step_seconds),
-      sample_fields(r.median), comm_total(r.median), r.model_state_bytes, r.by_tier[0],
-      r.by_tier[1], r.by_tier[2], r.bucket_bytes);
+Json rank_json(const ZeroRankSummary& r) {
+  Json rank{{"rank", r.rank},
+            {"step_seconds", seconds_json(r.median.step)},
+            {"all_step_seconds", seconds_list_json(r.all_step_seconds)}};
+  add_sample_fields(r.median, rank);
+  rank["comm_bytes_per_step"] = comm_total(r.median);
+  rank["model_state_bytes"] = r.model_state_bytes;
+  rank["model_state_bytes_by_tier"] = {
+      {"gpu", r.by_tier[0]}, {"cpu", r.by_tier[1]}, {"nvme", r.by_tier[2]}};
+  rank["bucket_bytes"] = r.bucket_bytes;
+  return rank;
 }
 
-std::string run_json(const ZeroReport& report, const ZeroRun& run) {
-  std::vector<std::string> ranks;
+Json run_json(const ZeroReport& report, const ZeroRun& run) {
+  Json ranks = Json::array();
   for (const ZeroRankSummary& r : run.ranks) ranks.push_back(rank_json(r));
   const ZeroSample& m = run.median;
-  return absl::StrFormat(
-      R"({"ranks": %d, "stage": %d, "backend": "%s", "state_home": "%s", "bucket_bytes": %d, )"
-      R"("gradient_buckets": %d, "alignment": %d, "groups": %d, "padded_params": %d, )"
-      R"("shard_params": %d, "single_step_seconds": %s, "ideal_seconds": %s, )"
-      R"("step_seconds": %s, "ratio": %s, "all_step_seconds": %s, "slowest_rank": %d, %s, )"
-      R"("comm_bytes_per_step": %d, "engine_comm_bytes_per_step": %d, )"
-      R"("comm_bytes": {"reduce_scatter": %d, "all_gather": %d, "all_reduce": %d}, )"
-      R"("per_rank": [%s]})",
-      report.ranks, report.options.stage, report.comm_backend, run.state_home, report.bucket_bytes,
-      report.gradient_buckets, report.alignment, report.groups, report.padded_params,
-      report.shard_params, seconds_json(run.single.step_seconds), seconds_json(run.ideal_seconds),
-      seconds_json(run.step_seconds), ratio_json(run.ratio()),
-      seconds_list_json(run.all_step_seconds), run.median_rank, sample_fields(m), comm_total(m),
-      whole(m.engine_comm_bytes), whole(m.comm_bytes[0]), whole(m.comm_bytes[1]),
-      whole(m.comm_bytes[2]), absl::StrJoin(ranks, ", "));
+  Json doc{{"ranks", report.ranks},
+           {"stage", report.options.stage},
+           {"backend", report.comm_backend},
+           {"state_home", run.state_home},
+           {"bucket_bytes", report.bucket_bytes},
+           {"gradient_buckets", report.gradient_buckets},
+           {"alignment", report.alignment},
+           {"groups", report.groups},
+           {"padded_params", report.padded_params},
+           {"shard_params", report.shard_params},
+           {"single_step_seconds", seconds_json(run.single.step_seconds)},
+           {"ideal_seconds", seconds_json(run.ideal_seconds)},
+           {"step_seconds", seconds_json(run.step_seconds)},
+           {"ratio", ratio_json(run.ratio())},
+           {"all_step_seconds", seconds_list_json(run.all_step_seconds)},
+           {"slowest_rank", run.median_rank}};
+  add_sample_fields(m, doc);
+  doc["comm_bytes_per_step"] = comm_total(m);
+  doc["engine_comm_bytes_per_step"] = whole(m.engine_comm_bytes);
+  doc["comm_bytes"] = {{"reduce_scatter", whole(m.comm_bytes[0])},
+                       {"all_gather", whole(m.comm_bytes[1])},
+                       {"all_reduce", whole(m.comm_bytes[2])}};
+  doc["per_rank"] = std::move(ranks);
+  return doc;
 }
 
 void print_run(const ZeroReport& report, const ZeroRun& run, std::ostream& out) {
@@ -106,24 +118,22 @@ void print_zero(const ZeroReport& r, std::ostream& out) {
          "step time minus its optimizer time.\n";
 }
 
-std::string zero_json(const ZeroReport& r) {
+Json zero_json(const ZeroReport& r) {
   const OptimizerOptions& o = r.options.optimizer;
-  std::string nvme;
+  Json doc = optimizer_fields_json(o, r.tensors, r.isa, r.threads);
+  doc["step_seconds"] = seconds_json(r.cpu.single.step_seconds);
+  doc["all_step_seconds"] = optimizer_all_seconds_json(r.cpu.single);
+  doc["stats"] = optimizer_stats_json(r.cpu.single);
+  doc["zero"] = run_json(r, r.cpu);
   if (r.nvme.has_value()) {
-    nvme = absl::StrFormat(
-        R"(, "nvme": {"paths": %s, "engine": "%s", "step_seconds": %s, "all_step_seconds": %s, )"
-        R"("stats": %s, "zero": %s})",
-        json_strings(r.nvme_paths), r.nvme_engine, seconds_json(r.nvme->single.step_seconds),
-        optimizer_all_seconds_json(r.nvme->single), optimizer_stats_json(r.nvme->single),
-        run_json(r, *r.nvme));
+    doc["nvme"] = Json{{"paths", r.nvme_paths},
+                       {"engine", r.nvme_engine},
+                       {"step_seconds", seconds_json(r.nvme->single.step_seconds)},
+                       {"all_step_seconds", optimizer_all_seconds_json(r.nvme->single)},
+                       {"stats", optimizer_stats_json(r.nvme->single)},
+                       {"zero", run_json(r, *r.nvme)}};
   }
-  return absl::StrFormat(
-      R"({"params": %d, "dtype": "%s", "bytes_per_param": %d, "tensors": %d, "repeat": %d, )"
-      R"("isa": "%s", "threads": %d, "step_seconds": %s, "all_step_seconds": %s, "stats": %s, )"
-      R"("zero": %s%s})",
-      o.params, o.dtype, bytes_per_param(o.dtype), r.tensors, o.repeat, r.isa, r.threads,
-      seconds_json(r.cpu.single.step_seconds), optimizer_all_seconds_json(r.cpu.single),
-      optimizer_stats_json(r.cpu.single), run_json(r, r.cpu), nvme);
+  return doc;
 }
 
 }  // namespace strata::bench

@@ -432,9 +432,7 @@ absl::StatusOr<std::string> document(const ZeroReport& report) {
   Report paths;  // no path rows: this workload's results are under "optimizer"
   paths.engine = report.nvme.has_value() ? report.nvme_engine : "none";
   paths.nvme_paths = report.nvme_paths;
-  std::string text = to_json(paths, report.config, **device);
-  text.pop_back();  // the closing brace: the results become the document's last key
-  return text + ", \"optimizer\": " + zero_json(report) + "}\n";
+  return document_with(to_json(paths, report.config, **device), "optimizer", zero_json(report));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -115,6 +116,6 @@ int run_zero_workload(const ZeroBenchOptions& options, const cli::FlagSet& flags
 
 void print_zero(const ZeroReport& report, std::ostream& out);
 // The value of the "optimizer" key of offload-bench's JSON document for this workload.
-std::string zero_json(const ZeroReport& report);
+nlohmann::ordered_json zero_json(const ZeroReport& report);
 
 }  // namespace strata::bench

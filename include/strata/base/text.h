@@ -52,9 +52,6 @@ inline std::string_view rtrim(std::string_view s) {
   return to_std(absl::StripTrailingAsciiWhitespace(to_absl(s)));
 }
 
-// A JSON string literal: quotes, backslashes and control characters escaped, UTF-8 as is.
-std::string json_quote(std::string_view text);
-
 inline std::string lower(std::string_view s) { return absl::AsciiStrToLower(to_absl(s)); }
 inline std::string upper(std::string_view s) { return absl::AsciiStrToUpper(to_absl(s)); }
 
