@@ -17,6 +17,8 @@
 #include <cstring>
 
 #include "optimizer_impl.h"
+#include "strata/base/debug.h"
+#include "strata/base/log.h"
 #include "strata/base/mutex.h"
 
 namespace strata {
@@ -79,17 +81,21 @@ void OffloadOptimizer::Impl::arm() {
     }
   }
   MutexLock lock(&landing_mu);
+  if (const absl::Status armed = overlap.try_arm(); !armed.ok()) {
+    STRATA_DCHECK_OK(armed);  // an internal error: the step runs without early work
+    STRATA_LOG(kError, "offload optimizer internal error, please report it: %s", armed.message());
+    return;
+  }
   early_plan = std::move(plan);
   early_units.assign(units, EarlyUnit());
   unit_finals.assign(units, 0);
   for (Landing& l : landings) l.final_seen = false;
   early_ns = 0;
-  armed = true;
 }
 
 void OffloadOptimizer::Impl::retarget_early(std::vector<AdamGroup> now) {
   MutexLock lock(&landing_mu);
-  if (!armed || early_plan == nullptr || early_plan->groups == now) return;
+  if (!overlap.armed() || early_plan == nullptr || early_plan->groups == now) return;
   // A unit stepping (or about to) reads the plan it took; a stepped one used the old values.
   if (early_running || early_claimed) return;
   for (const EarlyUnit& u : early_units) {
@@ -104,7 +110,7 @@ void OffloadOptimizer::Impl::before_grad_write(uint32_t index) {
   while (early_running && early_busy.first <= index && index <= early_busy.second) {
     wait(&landing_changed, &landing_mu);
   }
-  if (!armed || index >= early_plan->units_of_param.size()) return;
+  if (!overlap.armed() || index >= early_plan->units_of_param.size()) return;
   Landing& l = landings[index];
   if (!l.final_seen) return;
   l.final_seen = false;
@@ -118,7 +124,7 @@ void OffloadOptimizer::Impl::before_grad_write(uint32_t index) {
 }
 
 void OffloadOptimizer::Impl::note_landing(uint32_t index, bool final) {
-  if (!armed || !final || index >= early_plan->units_of_param.size()) return;
+  if (!overlap.armed() || !final || index >= early_plan->units_of_param.size()) return;
   Landing& l = landings[index];
   if (l.final_seen) return;
   l.final_seen = true;
@@ -135,8 +141,15 @@ void OffloadOptimizer::Impl::note_landing(uint32_t index, bool final) {
   }
 }
 
+void OffloadOptimizer::Impl::end_settling() {
+  MutexLock lock(&landing_mu);
+  if (overlap.phase() != OverlapPhase::Phase::kSettling) return;  // ended already
+  const absl::Status settled = overlap.try_settled();
+  STRATA_DCHECK_OK(settled);
+}
+
 void OffloadOptimizer::Impl::quiesce_stepper() {
-  armed = false;
+  overlap.quiesce();
   for (uint32_t u : early_queue) {
     if (early_units[u].state == Early::kQueued) early_units[u].state = Early::kNone;
   }

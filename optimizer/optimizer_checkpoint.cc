@@ -23,10 +23,10 @@
 #include <random>
 #include <sstream>
 
-#include "strata/optimizer/checkpoint_io.h"
 #include "optimizer_impl.h"
 #include "strata/base/mutex.h"
 #include "strata/base/unique_fd.h"
+#include "strata/optimizer/checkpoint_io.h"
 
 namespace strata {
 namespace {

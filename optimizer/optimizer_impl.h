@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "overlap_phase.h"
 #include "strata/nvme/swap_space.h"
 #include "strata/optimizer/cpu_pool.h"
 #include "strata/optimizer/offload_optimizer.h"
@@ -187,7 +188,7 @@ struct OffloadOptimizer::Impl {
 
   // Overlap (early_step.cc), guarded by landing_mu: the stepper thread steps queued units.
   bool final_default ABSL_GUARDED_BY(landing_mu) = true;  // set_final_micro_step()
-  bool armed ABSL_GUARDED_BY(landing_mu) = false;         // final landings queue early steps
+  OverlapPhase overlap ABSL_GUARDED_BY(landing_mu);       // armed: final landings queue early steps
   std::shared_ptr<const EarlyPlan> early_plan ABSL_GUARDED_BY(landing_mu);
   std::vector<EarlyUnit> early_units ABSL_GUARDED_BY(landing_mu);
   std::vector<uint32_t> unit_finals ABSL_GUARDED_BY(landing_mu);  // its parameters now final
@@ -224,8 +225,10 @@ struct OffloadOptimizer::Impl {
   // Creates a parameter's overlap buffers within the budget; false: they do not fit.
   absl::StatusOr<bool> overlap_buffers(uint32_t index, bool backup);
   // Arms early steps for the landings to come (options.overlap): snapshots the plan. Takes
-  // state_mu, then landing_mu.
+  // state_mu, then landing_mu. Refused while step() settles (OverlapPhase).
   void arm();
+  // step() has set the next step's loss scale and counts: arm() may follow. Takes landing_mu.
+  void end_settling();
   // A landing is about to write parameter `index`'s gradient: waits while the stepper reads it,
   // and unqueues its units (queued) or marks them stale (stepped early).
   void before_grad_write(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(landing_mu);

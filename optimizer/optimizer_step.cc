@@ -2,6 +2,7 @@
 // landed, then the chunk pipeline — CPU Adam on chunk k+1 while chunk k's updated parameters
 // are copied to the GPU, and with states on NVMe the read of chunk k+1 and the write of chunk
 // k-1 around the step of chunk k.
+#include <absl/cleanup/cleanup.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/time/clock.h>
@@ -375,9 +376,13 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
     const absl::Time quiet = absl::Now();
     MutexLock lock(&landing_mu);
     early = early_plan;
+    overlap.begin_settling();
     quiesce_stepper();
     early_wait_ns = since_ns(quiet);
   }
+  // Nothing arms until this step has set the next one's loss scale (end_settling() below, before
+  // each arm()); a return without arming ends the settling here.
+  const absl::Cleanup settled = [this] { end_settling(); };
   StepPlan plan;
   plan.params = params_snapshot();
   float scale;
@@ -442,12 +447,13 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
     if (!undone.ok()) return undone.status();
     clear_landings();
     {
-      // The scale backs off before arm(): the next step's early work reads the scale that
-      // step will use (armed first, it always failed that check and was rolled back).
+      // The scale backs off before arm() (end_settling() first: OverlapPhase refuses the other
+      // order): the next step's early work reads the scale that step will use.
       MutexLock lock(&state_mu);
       if (ls.dynamic) loss_scale = std::max(ls.min_scale, loss_scale * ls.backoff_factor);
       good_steps = 0;
     }
+    end_settling();
     arm();
     MutexLock lock(&state_mu);
     ++counters.skipped_steps;
@@ -473,6 +479,7 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   }
   if (updated == 0) {
     if (auto st = roll_back(); !st.ok()) return st;
+    end_settling();
     arm();
     MutexLock lock(&state_mu);
     result.step = step_count;
@@ -558,6 +565,7 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
     MutexLock lock(&landing_mu);
     final_default = true;
   }
+  end_settling();
   arm();
   return result;
 }
