@@ -2,28 +2,28 @@
 // close is that to what the hardware does?
 //
 // Each path moves --bytes in --tensor-bytes tensors through the public TensorStore API (what a
-// trainer gets; bench/store_paths.h) and, in the same run with the same byte count, through a raw
-// baseline: cudaMemcpyAsync (memcpy on the host backend; bench/gpu_paths.cc) for cpu-gpu and
-// gpu-cpu, the equivalent of fio's io_uring engine (bench/raw_io.cc) for cpu-nvme and nvme-cpu,
+// trainer gets; bench/swap/store_paths.h) and, in the same run with the same byte count, through a
+// raw baseline: cudaMemcpyAsync (memcpy on the host backend; bench/swap/gpu_paths.cc) for cpu-gpu
+// and gpu-cpu, the equivalent of fio's io_uring engine (bench/raw_io.cc) for cpu-nvme and nvme-cpu,
 // and the lower of the two for gpu-nvme and nvme-gpu. --tensor-bytes takes a list (a sweep);
-// --csv and --svg write the rows as CSV and as a plot (bench/plot.cc); --tune sweeps the I/O
-// settings (bench/tune.cc). All of that runs in bench/swap_workload.cc; this file parses the flags
-// and hands each workload its options.
+// --csv and --svg write the rows as CSV and as a plot (bench/swap/plot.cc); --tune sweeps the I/O
+// settings (bench/swap/tune.cc). All of that runs in bench/swap/swap_workload.cc; this file parses
+// the flags and hands each workload its options.
 // --workload=train-step runs a synthetic training step through the TensorStore instead and
 // compares prefetch + Belady, prefetch + LRU and on-demand against the overlap bound
-// (bench/train_step.cc, docs/train-step.md).
+// (bench/train_step/train_step.cc, docs/train-step.md).
 // --workload=optimizer times OffloadOptimizer::step() for --params parameters against the
 // memory-bandwidth floor, a naive scalar loop and, with STRATA_NVME_PATHS, the NVMe bound
-// (bench/optimizer_workload.cc, docs/bench.md). Under strata-run -n N (or with --zero-stage) it
-// times the ZeRO-DP partitioned step (ZeroEngine) per rank against the single-rank step / N
-// instead (bench/zero_workload.cc).
+// (bench/optimizer/optimizer_workload.cc, docs/bench.md). Under strata-run -n N (or with
+// --zero-stage) it times the ZeRO-DP partitioned step (ZeroEngine) per rank against the single-rank
+// step / N instead (bench/optimizer/optimizer_ranks.cc).
 // --workload=collective, under strata-run -n N (or alone), times strata's collectives
 // (all_gather, reduce_scatter, all_reduce, broadcast) per --tensor-bytes size against Gloo called
-// directly in the same run (bench/collective_workload.cc, docs/bench.md).
+// directly in the same run (bench/collective/collective_workload.cc, docs/bench.md).
 // --workload=zero, under strata-run -n N (or alone), times a ZeRO-DP stage 3 training step
 // (ZeroEngine: parameters partitioned, gathered by the recorded order) over --layers synthetic
 // layers with real host compute, against its overlap bound measured in the same run
-// (bench/zero3_workload.cc, docs/bench.md).
+// (bench/zero/zero_workload.cc, docs/bench.md).
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <absl/strings/strip.h>
@@ -38,16 +38,16 @@
 #include <string>
 #include <vector>
 
-#include "bench/collective_workload.h"
+#include "bench/collective/collective_workload.h"
 #include "bench/common.h"
 #include "bench/nvme_dirs.h"
-#include "bench/optimizer_workload.h"
-#include "bench/overlap_step.h"
+#include "bench/optimizer/optimizer_ranks.h"
+#include "bench/optimizer/optimizer_workload.h"
 #include "bench/report.h"
-#include "bench/swap_workload.h"
-#include "bench/train_step.h"
-#include "bench/zero3_workload.h"
-#include "bench/zero_workload.h"
+#include "bench/swap/swap_workload.h"
+#include "bench/train_step/overlap_step.h"
+#include "bench/train_step/train_step.h"
+#include "bench/zero/zero_workload.h"
 #include "cli.h"
 #include "strata/base/size.h"
 #include "strata/config/config.h"
@@ -248,7 +248,8 @@ int run(int argc, const char* const* argv) {
       "overlap-step", &overlap.mode, {"off", "on", "both", "none"},
       "train-step: the optimizer time exposed after backward through an OffloadOptimizer, "
       "without overlap (off), with it and forced rollbacks (on), both, or none "
-      "(bench/overlap_step.h); zero: the engine's optimizer with overlap (on) or without (off, "
+      "(bench/train_step/overlap_step.h); zero: the engine's optimizer with overlap (on) or "
+      "without (off, "
       "the default there)");
   train_flags.push_back(&overlap_flag);
   train_flags.push_back(&flags.add_uint64(
@@ -325,7 +326,7 @@ int run(int argc, const char* const* argv) {
     if (auto error = parse_zero3_flags(zero3_text, &zero)) return flags.usage_error(*error);
     zero.json = options.json;
     if (auto error = validate(zero)) return flags.usage_error(*error);
-    return run_zero3_workload(zero, flags);
+    return run_zero_workload(zero, flags);
   }
   if (workload == "collective") {
     const std::vector<cli::Flag*> other_flags = {&baseline_flag, &paths_flag, &csv_flag, &svg_flag,
@@ -381,7 +382,7 @@ int run(int argc, const char* const* argv) {
           return flags.usage_error(*error);
         }
       }
-      return run_zero_workload(zero, flags);
+      return run_optimizer_ranks_workload(zero, flags);
     }
     return run_optimizer_workload(optimizer, options.json, flags);
   }

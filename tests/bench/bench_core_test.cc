@@ -10,8 +10,8 @@
 #include <random>
 
 #include "bench/link_check.h"
-#include "bench/train_step.h"
-#include "bench/train_step_plan.h"
+#include "bench/train_step/train_step.h"
+#include "bench/train_step/train_step_plan.h"
 #include "json.h"
 
 namespace strata::bench {

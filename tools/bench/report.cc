@@ -6,8 +6,8 @@
 #include <optional>
 #include <string>
 
-#include "bench/gpu_paths.h"
 #include "bench/link_check.h"
+#include "bench/swap/gpu_paths.h"
 #include "json.h"
 #include "strata/base/size.h"
 #include "strata/device/backend.h"
