@@ -150,14 +150,20 @@ void add_adam_group(ManifestWriter& writer, absl::string_view key, const AdamGro
   writer.add(key, g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.decoupled ? 1 : 0);
 }
 
-bool read_adam_group(const ManifestLine& line, AdamGroup* g) {
-  int decoupled = 0;
-  if (!line.get(0, &g->lr) || !line.get(1, &g->beta1) || !line.get(2, &g->beta2) ||
-      !line.get(3, &g->eps) || !line.get(4, &g->weight_decay) || !line.get(5, &decoupled)) {
-    return false;
-  }
-  g->decoupled = decoupled == 1;
-  return decoupled == 0 || decoupled == 1;
+void read_adam_groups(ManifestReader& reader, absl::string_view key,
+                      std::vector<AdamGroup>* groups) {
+  reader.on(key, 6, 6, ManifestReader::Count::kRepeated, [groups](const ManifestLine& line) {
+    AdamGroup g;
+    int decoupled = 0;
+    if (!line.get(0, &g.lr) || !line.get(1, &g.beta1) || !line.get(2, &g.beta2) ||
+        !line.get(3, &g.eps) || !line.get(4, &g.weight_decay) || !line.get(5, &decoupled) ||
+        (decoupled != 0 && decoupled != 1)) {
+      return false;
+    }
+    g.decoupled = decoupled == 1;
+    groups->push_back(g);
+    return true;
+  });
 }
 
 }  // namespace strata

@@ -140,7 +140,9 @@ class ManifestReader {
 
 // Both formats' Adam group record: lr, beta1, beta2, eps, weight_decay (hex), decoupled (0/1).
 void add_adam_group(ManifestWriter& writer, absl::string_view key, const AdamGroup& group);
-bool read_adam_group(const ManifestLine& line, AdamGroup* group);
+// Reads every `key` record into `groups`, in order.
+void read_adam_groups(ManifestReader& reader, absl::string_view key,
+                      std::vector<AdamGroup>* groups);
 
 // The text of a manifest file; NotFound "<what>: no <path>; is this a directory written by
 // <writer>?" when it is absent.

@@ -80,12 +80,7 @@ absl::StatusOr<Manifest> parse(const std::string& text, const std::string& path)
     m.state_file = std::string(l.field(0));
     return !m.state_file.empty() && m.state_file.find('/') == std::string::npos;
   });
-  reader.on("group", 6, 6, Count::kRepeated, [&](const ManifestLine& l) {
-    AdamGroup g;
-    if (!read_adam_group(l, &g)) return false;
-    m.groups.push_back(g);
-    return true;
-  });
+  read_adam_groups(reader, "group", &m.groups);
   // param <count> <param type> <grad type> <steps> <group> <offset> <checksum> <name>
   reader.on("param", 8, SIZE_MAX, Count::kRepeated, [&](const ManifestLine& l) {
     ManifestParam p;

@@ -67,12 +67,7 @@ absl::StatusOr<ZeroManifest> parse_zero_manifest(const std::string& text, const 
     m.nonce = nonce.value;
     return true;
   });
-  reader.on("adam", 6, 6, Count::kRepeated, [&](const ManifestLine& l) {
-    AdamGroup g;
-    if (!read_adam_group(l, &g)) return false;
-    m.groups.push_back(g);
-    return true;
-  });
+  read_adam_groups(reader, "adam", &m.groups);
   // param <adam group> <dims> <extent>... <name>
   reader.on("param", 3, kAny, Count::kRepeated, [&](const ManifestLine& l) {
     ZeroLayoutParam p;
