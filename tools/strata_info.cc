@@ -205,9 +205,9 @@ void print_text(const MachineInfo& m, const ResolvedConfig* config, const CpuPoo
       memlock_text(m, config != nullptr
                           ? std::optional<uint64_t>(io_uring_registered_bytes_per_user(*config))
                           : std::nullopt));
-  row("io_uring", m.io_uring_available
-                      ? absl::StrFormat("available (%s)", m.io_uring_detail)
-                      : absl::StrFormat("unavailable: %s; NVMe I/O uses psync", m.io_uring_detail));
+  row("io_uring", m.io_uring.available
+                      ? absl::StrFormat("available (%s)", m.io_uring.detail)
+                      : absl::StrFormat("unavailable: %s; NVMe I/O uses psync", m.io_uring.detail));
   if (m.paths.empty()) row("NVMe paths", "none (STRATA_NVME_PATHS is empty: no NVMe tier)");
   for (const PathInfo& p : m.paths) row(p.path, path_text(p));
   const LibraryLines libraries = library_lines();
@@ -270,8 +270,8 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSett
                            .str("cpu_bytes_basis", c->cpu_bytes_basis)
                            .raw("nvme_paths", json_list(paths))
                            .num("nvme_bytes", c->nvme_bytes)
-                           .str("io_engine", to_string(c->io_engine))
-                           .str("io_engine_reason", c->io_engine_reason)
+                           .str("io_engine", to_string(c->io_engine.kind))
+                           .str("io_engine_reason", c->io_engine.reason)
                            .num("io_depth", c->io_depth)
                            .num("io_block", c->io_block)
                            .num("staging_bytes", c->staging_bytes)
@@ -338,8 +338,8 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSett
                                       ? std::string("null")
                                       : std::to_string(m.memlock_limit_bytes))
       .flag("has_cap_ipc_lock", m.has_cap_ipc_lock)
-      .flag("io_uring_available", m.io_uring_available)
-      .str("io_uring_detail", m.io_uring_detail)
+      .flag("io_uring_available", m.io_uring.available)
+      .str("io_uring_detail", m.io_uring.detail)
       .raw("nvme_paths", json_list(paths));
   const CpuLines cpus = cpu_lines(pool);
   std::vector<std::string> nodes;

@@ -106,7 +106,7 @@ std::string to_json(const Report& report, const ResolvedConfig& config, const De
       R"("io_block": %d, "io_depth": %d, "verify": %s, "nvme_paths": [%s]}, "results": [%s]})",
       json_quote(STRATA_VERSION), json_quote(to_string(config.backend)),
       json_quote(device.description()), config.gpu_bytes, config.cpu_bytes,
-      json_quote(to_string(config.io_engine)), json_quote(report.engine),
+      json_quote(to_string(config.io_engine.kind)), json_quote(report.engine),
       json_quote(report.engine_reason), config.io_block, config.io_depth, json_bool(config.verify),
       absl::StrJoin(paths, ", "), absl::StrJoin(results, ", "));
 }
