@@ -18,11 +18,9 @@
 namespace strata {
 namespace {
 
-constexpr ManifestFormat kTest{.name = "strata-test-checkpoint",
-                               .version = 2,
-                               .what = "test checkpoint",
-                               .writer = "the test's writer",
-                               .end_line = true};
+// Version 2, with an "end" line.
+constexpr ManifestFormat kTest{"strata-test-checkpoint", 2, "test checkpoint", "the test's writer",
+                               true};
 
 // A reader for kTest: "size <n>" required, "scale <float>" optional, "item <n> <name>" repeated.
 struct Parsed {
