@@ -146,12 +146,15 @@ absl::StatusOr<std::unique_ptr<IoEngine>> make_psync_engine(const IoEngineOption
 // The one place that turns the requested engine and what io_uring did into a decision, and
 // says why (logged at info). auto takes io_uring when the probe passed, else psync with a
 // warning; an explicit io_uring the probe refused is FailedPrecondition; psync needs no probe.
+// The texts name the setting as `names.engine` does: this floor's words unless the caller
+// passes its own (the configuration passes its variable's name).
 absl::StatusOr<IoEngineDecision> decide_io_engine(IoEngineKind requested, const IoUringProbe& probe,
                                                   const IoSettingNames& names = {});
 
 // Probes io_uring without files: sets up a ring and completes a READ of its eventfd. The probe
-// runs once per process (a ring costs a few milliseconds and kernel memory); later calls, from
-// strata-info's report or any runtime's resolve(), return that first result.
+// runs once per process (a ring costs a few milliseconds and kernel memory); later calls return
+// that first result, so a report of what the machine offers and every decision made from it
+// judge by the same ring.
 IoUringProbe probe_io_uring();
 
 struct EngineChoice {
