@@ -303,11 +303,9 @@ absl::StatusOr<MachineInfo> probe_machine(const std::vector<std::string>& nvme_p
     m.cuda_visible_devices = visible;
   }
   m.parent = probe_parent_environment(static_cast<int>(getppid()));
-  // The NVMe floor's own probe (a ring set up and a READ through it), so that the facts shown
-  // here are the ones decide_io_engine() judges by.
-  const IoUringProbe uring = probe_io_uring();
-  m.io_uring_available = uring.available;
-  m.io_uring_detail = uring.detail;
+  // The NVMe floor's own probe (a ring set up and a READ through it, once per process), so that
+  // the facts shown here are the ones decide_io_engine() judges by.
+  m.io_uring = probe_io_uring();
   for (const std::string& path : nvme_paths) m.paths.push_back(probe_path(path));
   return m;
 }

@@ -12,13 +12,4 @@ IoSettingNames io_setting_names() {
   return names;
 }
 
-IoEngineDecision io_engine_decision(const ResolvedConfig& config) {
-  IoEngineDecision decision;
-  decision.requested = config.io_engine_requested;
-  decision.kind = config.io_engine;
-  decision.reason = config.io_engine_reason;
-  decision.warning = config.io_engine_warning;
-  return decision;
-}
-
 }  // namespace strata

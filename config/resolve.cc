@@ -44,7 +44,7 @@ bool device_settings_valid(const Config& c) {
 // The whole tier once per ring: what is registered once the tier has filled (lazily, as it
 // fills; see config.h).
 uint64_t io_uring_registered_bytes(const ResolvedConfig& c) {
-  if (c.io_engine != IoEngineKind::kIoUring || c.nvme_paths.empty()) return 0;
+  if (c.io_engine.kind != IoEngineKind::kIoUring || c.nvme_paths.empty()) return 0;
   return saturating_product(c.cpu_bytes, c.nvme_paths.size());
 }
 
@@ -308,21 +308,19 @@ absl::StatusOr<ResolvedConfig> resolve(const Config& config, const MachineInfo& 
     }
   }
 
-  // I/O engine: decided once, by the NVMe floor's decide_io_engine(), from the machine's probe;
-  // the swap space starts what was decided here (and decides again only if io_uring then fails
-  // under auto).
-  r.io_engine_requested = config.io_engine;
-  absl::StatusOr<IoEngineDecision> engine = decide_io_engine(
-      config.io_engine, IoUringProbe{machine.io_uring_available, machine.io_uring_detail},
-      io_setting_names());
+  // I/O engine: decided once, by the NVMe floor's decide_io_engine(), from what the machine
+  // offers (its one io_uring probe); the swap space starts what was decided here (and decides
+  // again only if io_uring then fails on the swap files under auto).
+  absl::StatusOr<IoEngineDecision> engine =
+      decide_io_engine(config.io_engine, machine.io_uring, io_setting_names());
   if (!engine.ok()) {
     errors.add(engine.status());
   } else {
-    r.io_engine = engine->kind;
-    r.io_engine_reason = engine->reason;
-    if (!config.nvme_paths.empty()) {  // without an NVMe tier the fallback costs nothing
-      r.io_engine_warning = engine->warning;
-      if (!engine->warning.empty()) r.warnings.push_back(engine->warning);
+    r.io_engine = *std::move(engine);
+    if (config.nvme_paths.empty()) {
+      r.io_engine.warning.clear();  // without an NVMe tier the fallback costs nothing
+    } else if (!r.io_engine.warning.empty()) {
+      r.warnings.push_back(r.io_engine.warning);
     }
   }
   // RLIMIT_MEMLOCK bounds what io_uring can register; the kernel charges it to the user, so
@@ -397,7 +395,7 @@ std::string render(const ResolvedConfig& c) {
        c.nvme_paths.empty() ? std::string("(none: no NVMe tier)") : join(c.nvme_paths, ",")},
       {kNvmeBytes, c.nvme_paths.empty() ? std::string("0 (no NVMe tier)")
                                         : cat(bytes(c.nvme_bytes), " per path")},
-      {kIoEngine, cat(to_string(c.io_engine), " (", c.io_engine_reason, ")")},
+      {kIoEngine, cat(to_string(c.io_engine.kind), " (", c.io_engine.reason, ")")},
       {kIoDepth, cat(c.io_depth)},
       {kIoBlock, bytes(c.io_block)},
       {kStagingBytes, bytes(c.staging_bytes)},

@@ -81,66 +81,86 @@ absl::StatusOr<IoEngineDecision> decide_io_engine(IoEngineKind requested, const 
 }
 
 IoUringProbe probe_io_uring() {
-  IoEngineOptions options;
-  options.depth = 4;
-  options.workers = 1;
-  absl::StatusOr<std::unique_ptr<IoEngine>> engine = make_uring_engine(options);
-  if (!engine.ok()) return IoUringProbe{false, std::string(engine.status().message())};
-  return IoUringProbe{true, passed(options)};
+  // Once per process (a function-local static is initialised once, even when threads race):
+  // strata-info's report and every resolve() then judge by the same ring, started once.
+  static const IoUringProbe probe = [] {
+    IoEngineOptions options;
+    options.depth = 4;
+    options.workers = 1;
+    absl::StatusOr<std::unique_ptr<IoEngine>> engine = make_uring_engine(options);
+    if (!engine.ok()) return IoUringProbe{false, std::string(engine.status().message())};
+    return IoUringProbe{true, passed(options)};
+  }();
+  return probe;
 }
 
-absl::StatusOr<EngineChoice> make_io_engine(const IoEngineDecision& decision,
-                                            const IoEngineOptions& options) {
+namespace {
+
+// Starts io_uring; under auto it must also complete a real read of files[0] (some sandboxes
+// accept the ring but not READ of a file). An error says why io_uring was refused.
+absl::StatusOr<std::unique_ptr<IoEngine>> start_uring(IoEngineKind requested,
+                                                      const IoEngineOptions& options) {
+  absl::StatusOr<std::unique_ptr<IoEngine>> uring = make_uring_engine(options);
+  if (!uring.ok() || requested != IoEngineKind::kAuto) return uring;
+  if (absl::Status s = probe_read(**uring, options); !s.ok()) {
+    // Returning destroys the engine, stopping its threads before psync's start.
+    return absl::Status(s.code(), absl::StrFormat("the probe read failed: %s", s.message()));
+  }
+  return uring;
+}
+
+// Starts the engine `decision` names. When io_uring is refused at start, the decision is made
+// again with that fact (auto: psync with a warning; explicit io_uring: an error that says how to
+// fall back). `settled`: decided upstream from the machine's probe, whose reason stands;
+// otherwise the reason is what starting proved.
+absl::StatusOr<EngineChoice> start_engine(IoEngineDecision decision, const IoEngineOptions& options,
+                                          bool settled) {
   EngineChoice choice;
-  choice.decision = decision;
   if (decision.kind == IoEngineKind::kIoUring) {
-    // Asked for, or chosen by auto from an earlier probe: start it, and under auto prove it
-    // with a real read of the first file, falling back when it fails.
-    const bool automatic = decision.requested == IoEngineKind::kAuto;
-    absl::StatusOr<std::unique_ptr<IoEngine>> uring = make_uring_engine(options);
-    absl::Status refused = uring.status();
-    if (uring.ok() && automatic) {
-      if (absl::Status s = probe_read(**uring, options); !s.ok()) {
-        refused = absl::Status(s.code(), absl::StrFormat("the probe read failed: %s", s.message()));
-        uring->reset();  // stop its threads before starting psync's
-      }
+    absl::StatusOr<std::unique_ptr<IoEngine>> uring = start_uring(decision.requested, options);
+    IoUringProbe found{uring.ok(),
+                       uring.ok() ? passed(options) : std::string(uring.status().message())};
+    if (!uring.ok() || !settled) {
+      absl::StatusOr<IoEngineDecision> d =
+          decide_io_engine(decision.requested, found, options.names);
+      if (!d.ok()) return absl::Status(uring.status().code(), d.status().message());
+      decision = *std::move(d);
     }
-    if (refused.ok()) {
-      if (choice.decision.reason.empty()) {  // decided here, not upstream: say what it proved
-        absl::StatusOr<IoEngineDecision> d = decide_io_engine(
-            decision.requested, IoUringProbe{true, passed(options)}, options.names);
-        if (!d.ok()) return d.status();
-        choice.decision = *std::move(d);
-      }
+    if (uring.ok()) {
       choice.engine = *std::move(uring);
+      choice.decision = std::move(decision);
       STRATA_LOG(kDebug, "started the io_uring engine: %d file(s), depth %d, %s",
                  options.files.size(), options.depth, choice.decision.reason);
       return choice;
     }
-    // Explicit io_uring: an error that says how to fall back. Auto: psync, with a warning.
-    absl::StatusOr<IoEngineDecision> d = decide_io_engine(
-        decision.requested, IoUringProbe{false, std::string(refused.message())}, options.names);
-    if (!d.ok()) return absl::Status(refused.code(), d.status().message());
-    choice.decision = *std::move(d);
-  } else if (choice.decision.reason.empty()) {
+  } else if (!settled) {
     absl::StatusOr<IoEngineDecision> d =
         decide_io_engine(IoEngineKind::kPsync, IoUringProbe{}, options.names);
     if (!d.ok()) return d.status();
-    choice.decision = *std::move(d);
+    decision = *std::move(d);
   }
   absl::StatusOr<std::unique_ptr<IoEngine>> psync = make_psync_engine(options);
   if (!psync.ok()) return psync.status();
   choice.engine = *std::move(psync);
+  choice.decision = std::move(decision);
   STRATA_LOG(kDebug, "started the psync engine: %d file(s), depth %d, %s", options.files.size(),
              options.depth, choice.decision.reason);
   return choice;
 }
 
+}  // namespace
+
+absl::StatusOr<EngineChoice> make_io_engine(const IoEngineDecision& decision,
+                                            const IoEngineOptions& options) {
+  return start_engine(decision, options, /*settled=*/true);
+}
+
 absl::StatusOr<EngineChoice> make_io_engine(IoEngineKind kind, const IoEngineOptions& options) {
-  IoEngineDecision pending;  // its reason is filled in once the engine has started
+  // No probe upstream: starting io_uring (and under auto its read) is the probe.
+  IoEngineDecision pending;
   pending.requested = kind;
   pending.kind = kind == IoEngineKind::kPsync ? IoEngineKind::kPsync : IoEngineKind::kIoUring;
-  return make_io_engine(pending, options);
+  return start_engine(pending, options, /*settled=*/false);
 }
 
 }  // namespace strata

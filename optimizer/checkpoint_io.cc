@@ -1,12 +1,10 @@
 #include "strata/optimizer/checkpoint_io.h"
 
 #include <absl/strings/str_cat.h>
-#include <absl/strings/str_format.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include "strata/base/unique_fd.h"
@@ -78,19 +76,6 @@ absl::Status replace_file(const std::string& directory, const std::string& path,
     return io_error("replacing", path, err);
   }
   return sync_path(directory, /*directory=*/true);
-}
-
-std::string hex(float x) { return absl::StrFormat("%a", x); }
-
-absl::StatusOr<float> parse_float(absl::string_view s) {
-  const std::string text(s);
-  char* end = nullptr;
-  errno = 0;
-  const float x = std::strtof(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno != 0) {
-    return absl::DataLossError(absl::StrCat("'", text, "' is not a number"));
-  }
-  return x;
 }
 
 }  // namespace strata

@@ -5,11 +5,8 @@
 // Crash safety: the state file gets a fresh name and is fsynced before the manifest is
 // replaced by rename(); a crash at any point leaves either the old or the new checkpoint
 // complete. Old state files are removed only after the new manifest is durable.
-#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_split.h>
-#include <absl/strings/string_view.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -17,22 +14,25 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "optimizer_impl.h"
 #include "strata/base/mutex.h"
 #include "strata/base/unique_fd.h"
 #include "strata/optimizer/checkpoint_io.h"
+#include "strata/optimizer/checkpoint_manifest.h"
 
 namespace strata {
 namespace {
 
 constexpr const char* kManifest = "optimizer.manifest";
-constexpr const char* kMagic = "strata-optimizer-checkpoint 1";
+constexpr ManifestFormat kFormat{.name = "strata-optimizer-checkpoint",
+                                 .version = 1,
+                                 .what = "checkpoint",
+                                 .writer = "strata's OffloadOptimizer::save()"};
 
 struct ManifestParam {
   std::string name;
@@ -55,77 +55,46 @@ struct Manifest {
 };
 
 std::string render(const Manifest& m) {
-  std::string out =
-      absl::StrCat(kMagic, "\n", "step ", m.step, "\n", "loss_scale ", hex(m.loss_scale), " ",
-                   m.good_steps, "\n", "state_file ", m.state_file, "\n");
-  for (const AdamGroup& g : m.groups) {
-    absl::StrAppend(&out, "group ", hex(g.lr), " ", hex(g.beta1), " ", hex(g.beta2), " ",
-                    hex(g.eps), " ", hex(g.weight_decay), " ", g.decoupled ? 1 : 0, "\n");
-  }
+  ManifestWriter out(kFormat);
+  out.add("step", m.step);
+  out.add("loss_scale", m.loss_scale, m.good_steps);
+  out.add("state_file", m.state_file);
+  for (const AdamGroup& g : m.groups) add_adam_group(out, "group", g);
   for (const ManifestParam& p : m.params) {
-    // The name last: it may contain spaces.
-    absl::StrAppend(&out, "param ", p.count, " ", p.param_type, " ", p.grad_type, " ", p.steps, " ",
-                    p.group, " ", p.offset, " ", absl::StrFormat("%016x", p.checksum), " ", p.name,
-                    "\n");
+    out.add("param", p.count, p.param_type, p.grad_type, p.steps, p.group, p.offset,
+            ManifestHex{p.checksum}, p.name);  // the name last: it may contain spaces
   }
-  return out;
+  return std::move(out).finish();
 }
 
 absl::StatusOr<Manifest> parse(const std::string& text, const std::string& path) {
-  auto bad = [&](int line, absl::string_view why) {
-    return absl::DataLossError(
-        absl::StrFormat("checkpoint: %s line %d: %s; the checkpoint is damaged or not one "
-                        "written by strata's OffloadOptimizer::save()",
-                        path, line, why));
-  };
+  using Count = ManifestReader::Count;
   Manifest m;
-  int line_no = 0;
-  bool magic = false;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    ++line_no;
-    if (!magic) {
-      if (line != kMagic) return bad(line_no, "unknown format");
-      magic = true;
-      continue;
+  ManifestReader reader(kFormat, path);
+  reader.on("step", 1, 1, Count::kOptional,
+            [&](const ManifestLine& l) { return l.get(0, &m.step); });
+  reader.on("loss_scale", 2, 2, Count::kOptional, [&](const ManifestLine& l) {
+    return l.get(0, &m.loss_scale) && l.get(1, &m.good_steps);
+  });
+  reader.on("state_file", 1, 1, Count::kRequired, [&](const ManifestLine& l) {
+    m.state_file = std::string(l.field(0));
+    return !m.state_file.empty() && m.state_file.find('/') == std::string::npos;
+  });
+  read_adam_groups(reader, "group", &m.groups);
+  // param <count> <param type> <grad type> <steps> <group> <offset> <checksum> <name>
+  reader.on("param", 8, SIZE_MAX, Count::kRepeated, [&](const ManifestLine& l) {
+    ManifestParam p;
+    ManifestHex checksum;
+    if (!l.get(0, &p.count) || !l.get(1, &p.param_type) || !l.get(2, &p.grad_type) ||
+        !l.get(3, &p.steps) || !l.get(4, &p.group) || !l.get(5, &p.offset) ||
+        !l.get(6, &checksum) || !l.rest(7, &p.name)) {
+      return false;
     }
-    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-    bool ok = true;
-    if (f[0] == "step" && f.size() == 2) {
-      ok = absl::SimpleAtoi(f[1], &m.step);
-    } else if (f[0] == "loss_scale" && f.size() == 3) {
-      auto scale = parse_float(f[1]);
-      ok = scale.ok() && absl::SimpleAtoi(f[2], &m.good_steps);
-      if (ok) m.loss_scale = *scale;
-    } else if (f[0] == "state_file" && f.size() == 2) {
-      m.state_file = std::string(f[1]);
-      ok = !m.state_file.empty() && m.state_file.find('/') == std::string::npos;
-    } else if (f[0] == "group" && f.size() == 7) {
-      AdamGroup g;
-      float* fields[] = {&g.lr, &g.beta1, &g.beta2, &g.eps, &g.weight_decay};
-      for (int i = 0; i < 5 && ok; ++i) {
-        auto x = parse_float(f[i + 1]);
-        ok = x.ok();
-        if (ok) *fields[i] = *x;
-      }
-      g.decoupled = f[6] == "1";
-      m.groups.push_back(g);
-    } else if (f[0] == "param" && f.size() >= 9) {
-      ManifestParam p;
-      ok = absl::SimpleAtoi(f[1], &p.count) && absl::SimpleAtoi(f[2], &p.param_type) &&
-           absl::SimpleAtoi(f[3], &p.grad_type) && absl::SimpleAtoi(f[4], &p.steps) &&
-           absl::SimpleAtoi(f[5], &p.group) && absl::SimpleAtoi(f[6], &p.offset) &&
-           absl::SimpleHexAtoi(f[7], &p.checksum);
-      // The name is the rest of the line, spaces included.
-      const size_t name_at = static_cast<size_t>(f[8].data() - line.data());
-      p.name = std::string(line.substr(name_at));
-      m.params.push_back(std::move(p));
-    } else {
-      ok = false;
-    }
-    if (!ok) return bad(line_no, absl::StrCat("cannot read '", line, "'"));
-  }
-  if (!magic) return bad(1, "empty manifest");
-  if (m.state_file.empty()) return bad(line_no, "no state_file line");
+    p.checksum = checksum.value;
+    m.params.push_back(std::move(p));
+    return true;
+  });
+  if (auto st = reader.read(text); !st.ok()) return st;
   return m;
 }
 
@@ -199,14 +168,9 @@ absl::Status OffloadOptimizer::load(const std::string& directory) {
   if (auto st = s.roll_back_early(/*rearm=*/false); !st.ok()) return st;
   const Impl::Rearm rearm{s};  // with the loaded step counts
   const std::string manifest_path = (std::filesystem::path(directory) / kManifest).string();
-  std::ifstream in(manifest_path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("checkpoint: no ", manifest_path, "; is this a directory written by save()?"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  auto m = parse(text.str(), manifest_path);
+  auto text = read_manifest_file(kFormat, manifest_path);
+  if (!text.ok()) return text.status();
+  auto m = parse(*text, manifest_path);
   if (!m.ok()) return m.status();
   std::vector<Impl::Param> params = s.params_snapshot();
   size_t registered_groups;

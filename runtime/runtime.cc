@@ -7,7 +7,7 @@
 #include "strata/base/format_bytes.h"
 #include "strata/base/log.h"
 #include "strata/device/backend.h"
-#include "strata/testing/swap_config.h"
+#include "strata/runtime/swap_config.h"
 
 namespace strata {
 
@@ -29,7 +29,7 @@ void log_tiers(const ResolvedConfig& c) {
     nvme = absl::StrFormat("%s on %d path%s (%s), %s depth %u, block %s, staging %s",
                            format_bytes(c.nvme_bytes * c.nvme_paths.size()), c.nvme_paths.size(),
                            c.nvme_paths.size() == 1 ? "" : "s", absl::StrJoin(c.nvme_paths, ","),
-                           to_string(c.io_engine), c.io_depth, format_bytes(c.io_block),
+                           to_string(c.io_engine.kind), c.io_depth, format_bytes(c.io_block),
                            format_bytes(c.staging_bytes));
   }
   STRATA_LOG(kInfo, "runtime: backend %s device %d (%s); GPU arena %s, pinned CPU %s, NVMe %s",

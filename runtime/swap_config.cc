@@ -1,7 +1,9 @@
-#include "strata/testing/swap_config.h"
+#include "strata/runtime/swap_config.h"
 
 #include <algorithm>
 #include <cstddef>
+
+#include "strata/config/nvme_settings.h"
 
 namespace strata {
 
@@ -11,8 +13,8 @@ SwapSpaceOptions swap_space_options(const ResolvedConfig& config, const MemoryTi
   options.bytes_per_path = config.nvme_bytes;
   options.stripe_bytes = config.io_block;
   options.depth = config.io_depth;
-  options.engine = config.io_engine_requested;
-  options.decided = io_engine_decision(config);
+  options.engine = config.io_engine.requested;
+  options.decided = config.io_engine;  // started as resolve() decided it
   options.verify = config.verify;
   options.names = io_setting_names();
   if (cpu_tier != nullptr) {

@@ -205,9 +205,9 @@ void print_text(const MachineInfo& m, const ResolvedConfig* config, const CpuPoo
       memlock_text(m, config != nullptr
                           ? std::optional<uint64_t>(io_uring_registered_bytes_per_user(*config))
                           : std::nullopt));
-  row("io_uring", m.io_uring_available
-                      ? absl::StrFormat("available (%s)", m.io_uring_detail)
-                      : absl::StrFormat("unavailable: %s; NVMe I/O uses psync", m.io_uring_detail));
+  row("io_uring", m.io_uring.available
+                      ? absl::StrFormat("available (%s)", m.io_uring.detail)
+                      : absl::StrFormat("unavailable: %s; NVMe I/O uses psync", m.io_uring.detail));
   if (m.paths.empty()) row("NVMe paths", "none (STRATA_NVME_PATHS is empty: no NVMe tier)");
   for (const PathInfo& p : m.paths) row(p.path, path_text(p));
   const LibraryLines libraries = library_lines();
@@ -244,8 +244,8 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSett
                       {"cpu_bytes_basis", c->cpu_bytes_basis},
                       {"nvme_paths", c->nvme_paths},
                       {"nvme_bytes", c->nvme_bytes},
-                      {"io_engine", to_string(c->io_engine)},
-                      {"io_engine_reason", c->io_engine_reason},
+                      {"io_engine", to_string(c->io_engine.kind)},
+                      {"io_engine_reason", c->io_engine.reason},
                       {"io_depth", c->io_depth},
                       {"io_block", c->io_block},
                       {"staging_bytes", c->staging_bytes},
@@ -302,8 +302,8 @@ void print_json(const MachineInfo& m, const ResolvedConfig* c, const CpuPoolSett
                      {"memlock_limit_bytes",
                       m.memlock_limit_bytes == kUnlimited ? Json() : Json(m.memlock_limit_bytes)},
                      {"has_cap_ipc_lock", m.has_cap_ipc_lock},
-                     {"io_uring_available", m.io_uring_available},
-                     {"io_uring_detail", m.io_uring_detail},
+                     {"io_uring_available", m.io_uring.available},
+                     {"io_uring_detail", m.io_uring.detail},
                      {"nvme_paths", std::move(paths)},
                      {"numa_nodes", std::move(nodes)},
                      {"numa_source", cpus.source}};

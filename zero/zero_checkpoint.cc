@@ -14,10 +14,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
-#include <sstream>
 
 #include "strata/optimizer/checkpoint_io.h"
 #include "strata/base/mutex.h"
@@ -265,19 +263,7 @@ absl::Status ZeroEngine::load(const std::string& directory) {
   const std::string manifest_path = join(directory, kZeroManifestName);
 
   // Read, compare and verify locally; then agree.
-  absl::StatusOr<ZeroManifest> m = absl::UnknownError("unread");
-  {
-    std::ifstream in(manifest_path);
-    if (!in) {
-      m = absl::NotFoundError(absl::StrCat("ZeRO checkpoint: no ", manifest_path,
-                                           "; is this a directory written by "
-                                           "ZeroEngine::save()?"));
-    } else {
-      std::stringstream text;
-      text << in.rdbuf();
-      m = parse_zero_manifest(text.str(), manifest_path);
-    }
-  }
+  absl::StatusOr<ZeroManifest> m = read_zero_manifest(manifest_path);
   absl::Status local = m.status();
   auto mismatch = [&](std::string why) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -1,16 +1,19 @@
 #include "zero_manifest.h"
 
-#include <absl/strings/numbers.h>
-#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_split.h>
 
-#include "strata/optimizer/checkpoint_io.h"
+#include <cstdint>
+
+#include "strata/optimizer/checkpoint_manifest.h"
 
 namespace strata {
 namespace {
 
-constexpr const char* kMagic = "strata-zero-checkpoint 1";
+constexpr ManifestFormat kFormat{.name = "strata-zero-checkpoint",
+                                 .version = 1,
+                                 .what = "ZeRO checkpoint",
+                                 .writer = "ZeroEngine::save()",
+                                 .end_line = true};
 
 }  // namespace
 
@@ -19,130 +22,102 @@ std::string ZeroManifest::rank_file(uint32_t rank) const {
 }
 
 std::string render(const ZeroManifest& m) {
-  std::string out = absl::StrCat(kMagic, "\n");
-  absl::StrAppend(&out, "world ", m.ranks, " ", m.group_elements, " ", m.alignment, " ", m.stage,
-                  "\n");
-  absl::StrAppend(&out, "step ", m.step, " ", hex(m.loss_scale), " ", m.good_steps, " ",
-                  m.shard_steps, "\n");
-  absl::StrAppend(&out, "nonce ", absl::StrFormat("%016x", m.nonce), "\n");
-  for (const AdamGroup& g : m.groups) {
-    absl::StrAppend(&out, "adam ", hex(g.lr), " ", hex(g.beta1), " ", hex(g.beta2), " ", hex(g.eps),
-                    " ", hex(g.weight_decay), " ", g.decoupled ? 1 : 0, "\n");
-  }
+  ManifestWriter out(kFormat);
+  out.add("world", m.ranks, m.group_elements, m.alignment, m.stage);
+  out.add("step", m.step, m.loss_scale, m.good_steps, m.shard_steps);
+  out.add("nonce", ManifestHex{m.nonce});
+  for (const AdamGroup& g : m.groups) add_adam_group(out, "adam", g);
   for (const ZeroLayoutParam& p : m.params) {
-    absl::StrAppend(&out, "param ", p.adam_group, " ", p.shape.size());
-    for (int64_t d : p.shape) absl::StrAppend(&out, " ", d);
-    absl::StrAppend(&out, " ", p.name, "\n");  // the name last: it may contain spaces
+    out.add("param", p.adam_group, p.shape.size(), p.shape, p.name);  // the name may hold spaces
   }
   // Stage 3's persistent parameters (by index): they are packed apart, so the layout needs them.
-  std::string persistent;
+  std::vector<int64_t> persistent;
   for (size_t i = 0; i < m.params.size(); ++i) {
-    if (m.params[i].persistent) absl::StrAppend(&persistent, " ", i);
+    if (m.params[i].persistent) persistent.push_back(static_cast<int64_t>(i));
   }
-  if (!persistent.empty()) absl::StrAppend(&out, "persistent", persistent, "\n");
+  if (!persistent.empty()) out.add("persistent", persistent);
   for (uint32_t r = 0; r < m.checksums.size(); ++r) {
     for (uint32_t g = 0; g < m.checksums[r].size(); ++g) {
-      absl::StrAppend(&out, "checksum ", r, " ", g, " ",
-                      absl::StrFormat("%016x", m.checksums[r][g]), "\n");
+      out.add("checksum", r, g, ManifestHex{m.checksums[r][g]});
     }
   }
-  absl::StrAppend(&out, "end\n");
-  return out;
+  return std::move(out).finish();
 }
 
 absl::StatusOr<ZeroManifest> parse_zero_manifest(const std::string& text, const std::string& path) {
-  auto bad = [&](int line, absl::string_view why) {
-    return absl::DataLossError(absl::StrFormat(
-        "ZeRO checkpoint: %s line %d: %s; the checkpoint is damaged or not one written by "
-        "ZeroEngine::save()",
-        path, line, why));
-  };
+  using Count = ManifestReader::Count;
+  constexpr size_t kAny = SIZE_MAX;
   ZeroManifest m;
-  int line_no = 0;
-  bool magic = false;
   bool world = false;
-  bool end = false;
   std::vector<size_t> persistent;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    ++line_no;
-    if (!magic) {
-      if (line != kMagic) return bad(line_no, "unknown format");
-      magic = true;
-      continue;
+  ManifestReader reader(kFormat, path);
+  reader.on("world", 4, 4, Count::kRequired, [&](const ManifestLine& l) {
+    world = l.get(0, &m.ranks) && l.get(1, &m.group_elements) && l.get(2, &m.alignment) &&
+            l.get(3, &m.stage) && m.ranks > 0 && m.alignment > 0;
+    m.checksums.assign(world ? m.ranks : 0, {});
+    return world;
+  });
+  reader.on("step", 4, 4, Count::kOptional, [&](const ManifestLine& l) {
+    return l.get(0, &m.step) && l.get(1, &m.loss_scale) && l.get(2, &m.good_steps) &&
+           l.get(3, &m.shard_steps);
+  });
+  reader.on("nonce", 1, 1, Count::kOptional, [&](const ManifestLine& l) {
+    ManifestHex nonce;
+    if (!l.get(0, &nonce)) return false;
+    m.nonce = nonce.value;
+    return true;
+  });
+  read_adam_groups(reader, "adam", &m.groups);
+  // param <adam group> <dims> <extent>... <name>
+  reader.on("param", 3, kAny, Count::kRepeated, [&](const ManifestLine& l) {
+    ZeroLayoutParam p;
+    size_t dims = 0;
+    if (!l.get(0, &p.adam_group) || !l.get(1, &dims) || dims > l.size() - 3) return false;
+    p.count = 1;
+    for (size_t d = 0; d < dims; ++d) {
+      int64_t extent = 0;
+      if (!l.get(2 + d, &extent) || extent <= 0) return false;
+      p.shape.push_back(extent);
+      p.count *= static_cast<uint64_t>(extent);
     }
-    if (end) return bad(line_no, "text after 'end'");
-    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-    bool ok = true;
-    if (f[0] == "world" && f.size() == 5) {
-      ok = absl::SimpleAtoi(f[1], &m.ranks) && absl::SimpleAtoi(f[2], &m.group_elements) &&
-           absl::SimpleAtoi(f[3], &m.alignment) && absl::SimpleAtoi(f[4], &m.stage) &&
-           m.ranks > 0 && m.alignment > 0;
-      m.checksums.assign(ok ? m.ranks : 0, {});
-      world = ok;
-    } else if (f[0] == "step" && f.size() == 5) {
-      auto scale = parse_float(f[2]);
-      ok = absl::SimpleAtoi(f[1], &m.step) && scale.ok() && absl::SimpleAtoi(f[3], &m.good_steps) &&
-           absl::SimpleAtoi(f[4], &m.shard_steps);
-      if (ok) m.loss_scale = *scale;
-    } else if (f[0] == "nonce" && f.size() == 2) {
-      ok = absl::SimpleHexAtoi(f[1], &m.nonce);
-    } else if (f[0] == "adam" && f.size() == 7) {
-      AdamGroup g;
-      float* fields[] = {&g.lr, &g.beta1, &g.beta2, &g.eps, &g.weight_decay};
-      for (int i = 0; i < 5 && ok; ++i) {
-        auto x = parse_float(f[i + 1]);
-        ok = x.ok();
-        if (ok) *fields[i] = *x;
-      }
-      g.decoupled = f[6] == "1";
-      m.groups.push_back(g);
-    } else if (f[0] == "param" && f.size() >= 4) {
-      ZeroLayoutParam p;
-      size_t dims = 0;
-      ok = absl::SimpleAtoi(f[1], &p.adam_group) && absl::SimpleAtoi(f[2], &dims) &&
-           f.size() >= 4 + dims;
-      p.count = 1;
-      for (size_t d = 0; ok && d < dims; ++d) {
-        int64_t extent = 0;
-        ok = absl::SimpleAtoi(f[3 + d], &extent) && extent > 0;
-        p.shape.push_back(extent);
-        p.count *= static_cast<uint64_t>(extent);
-      }
-      if (ok) {
-        const size_t name_at = static_cast<size_t>(f[3 + dims].data() - line.data());
-        p.name = std::string(line.substr(name_at));
-        m.params.push_back(std::move(p));
-      }
-    } else if (f[0] == "persistent" && f.size() >= 2) {
-      for (size_t i = 1; ok && i < f.size(); ++i) {
-        size_t index = 0;
-        ok = absl::SimpleAtoi(f[i], &index);
-        persistent.push_back(index);
-      }
-    } else if (f[0] == "checksum" && f.size() == 4 && world) {
-      uint32_t rank = 0;
-      uint32_t group = 0;
-      uint64_t sum = 0;
-      ok = absl::SimpleAtoi(f[1], &rank) && absl::SimpleAtoi(f[2], &group) &&
-           absl::SimpleHexAtoi(f[3], &sum) && rank < m.ranks && group == m.checksums[rank].size();
-      if (ok) m.checksums[rank].push_back(sum);
-    } else if (f[0] == "end" && f.size() == 1) {
-      end = true;
-    } else {
-      ok = false;
+    if (!l.rest(2 + dims, &p.name)) return false;
+    m.params.push_back(std::move(p));
+    return true;
+  });
+  reader.on("persistent", 1, kAny, Count::kOptional, [&](const ManifestLine& l) {
+    for (size_t i = 0; i < l.size(); ++i) {
+      size_t index = 0;
+      if (!l.get(i, &index)) return false;
+      persistent.push_back(index);
     }
-    if (!ok) return bad(line_no, absl::StrCat("cannot read '", line, "'"));
-  }
-  if (!magic) return bad(1, "empty manifest");
-  if (!world) return bad(line_no, "no 'world' line");
-  if (!end) return bad(line_no, "no 'end' line: the manifest is truncated");
+    return true;
+  });
+  reader.on("checksum", 3, 3, Count::kRepeated, [&](const ManifestLine& l) {
+    uint32_t rank = 0;
+    uint32_t group = 0;
+    ManifestHex sum;
+    if (!world || !l.get(0, &rank) || !l.get(1, &group) || !l.get(2, &sum) || rank >= m.ranks ||
+        group != m.checksums[rank].size()) {
+      return false;
+    }
+    m.checksums[rank].push_back(sum.value);
+    return true;
+  });
+  if (auto st = reader.read(text); !st.ok()) return st;
   for (size_t index : persistent) {
     if (index >= m.params.size()) {
-      return bad(line_no, absl::StrFormat("persistent parameter %d of %d", index, m.params.size()));
+      return reader.error(reader.last_line(),
+                          absl::StrFormat("persistent parameter %d of %d", index, m.params.size()));
     }
     m.params[index].persistent = true;
   }
   return m;
+}
+
+absl::StatusOr<ZeroManifest> read_zero_manifest(const std::string& path) {
+  auto text = read_manifest_file(kFormat, path);
+  if (!text.ok()) return text.status();
+  return parse_zero_manifest(*text, path);
 }
 
 }  // namespace strata

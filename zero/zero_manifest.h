@@ -37,5 +37,7 @@ constexpr const char* kZeroManifestName = "zero.manifest";
 std::string render(const ZeroManifest& m);
 // DataLoss naming the path and line when the text is not a manifest.
 absl::StatusOr<ZeroManifest> parse_zero_manifest(const std::string& text, const std::string& path);
+// The file at `path`, parsed; NotFound naming it when it is absent.
+absl::StatusOr<ZeroManifest> read_zero_manifest(const std::string& path);
 
 }  // namespace strata

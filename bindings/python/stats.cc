@@ -103,8 +103,8 @@ py::dict config_dict(const ResolvedConfig& c) {
   d["cpu_bytes"] = c.cpu_bytes;
   d["nvme_paths"] = c.nvme_paths;
   d["nvme_bytes"] = c.nvme_bytes;
-  d["io_engine"] = std::string(to_string(c.io_engine));
-  d["io_engine_reason"] = c.io_engine_reason;
+  d["io_engine"] = std::string(to_string(c.io_engine.kind));
+  d["io_engine_reason"] = c.io_engine.reason;
   d["io_depth"] = c.io_depth;
   d["io_block"] = c.io_block;
   d["staging_bytes"] = c.staging_bytes;

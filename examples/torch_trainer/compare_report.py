@@ -1,5 +1,5 @@
 """compare.py's outputs that need no torch: the log's table and the SVG plot of tokens/s against
-model size (hand-written SVG in the style of tools/bench/plot.cc: white background, axes, grey
+model size (hand-written SVG in the style of tools/bench/swap/plot.cc: white background, axes, grey
 grid lines, Okabe-Ito colours, a legend on the right; no plotting library)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from xml.sax.saxutils import escape
 
-# Colour-blind-safe (Okabe-Ito), as tools/bench/plot.cc.
+# Colour-blind-safe (Okabe-Ito), as tools/bench/swap/plot.cc.
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
 
 

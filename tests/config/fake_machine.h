@@ -28,8 +28,8 @@ inline MachineInfo fake_machine() {
   m.available_memory_bytes = 60 * kGiB;
   m.cpu_count = 8;
   m.memlock_limit_bytes = std::numeric_limits<uint64_t>::max();
-  m.io_uring_available = true;
-  m.io_uring_detail = "test ring";
+  m.io_uring.available = true;
+  m.io_uring.detail = "test ring";
   m.backend = Backend::kHost;
   m.backend_reason = "test: host";
   return m;

@@ -12,7 +12,7 @@
 #include "fake_machine.h"
 #include "strata/config/config.h"
 #include "strata/config/machine_info.h"
-#include "strata/testing/swap_config.h"
+#include "strata/runtime/swap_config.h"
 #include "temp_dir.h"
 
 namespace strata {
@@ -38,7 +38,7 @@ TEST_CASE("resolve: host defaults", "[config][resolve]") {
   CHECK(r.cpu_bytes == 16 * kGiB);  // 25% of 64 GiB
   CHECK(r.nvme_paths.empty());
   CHECK(r.nvme_bytes == 0);
-  CHECK(r.io_engine == IoEngineKind::kIoUring);
+  CHECK(r.io_engine.kind == IoEngineKind::kIoUring);
   CHECK(r.io_depth == 32);
   CHECK(r.io_block == kMiB);
   CHECK(r.staging_bytes == 256 * kMiB);
@@ -183,30 +183,30 @@ TEST_CASE("resolve: I/O engine", "[config][resolve]") {
   m.paths = {fake_path("/nvme0", 100 * kGiB)};
   Config c;
   c.nvme_paths = {"/nvme0"};
-  CHECK(resolved_of(c, m).io_engine == IoEngineKind::kIoUring);
+  CHECK(resolved_of(c, m).io_engine.kind == IoEngineKind::kIoUring);
   {
     // auto is settled here once; the swap space is handed the decision and what was asked, so
     // a later failure of io_uring is judged as auto, never as an explicit io_uring.
     const ResolvedConfig ok = resolved_of(c, m);
-    CHECK(ok.io_engine_requested == IoEngineKind::kAuto);
-    CHECK(ok.io_engine_reason == "auto: the io_uring probe passed (test ring)");
+    CHECK(ok.io_engine.requested == IoEngineKind::kAuto);
+    CHECK(ok.io_engine.reason == "auto: the io_uring probe passed (test ring)");
     const SwapSpaceOptions swap = swap_space_options(ok, nullptr);
     CHECK(swap.engine == IoEngineKind::kAuto);
     REQUIRE(swap.decided.has_value());
     CHECK(swap.decided->requested == IoEngineKind::kAuto);
     CHECK(swap.decided->kind == IoEngineKind::kIoUring);
-    CHECK(swap.decided->reason == ok.io_engine_reason);
+    CHECK(swap.decided->reason == ok.io_engine.reason);
     CHECK(swap.names.depth == "STRATA_IO_DEPTH");
   }
 
-  m.io_uring_available = false;
-  m.io_uring_detail = "io_uring_queue_init failed: Operation not permitted (errno 1)";
+  m.io_uring.available = false;
+  m.io_uring.detail = "io_uring_queue_init failed: Operation not permitted (errno 1)";
   ResolvedConfig r = resolved_of(c, m);
-  CHECK(r.io_engine == IoEngineKind::kPsync);
-  CHECK(contains(r.io_engine_reason, "Operation not permitted"));
+  CHECK(r.io_engine.kind == IoEngineKind::kPsync);
+  CHECK(contains(r.io_engine.reason, "Operation not permitted"));
   REQUIRE(r.warnings.size() == 1);
   CHECK(contains(r.warnings[0], "NVMe I/O uses psync"));
-  CHECK(r.io_engine_warning == r.warnings[0]);
+  CHECK(r.io_engine.warning == r.warnings[0]);
   CHECK(contains(render(r), "STRATA_IO_ENGINE     = psync (auto: io_uring refused ("));
 
   c.io_engine = IoEngineKind::kIoUring;
@@ -219,9 +219,19 @@ TEST_CASE("resolve: I/O engine", "[config][resolve]") {
 
   c.io_engine = IoEngineKind::kPsync;
   r = resolved_of(c, m);
-  CHECK(r.io_engine == IoEngineKind::kPsync);
-  CHECK(r.io_engine_requested == IoEngineKind::kPsync);
-  CHECK(r.io_engine_reason == "asked for by STRATA_IO_ENGINE");
+  CHECK(r.io_engine.kind == IoEngineKind::kPsync);
+  CHECK(r.io_engine.requested == IoEngineKind::kPsync);
+  CHECK(r.io_engine.reason == "asked for by STRATA_IO_ENGINE");
+  CHECK(r.warnings.empty());
+
+  // Without an NVMe tier auto's fallback costs nothing: the decision says why, warns of nothing.
+  c.io_engine = IoEngineKind::kAuto;
+  c.nvme_paths.clear();
+  m.paths.clear();
+  r = resolved_of(c, m);
+  CHECK(r.io_engine.kind == IoEngineKind::kPsync);
+  CHECK(contains(r.io_engine.reason, "auto: io_uring refused"));
+  CHECK(r.io_engine.warning.empty());
   CHECK(r.warnings.empty());
 }
 
@@ -392,7 +402,7 @@ TEST_CASE("probe_machine reports host facts", "[config][machine]") {
   CHECK(m->available_memory_bytes <= m->physical_memory_bytes);
   CHECK(m->cpu_count >= 1);
   CHECK(m->memlock_limit_bytes > 0);
-  CHECK_FALSE(m->io_uring_detail.empty());  // either what worked or why not
+  CHECK_FALSE(m->io_uring.detail.empty());  // either what worked or why not
   CHECK(m->backend == Backend::kAuto);      // left for the device layer
   REQUIRE(m->paths.size() == 2);
   CHECK(m->paths[0].writable);
@@ -430,8 +440,8 @@ TEST_CASE("load_configuration on the host backend", "[config][machine]") {
   CHECK(machine.backend == Backend::kHost);
   CHECK_FALSE(machine.backend_reason.empty());
   CHECK(resolved.nvme_bytes == 16 * kMiB);
-  CHECK(resolved.io_engine ==
-        (machine.io_uring_available ? IoEngineKind::kIoUring : IoEngineKind::kPsync));
+  CHECK(resolved.io_engine.kind ==
+        (machine.io_uring.available ? IoEngineKind::kIoUring : IoEngineKind::kPsync));
 
   c.nvme_paths = {dir.path() + "/missing"};
   loaded = load_configuration(c);

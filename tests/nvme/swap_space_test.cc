@@ -2,6 +2,7 @@
 // on-disk corruption, and concurrent use — on real O_DIRECT files in temporary directories.
 #include "strata/nvme/swap_space.h"
 
+#include <absl/strings/str_format.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -19,8 +20,8 @@
 #include <vector>
 
 #include "strata/base/format_bytes.h"
+#include "strata/config/nvme_settings.h"
 #include "strata/testing/fault_injector.h"
-#include "strata/testing/swap_config.h"
 #include "temp_dir.h"
 
 namespace strata {

@@ -117,8 +117,8 @@ class StoreRig {
       Config probe = config;
       probe.io_engine = IoEngineKind::kAuto;
       auto loaded = load_configuration(probe);
-      if (loaded.ok() && !loaded->second.io_uring_available) {
-        skip("io_uring is refused here: " + loaded->second.io_uring_detail);
+      if (loaded.ok() && !loaded->second.io_uring.available) {
+        skip("io_uring is refused here: " + loaded->second.io_uring.detail);
         return nullptr;
       }
     }
@@ -126,7 +126,7 @@ class StoreRig {
     REQUIRE(runtime.ok());
     rig->runtime_ = *std::move(runtime);
     REQUIRE(
-        rig->runtime_->config().io_engine ==
+        rig->runtime_->config().io_engine.kind ==
         (variant.engine == IoEngineKind::kIoUring ? IoEngineKind::kIoUring : IoEngineKind::kPsync));
     REQUIRE((rig->runtime_->nvme() != nullptr) == variant.nvme);
     Device& device = rig->runtime_->device();

@@ -109,7 +109,7 @@ Json to_json(const Report& report, const ResolvedConfig& config, const Device& d
               {"config",
                {{"gpu_bytes", config.gpu_bytes},
                 {"cpu_bytes", config.cpu_bytes},
-                {"io_engine", to_string(config.io_engine)},
+                {"io_engine", to_string(config.io_engine.kind)},
                 {"engine", report.engine},
                 {"engine_reason", report.engine_reason},
                 {"io_block", config.io_block},

@@ -150,11 +150,11 @@ struct ResolvedConfig {
   std::string gpu_bytes_basis;
   std::string cpu_bytes_basis;
   std::vector<std::string> nvme_paths;
-  uint64_t nvme_bytes = 0;                                 // per path; 0 when there is no NVMe tier
-  IoEngineKind io_engine = IoEngineKind::kPsync;           // kIoUring or kPsync, never kAuto
-  IoEngineKind io_engine_requested = IoEngineKind::kAuto;  // as the user asked (may be kAuto)
-  std::string io_engine_reason;                            // from decide_io_engine: why io_engine
-  std::string io_engine_warning;  // set when auto fell back to psync (also in `warnings`)
+  uint64_t nvme_bytes = 0;  // per path; 0 when there is no NVMe tier
+  // The NVMe floor's decision (decide_io_engine) from the requested kind and the machine's
+  // io_uring probe: the kind (never kAuto), what was asked, why, and the warning when auto fell
+  // back to psync (also in `warnings`; empty without an NVMe tier, where psync costs nothing).
+  IoEngineDecision io_engine;
   uint32_t io_depth = 0;
   uint64_t io_block = 0;
   uint64_t staging_bytes = 0;

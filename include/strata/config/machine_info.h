@@ -13,6 +13,7 @@
 
 #include "strata/device/backend_kind.h"
 #include "strata/device/gpu_info.h"
+#include "strata/nvme/io_engine_kind.h"
 
 namespace strata {
 
@@ -59,9 +60,9 @@ struct MachineInfo {
   uint64_t memlock_limit_bytes = 0;
   bool has_cap_ipc_lock = false;
 
-  // Probed with a real ring: setup, a NOP and a READ, each reaped.
-  bool io_uring_available = false;
-  std::string io_uring_detail;  // what worked, or why not
+  // The NVMe floor's probe (probe_io_uring: a real ring and a READ through it, run once per
+  // process): whether io_uring works here, and what worked or why not.
+  IoUringProbe io_uring;
 
   std::vector<PathInfo> paths;  // one per requested NVMe path, same order
 

@@ -30,8 +30,8 @@
 namespace strata {
 
 // How errors and hints name the settings a user can change. The nvme/ floor speaks in its own
-// words by default; the runtime passes its variable names (STRATA_IO_DEPTH, ...), so that a user
-// reads the knob to turn.
+// words by default ("the I/O depth"); a caller that knows what the user set passes its own
+// names, so that a user reads the knob to turn.
 struct IoSettingNames {
   std::string engine = "the I/O engine setting";
   std::string depth = "the I/O depth";
@@ -43,7 +43,7 @@ struct IoSettingNames {
 // Requests in flight per io_uring worker, or psync threads (capped at 64), 1..kMaxIoDepth.
 inline constexpr uint32_t kMaxIoDepth = 4096;
 // The one check of a depth: "0 is out of range: use an integer from 1 to 4096". The message
-// starts with the value; callers put the setting's name in front ("io depth ", "STRATA_IO_DEPTH=").
+// starts with the value; callers put the setting's name in front.
 absl::Status check_io_depth(int64_t depth);
 
 enum class IoOp { kRead, kWrite };
@@ -143,28 +143,18 @@ absl::StatusOr<std::unique_ptr<IoEngine>> make_uring_engine(const IoEngineOption
 // A pool of threads doing pread/pwrite; for machines where io_uring is refused.
 absl::StatusOr<std::unique_ptr<IoEngine>> make_psync_engine(const IoEngineOptions& options);
 
-// What the io_uring probe found: a real ring, a request through it, and in words what worked or
-// why not ("io_uring_queue_init: Operation not permitted (errno 1) — seccomp ...").
-struct IoUringProbe {
-  bool available = false;
-  std::string detail;
-};
-
-// Which engine runs and why, in words a user can check.
-struct IoEngineDecision {
-  IoEngineKind requested = IoEngineKind::kAuto;  // what was asked for
-  IoEngineKind kind = IoEngineKind::kPsync;      // kIoUring or kPsync, never kAuto
-  std::string reason;   // "auto: the io_uring probe passed (...)", "asked for by ..."
-  std::string warning;  // set when auto fell back to psync: it works, at more CPU per GB
-};
-
 // The one place that turns the requested engine and what io_uring did into a decision, and
 // says why (logged at info). auto takes io_uring when the probe passed, else psync with a
 // warning; an explicit io_uring the probe refused is FailedPrecondition; psync needs no probe.
+// The texts name the setting as `names.engine` does: this floor's words unless the caller
+// passes its own (the configuration passes its variable's name).
 absl::StatusOr<IoEngineDecision> decide_io_engine(IoEngineKind requested, const IoUringProbe& probe,
                                                   const IoSettingNames& names = {});
 
-// Probes io_uring without files: sets up a ring and completes a READ of its eventfd.
+// Probes io_uring without files: sets up a ring and completes a READ of its eventfd. The probe
+// runs once per process (a ring costs a few milliseconds and kernel memory); later calls return
+// that first result, so a report of what the machine offers and every decision made from it
+// judge by the same ring.
 IoUringProbe probe_io_uring();
 
 struct EngineChoice {

@@ -1,6 +1,6 @@
 // File helpers shared by the optimizer's checkpoints (optimizer_checkpoint.cc) and ZeRO's
 // (zero_checkpoint.cc): whole-buffer pread/pwrite, fsync of a file or directory, errors that name
-// the path, and hex floats (bitwise round trips through text).
+// the path. The manifests' text format is checkpoint_manifest.h.
 #pragma once
 
 #include <absl/status/statusor.h>
@@ -21,8 +21,5 @@ absl::Status sync_path(const std::string& path, bool directory);
 // Writes `text` to `path` through a temporary file, fsynced, renamed over it, directory fsynced.
 absl::Status replace_file(const std::string& directory, const std::string& path,
                           const std::string& text);
-
-std::string hex(float x);
-absl::StatusOr<float> parse_float(absl::string_view s);
 
 }  // namespace strata

@@ -166,8 +166,8 @@ int run_swap_workload(Options options, bool tune, const cli::FlagSet& flags) {
   }
 
   Report report;
-  report.engine = std::string(to_string(resolved.io_engine));
-  report.engine_reason = resolved.io_engine_reason;
+  report.engine = std::string(to_string(resolved.io_engine.kind));
+  report.engine_reason = resolved.io_engine.reason;
   for (size_t i = 0; i < options.tensor_sizes.size(); ++i) {
     progress.show(i, options.tensor_sizes.size(),
                   "tensors of " + format_bytes(options.tensor_sizes[i]));

@@ -180,7 +180,7 @@ absl::StatusOr<std::string> document(const Zero3Report& report) {
   if (!device.ok()) return device.status();
   Report paths;  // no path rows: this workload's results are under "zero"
   paths.engine = report.raw_read.has_value() || report.options.param_home == "nvme"
-                     ? std::string(to_string(report.config.io_engine))
+                     ? std::string(to_string(report.config.io_engine.kind))
                      : "none";
   paths.nvme_paths = report.config.nvme_paths;
   return document_with(to_json(paths, report.config, **device), "zero", zero3_json(report));

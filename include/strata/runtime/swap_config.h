@@ -1,10 +1,9 @@
-// SwapSpaceOptions from the resolved STRATA_* configuration (the runtime's view of nvme/): the
-// place where the runtime hands the NVMe floor its values and the names of their variables.
+// SwapSpaceOptions from the resolved STRATA_* configuration: the runtime's hand-off to nvme/,
+// the one place that turns the configuration's values (and its decision of the I/O engine) into
+// the NVMe floor's options, with the variables' names for its errors.
 #pragma once
 
 #include "strata/config/config.h"
-#include "strata/config/nvme_settings.h"
-#include "strata/nvme/io_engine.h"
 #include "strata/nvme/swap_space.h"
 #include "strata/store/tier.h"
 
