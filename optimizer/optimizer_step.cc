@@ -382,7 +382,7 @@ absl::StatusOr<StepResult> OffloadOptimizer::Impl::step() {
   }
   // Nothing arms until this step has set the next one's loss scale (end_settling() below, before
   // each arm()); a return without arming ends the settling here.
-  const absl::Cleanup settled = [this] { end_settling(); };
+  const absl::Cleanup end_settling_on_return = [this] { end_settling(); };
   StepPlan plan;
   plan.params = params_snapshot();
   float scale;

@@ -4,7 +4,7 @@
 
 namespace strata {
 
-std::string_view to_string(OverlapPhase::Phase phase) {
+const char* to_string(OverlapPhase::Phase phase) {
   switch (phase) {
     case OverlapPhase::Phase::kDisarmed:
       return "disarmed";

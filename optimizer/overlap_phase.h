@@ -22,7 +22,6 @@
 #include <absl/status/status.h>
 
 #include <cstdint>
-#include <string_view>
 
 namespace strata {
 
@@ -44,6 +43,6 @@ class OverlapPhase {
   Phase phase_ = Phase::kDisarmed;
 };
 
-std::string_view to_string(OverlapPhase::Phase phase);
+const char* to_string(OverlapPhase::Phase phase);
 
 }  // namespace strata
