@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "activation_order.h"
-#include "strata/base/mutex.h"
 #include "strata/activations/activation_stash.h"
+#include "strata/base/mutex.h"
 
 namespace strata {
 

@@ -17,9 +17,9 @@
 #include <map>
 #include <random>
 
-#include "strata/optimizer/checkpoint_io.h"
 #include "strata/base/mutex.h"
 #include "strata/base/unique_fd.h"
+#include "strata/optimizer/checkpoint_io.h"
 #include "zero_engine_impl.h"
 #include "zero_manifest.h"
 

@@ -15,8 +15,8 @@
 #include "json.h"
 #include "model.h"
 #include "strata/activations/activation_stash.h"
-#include "strata/zero/zero_engine.h"
 #include "strata/runtime/runtime.h"
+#include "strata/zero/zero_engine.h"
 
 namespace cpp_trainer {
 

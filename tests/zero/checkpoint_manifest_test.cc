@@ -1,5 +1,6 @@
-// The checkpoint manifests' one reader and writer (strata/optimizer/checkpoint_manifest.h): its errors,
-// round trips, and the ZeRO manifest as version 1 files hold it (old checkpoints keep loading).
+// The checkpoint manifests' one reader and writer (strata/optimizer/checkpoint_manifest.h): its
+// errors, round trips, and the ZeRO manifest as version 1 files hold it (old checkpoints keep
+// loading).
 #include "strata/optimizer/checkpoint_manifest.h"
 
 #include <absl/strings/match.h>

@@ -6,8 +6,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "zero/zero_rig.h"
 #include "strata/zero/zero_engine.h"
+#include "zero/zero_rig.h"
 
 namespace strata {
 namespace {

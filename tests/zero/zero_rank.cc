@@ -31,9 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "zero/zero_rig.h"
 #include "strata/comm/communicator.h"
 #include "strata/zero/zero_engine.h"
+#include "zero/zero_rig.h"
 
 namespace strata {
 namespace {

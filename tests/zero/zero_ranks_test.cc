@@ -9,11 +9,11 @@
 #include <memory>
 #include <vector>
 
-#include "zero/zero_rig.h"
 #include "strata/comm/communicator.h"
-#include "strata/zero/zero_engine.h"
 #include "strata/testing/zero_testing.h"
+#include "strata/zero/zero_engine.h"
 #include "temp_dir.h"
+#include "zero/zero_rig.h"
 
 namespace strata {
 namespace {

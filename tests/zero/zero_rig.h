@@ -25,8 +25,8 @@
 #include "strata/comm/communicator.h"
 #include "strata/device/host_device.h"
 #include "strata/optimizer/offload_optimizer.h"
-#include "strata/zero/zero_engine.h"
 #include "strata/runtime/runtime.h"
+#include "strata/zero/zero_engine.h"
 
 namespace strata::testing {
 

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <vector>
 
-#include "zero/zero_rig.h"
 #include "strata/zero/zero_engine.h"
+#include "zero/zero_rig.h"
 
 namespace strata {
 namespace {

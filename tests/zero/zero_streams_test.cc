@@ -10,10 +10,10 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "zero/zero_rig.h"
 #include "strata/device/host_device.h"
-#include "strata/zero/zero_engine.h"
 #include "strata/testing/zero_testing.h"
+#include "strata/zero/zero_engine.h"
+#include "zero/zero_rig.h"
 
 namespace strata {
 namespace {

@@ -13,9 +13,9 @@
 
 #include "comm/rank_processes.h"
 #include "config/log_capture.h"
-#include "zero/zero_rig.h"
 #include "strata/zero/zero_engine.h"
 #include "temp_dir.h"
+#include "zero/zero_rig.h"
 
 namespace strata {
 namespace {

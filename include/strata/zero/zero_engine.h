@@ -84,8 +84,8 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/optimizer/offload_optimizer.h"
-#include "strata/zero/zero_layout.h"
 #include "strata/runtime/runtime.h"
+#include "strata/zero/zero_layout.h"
 
 namespace strata {
 
